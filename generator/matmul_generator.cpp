@@ -1,0 +1,193 @@
+#include "matmul_generator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "bsjit/error.hpp"
+
+namespace bsjit::generator {
+namespace {
+
+std::string_view device_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float";
+    case DType::f16: return "bsjit::kernels::half_t";
+    case DType::bf16: return "bsjit::kernels::bfloat16_t";
+  }
+  return "";
+}
+
+// FMA path: split BM × BN over the CTA's threads, TN adjacent columns per thread (up to 8, so a
+// thread reuses each A value 8 times) and the rest along M.
+void choose_thread_tile(TileConfig& t) {
+  for (int tn : {8, 4, 2, 1}) {
+    if (t.bn % tn != 0) continue;
+    int threads_n = t.bn / tn;
+    if (threads_n > t.threads || t.threads % threads_n != 0) continue;
+    int threads_m = t.threads / threads_n;
+    if (threads_m > t.bm || t.bm % threads_m != 0) continue;
+    t.tn = tn;
+    t.tm = t.bm / threads_m;
+    return;
+  }
+  throw Error(fmt::format("internal: no thread tile for BM={} BN={} threads={}", t.bm, t.bn, t.threads));
+}
+
+// Emits values as a C array body, 16 per line.
+std::string array_body(const std::vector<int>& values) {
+  if (values.empty()) return "0";  // C++ has no empty arrays; never read when the table is empty
+  std::string out;
+  out.reserve(values.size() * 6);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i % 16 == 0) out += "\n   ";
+    fmt::format_to(std::back_inserter(out), " {},", values[i]);
+  }
+  out += "\n";
+  return out;
+}
+
+}  // namespace
+
+bool supported_block(int block) { return block == 8 || block == 16 || block == 32 || block == 64 || block == 128; }
+
+// Tile choice per op and block size. This first version favours a simple, sound base over speed
+// (speed is issue #4's work):
+// - dsd (forward, backward-data): one output block column per CTA (BN = b), 128 threads, BM = 128
+//   rows of N so each W block loaded feeds 128 rows; BK = min(b, 32) keeps shared memory under
+//   the 48 KB static limit at b = 128 (2 × 128 × 40 × 2 bytes = 20 KB).
+// - sdd (backward-weight): one b × b block per CTA, reducing over N in steps of 32 rows.
+// - Tensor cores (mma.sync m16n8k16) for fp16/bf16 at b ≥ 16; fp32 stays exact on the FMA pipes,
+//   and b = 8 is below the m16 tile.
+TileConfig choose_tiles(const MatMulSpec& spec) {
+  const int b = spec.block;
+  if (!supported_block(b)) throw Error(fmt::format("block size {} is not supported; expected 8, 16, 32, 64 or 128", b));
+  TileConfig t;
+  t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
+  if (spec.op != Op::backward_weight) {
+    t.bn = b;
+    t.bk = std::min(b, 32);
+    t.threads = 128;
+    if (t.tensor_cores) {
+      t.bm = 128;
+      // warp tiles: b=16 → 32×16, b=32 → 32×32, b=64 → 64×32, b=128 → 64×64
+      t.warps_m = b <= 32 ? 4 : 2;
+      t.warps_n = 4 / t.warps_m;
+    } else {
+      t.bm = b == 128 ? 64 : 128;  // 64 × 128 fp32 outputs = 64 accumulators per thread
+    }
+  } else {
+    t.bm = t.bn = b;
+    t.bk = 32;
+    if (t.tensor_cores) {
+      t.warps_m = b == 16 ? 1 : 2;  // b=16: 16×8 warp tiles, 2 warps
+      t.warps_n = 2;
+      t.threads = 32 * t.warps_m * t.warps_n;
+    } else {
+      t.threads = std::clamp(b * b / 16, 32, 128);
+    }
+  }
+  if (!t.tensor_cores) choose_thread_tile(t);
+  // Padding: 16-bit rows of BK+8 elements put the 8 fragment rows of a warp in distinct banks;
+  // fp32 rows of BK+1 do the same for the FMA path's column reads.
+  t.stride = t.bk + (dtype_size(spec.dtype) == 2 ? 8 : 1);
+  return t;
+}
+
+GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
+  GeneratedSource g;
+  g.tiles = choose_tiles(spec);
+  const TileConfig& t = g.tiles;
+  const std::int64_t b = spec.block;
+  const bool sdd = spec.op == Op::backward_weight;
+  const bool trans_w = spec.op == Op::backward_data;
+  const std::int64_t C = layout.rows() * b, K = layout.cols() * b;
+  g.in_features = spec.op == Op::backward_data ? K : C;
+  g.out_features = spec.op == Op::backward_data ? C : K;
+  g.label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), b, to_string(spec.feature_axis));
+
+  std::string tables;
+  if (sdd) {
+    // (row, col) of every nonzero block, in block order.
+    std::vector<int> coords;
+    coords.reserve(2 * layout.blocks());
+    for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
+    g.grid_x = layout.blocks();
+    g.rows_per_cta = 0;
+    tables = fmt::format(
+        "// (block row, block column) of each nonzero block of W, in block order.\n"
+        "__device__ const int kCoords[] = {{{}}};\n",
+        array_body(coords));
+  } else {
+    // For each output block column j: pairs (input block, W block index), input block ascending.
+    // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
+    const std::int64_t out_blocks = trans_w ? layout.rows() : layout.cols();
+    std::vector<std::vector<std::pair<int, int>>> per_out(out_blocks);
+    const auto& coords = layout.coords();
+    for (std::size_t i = 0; i < coords.size(); ++i) {
+      auto [r, c] = coords[i];
+      if (trans_w) per_out[r].emplace_back(c, static_cast<int>(i));
+      else per_out[c].emplace_back(r, static_cast<int>(i));
+    }
+    std::vector<int> offsets{0}, lut;
+    lut.reserve(2 * coords.size());
+    for (auto& entries : per_out) {
+      std::sort(entries.begin(), entries.end());
+      for (auto& [in, w] : entries) lut.push_back(in), lut.push_back(w);
+      offsets.push_back(static_cast<int>(lut.size() / 2));
+    }
+    g.grid_x = out_blocks;
+    g.rows_per_cta = t.bm;
+    tables = fmt::format(
+        "// Output block column j reads entries kLutOffsets[j] .. kLutOffsets[j+1] of kLut,\n"
+        "// each a pair (input block, W block index).\n"
+        "__device__ const int kLutOffsets[] = {{{}}};\n"
+        "__device__ const int kLut[] = {{{}}};\n",
+        array_body(offsets), array_body(lut));
+  }
+
+  const char* accessors = sdd ? "  __device__ static const int* coords() { return kCoords; }\n"
+                              : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
+                                "  __device__ static const int* lut() { return kLut; }\n";
+  const char* kernel = sdd ? "sdd_kernel" : "dsd_kernel";
+  g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
+  g.source = fmt::format(
+      "// Generated by bsjit: {label}\n"
+      "// layout [{rows}, {cols}] blocks, {blocks} nonzero, hash {hash}\n"
+      "#include \"bsjit/matmul.cuh\"\n"
+      "\n"
+      "namespace bsjit_generated {{\n"
+      "\n"
+      "{tables}"
+      "\n"
+      "struct Config {{\n"
+      "  using T = {type};\n"
+      "  static constexpr int kBlock = {b};\n"
+      "  static constexpr int kBM = {bm}, kBN = {bn}, kBK = {bk}, kStride = {stride};\n"
+      "  static constexpr int kThreads = {threads};\n"
+      "  static constexpr bool kTensorCores = {tc};\n"
+      "  static constexpr int kWarpsM = {wm}, kWarpsN = {wn};\n"
+      "  static constexpr int kTM = {tm}, kTN = {tn};\n"
+      "  static constexpr bool kFeatureLast = {last};\n"
+      "  static constexpr bool kTransW = {trans};\n"
+      "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
+      "{accessors}"
+      "}};\n"
+      "\n"
+      "static_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, \"static shared memory is 48 KB\");\n"
+      "\n"
+      "}}  // namespace bsjit_generated\n",
+      fmt::arg("label", g.label), fmt::arg("rows", layout.rows()), fmt::arg("cols", layout.cols()),
+      fmt::arg("blocks", layout.blocks()), fmt::arg("hash", layout.hash().hex()), fmt::arg("tables", tables),
+      fmt::arg("type", device_type(spec.dtype)), fmt::arg("b", b), fmt::arg("bm", t.bm), fmt::arg("bn", t.bn),
+      fmt::arg("bk", t.bk), fmt::arg("stride", t.stride), fmt::arg("threads", t.threads),
+      fmt::arg("tc", t.tensor_cores ? "true" : "false"), fmt::arg("wm", t.warps_m), fmt::arg("wn", t.warps_n),
+      fmt::arg("tm", t.tm), fmt::arg("tn", t.tn),
+      fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
+      fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
+      fmt::arg("out_dim", g.out_features), fmt::arg("accessors", accessors));
+  return g;
+}
+
+}  // namespace bsjit::generator

@@ -1,0 +1,48 @@
+// Turns (layout, op, block size, dtype, feature axis) into CUDA source: the layout's lookup tables
+// and the tile configuration as constants, instantiating a kernel template from templates/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "bsjit/layout.hpp"
+#include "bsjit/types.hpp"
+
+namespace bsjit::generator {
+
+struct MatMulSpec {
+  Op op = Op::forward;
+  int block = 32;
+  DType dtype = DType::f32;
+  FeatureAxis feature_axis = FeatureAxis::last;
+};
+
+// How one CTA is organised. The host launches with exactly these numbers and the template checks
+// them with static_asserts, so host and device cannot disagree.
+struct TileConfig {
+  int bm = 0, bn = 0, bk = 0;  // CTA tile: BM output rows × BN output columns, BK reduction step
+  int stride = 0;              // shared-memory row stride in elements (BK + padding)
+  int threads = 0;
+  bool tensor_cores = false;
+  int warps_m = 1, warps_n = 1;  // tensor cores: warp grid
+  int tm = 1, tn = 1;            // FMA path: elements per thread along M and N
+};
+
+TileConfig choose_tiles(const MatMulSpec& spec);
+
+struct GeneratedSource {
+  std::string source;           // complete translation unit
+  std::string name_expression;  // for nvrtcAddNameExpression
+  std::string label;            // readable, for file names and logs: "forward-bf16-b32-last"
+  TileConfig tiles;
+  std::int64_t grid_x = 0;      // CTAs along x: output block columns (dsd) or blocks (sdd)
+  std::int64_t rows_per_cta = 0;  // grid y = ceil(N / rows_per_cta); 0: grid y is 1
+  std::int64_t in_features = 0, out_features = 0;
+};
+
+// Block sizes with a kernel.
+bool supported_block(int block);
+
+GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
+
+}  // namespace bsjit::generator

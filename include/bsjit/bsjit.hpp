@@ -1,0 +1,8 @@
+// bsjit: block-sparse matmul compiled at run time for each layout. Everything public.
+#pragma once
+
+#include "bsjit/cache.hpp"
+#include "bsjit/error.hpp"
+#include "bsjit/layout.hpp"
+#include "bsjit/matmul.hpp"
+#include "bsjit/types.hpp"

@@ -1,0 +1,69 @@
+// Block-sparse matmul for a sparse weight layer: the forward, backward-data and backward-weight
+// products, each compiled at first use for this layout, block size, dtype and feature axis.
+//
+//   bsjit::MatMul mm(bsjit::Layout::from_npy("w_layout.npy"), {.block = 32, .dtype = bsjit::DType::bf16});
+//   mm.forward(x, w, y, n, stream);            // Y[N,K]  = X[N,C] · W
+//   mm.backward_data(dy, w, dx, n, stream);    // dX[N,C] = dY[N,K] · Wᵀ
+//   mm.backward_weight(x, dy, dw, n, stream);  // dW = Xᵀ · dY, nonzero blocks only
+//
+// Shapes: C = layout.rows() · block, K = layout.cols() · block. W and dW hold the nonzero blocks,
+// [layout.blocks(), block, block], in the layout's block order (layout.hpp). X, Y, dX, dY are
+// [N, features] with FeatureAxis::last, [features, N] with FeatureAxis::first. All pointers are
+// device pointers, 16-byte aligned, in the current CUDA context (device 0's primary context is
+// used when the thread has none). Calls are asynchronous on the given stream.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "bsjit/layout.hpp"
+#include "bsjit/types.hpp"
+
+namespace bsjit {
+
+struct MatMulOptions {
+  int block = 32;                                // 8, 16, 32, 64 or 128
+  DType dtype = DType::f32;                      // of X, W, Y and gradients; accumulation is fp32
+  FeatureAxis feature_axis = FeatureAxis::last;  // of X, Y, dX, dY
+  std::string arch;                              // "sm_80", "sm_90", "sm_90a"...; empty: the device's
+};
+
+struct OpOptions {
+  bool accumulate = false;      // out += result (beta = 1) instead of out = result
+  const float* gate = nullptr;  // device array [layout.blocks()]: W block i scaled by gate[i]; 0 skips it
+};
+
+class MatMul {
+ public:
+  MatMul(Layout layout, MatMulOptions options);
+  ~MatMul();
+  MatMul(MatMul&&) noexcept;
+  MatMul& operator=(MatMul&&) noexcept;
+
+  void forward(const void* x, const void* w, void* y, std::int64_t n, Stream stream = nullptr,
+               const OpOptions& op = {}) const;
+  void backward_data(const void* dy, const void* w, void* dx, std::int64_t n, Stream stream = nullptr,
+                     const OpOptions& op = {}) const;
+  void backward_weight(const void* x, const void* dy, void* dw, std::int64_t n, Stream stream = nullptr,
+                       const OpOptions& op = {}) const;
+
+  // Compiles op's kernel for arch into the cache without touching a GPU (build machines).
+  // Returns true when it was compiled now, false when the cache already held it.
+  bool precompile(Op op, const std::string& arch) const;
+
+  // The generated CUDA source of op's kernel (for inspection and debugging).
+  std::string generated_source(Op op) const;
+
+  const Layout& layout() const;
+  const MatMulOptions& options() const;
+  std::int64_t in_features() const;   // C
+  std::int64_t out_features() const;  // K
+  std::int64_t weight_elements() const;  // blocks · block²
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bsjit

@@ -1,0 +1,38 @@
+// Small value types shared by the public API.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+// Same type as CUstream (driver API) and cudaStream_t (runtime API), so either converts implicitly
+// without this header pulling in cuda.h.
+struct CUstream_st;
+
+namespace bsjit {
+
+using Stream = CUstream_st*;
+
+// Element type of X, W and Y. Accumulation is always fp32.
+enum class DType { f32, f16, bf16 };
+
+// The three products of a sparse weight layer.
+enum class Op {
+  forward,          // Y[N,K]  = X[N,C] · W
+  backward_data,    // dX[N,C] = dY[N,K] · Wᵀ
+  backward_weight,  // dW      = Xᵀ · dY on the layout's nonzero blocks only
+};
+
+// Where the feature dimension of X and Y lies (openai/blocksparse's feature_axis):
+// last: X is [N, C] row-major; first: X is [C, N] row-major.
+enum class FeatureAxis { last, first };
+
+std::string_view to_string(DType dtype);
+std::string_view to_string(Op op);
+std::string_view to_string(FeatureAxis axis);
+DType parse_dtype(std::string_view text);  // "f32"/"fp32"/"float32", "f16"/"fp16", "bf16"
+Op parse_op(std::string_view text);        // "forward"/"fwd", "backward_data"/"bwd_data", ...
+FeatureAxis parse_feature_axis(std::string_view text);  // "last"/"nc", "first"/"cn"
+std::size_t dtype_size(DType dtype);
+
+}  // namespace bsjit

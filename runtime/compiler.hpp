@@ -1,0 +1,31 @@
+// NVRTC: generated source → cubin for one explicit target.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "generator/matmul_generator.hpp"
+
+namespace bsjit::runtime {
+
+struct CompiledKernel {
+  std::vector<char> cubin;
+  std::string lowered_name;  // from nvrtcGetLoweredName, never hand-mangled
+  std::string arch;          // "sm_90a"
+  std::vector<std::string> options;
+  std::string log;
+};
+
+// "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...: throws Error for anything NVRTC cannot target
+// or below sm_80 (the tensor-core kernels need mma.sync bf16).
+void check_arch(const std::string& arch);
+
+std::vector<std::string> compile_options(const std::string& arch);
+std::string nvrtc_version();  // "13.0"
+
+// Throws Error carrying the NVRTC log, the options and the path where the generated source was
+// written, when compilation fails.
+CompiledKernel compile(const std::string& source, const std::string& name_expression, const std::string& label,
+                       const std::string& arch);
+
+}  // namespace bsjit::runtime

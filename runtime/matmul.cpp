@@ -1,0 +1,149 @@
+// MatMul: validates arguments, finds (or generates, compiles, caches, loads) the kernel of an op
+// for the current context, and launches it.
+#include "bsjit/matmul.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <climits>
+#include <map>
+#include <mutex>
+
+#include "bsjit/error.hpp"
+#include "cache/kernel_cache.hpp"
+#include "generator/matmul_generator.hpp"
+#include "module.hpp"
+
+namespace bsjit {
+namespace {
+
+constexpr int kOps = 3;
+constexpr std::uint32_t kMaxGridY = 65535;
+
+void check_pointer(const void* p, const char* what, Op op) {
+  if (p == nullptr) throw Error(fmt::format("bsjit: {}: {} is a null pointer; expected a device pointer", to_string(op), what));
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0)
+    throw Error(fmt::format("bsjit: {}: {} ({}) is not 16-byte aligned; expected a 16-byte aligned device pointer",
+                            to_string(op), what, p));
+}
+
+}  // namespace
+
+struct MatMul::Impl {
+  Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)) {}
+
+  Layout layout;
+  MatMulOptions options;
+
+  std::array<std::once_flag, kOps> generated_once;
+  std::array<generator::GeneratedSource, kOps> generated;
+
+  std::mutex mutex;  // guards functions
+  std::map<CUcontext, std::array<CUfunction, kOps>> functions;
+
+  const generator::GeneratedSource& source(Op op) {
+    int i = static_cast<int>(op);
+    std::call_once(generated_once[i], [&] {
+      generator::MatMulSpec spec{op, options.block, options.dtype, options.feature_axis};
+      generated[i] = generator::generate_matmul(layout, spec);
+    });
+    return generated[i];
+  }
+
+  // (compiled kernel, compiled now?) from the process-wide cache.
+  std::pair<cache::KernelCache::Compiled, bool> compiled(Op op, const std::string& arch) {
+    const auto& g = source(op);
+    runtime::check_arch(arch);
+    std::string key = cache::make_key(g.source, arch);
+    bool compiled_now = false;
+    auto k = cache::KernelCache::global().get_or_compile(key, g.label + "-" + arch, [&] {
+      compiled_now = true;
+      return runtime::compile(g.source, g.name_expression, g.label, arch);
+    });
+    return {k, compiled_now};
+  }
+
+  CUfunction function(Op op, CUcontext ctx) {
+    {
+      std::lock_guard lock(mutex);
+      auto it = functions.find(ctx);
+      if (it != functions.end() && it->second[static_cast<int>(op)]) return it->second[static_cast<int>(op)];
+    }
+    std::string arch = options.arch.empty() ? runtime::context_arch(ctx) : options.arch;
+    auto kernel = compiled(op, arch).first;  // compiles outside the lock
+    CUfunction f = runtime::load(*kernel, ctx).function;
+    std::lock_guard lock(mutex);
+    functions[ctx][static_cast<int>(op)] = f;
+    return f;
+  }
+
+  void run(Op op, const void* a, const void* b, void* out, std::int64_t n, Stream stream, const OpOptions& o) {
+    const char* names[kOps][3] = {{"x", "w", "y"}, {"dy", "w", "dx"}, {"x", "dy", "dw"}};
+    const auto& nm = names[static_cast<int>(op)];
+    check_pointer(a, nm[0], op);
+    check_pointer(b, nm[1], op);
+    check_pointer(out, nm[2], op);
+    if (n <= 0 || n > INT_MAX)
+      throw Error(fmt::format("bsjit: {}: n = {} is out of range; expected 1 ≤ n ≤ {}", to_string(op), n, INT_MAX));
+    if (o.gate != nullptr && reinterpret_cast<std::uintptr_t>(o.gate) % 4 != 0)
+      throw Error(fmt::format("bsjit: {}: gate pointer {} is not 4-byte aligned", to_string(op), (const void*)o.gate));
+    const auto& g = source(op);
+    runtime::LaunchShape shape;
+    shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
+    shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
+    if (g.rows_per_cta > 0) {
+      std::int64_t gy = (n + g.rows_per_cta - 1) / g.rows_per_cta;
+      if (gy > kMaxGridY)
+        throw Error(fmt::format("bsjit: {}: n = {} needs {} row tiles; at most {} are supported (n ≤ {})",
+                                to_string(op), n, gy, kMaxGridY, kMaxGridY * g.rows_per_cta));
+      shape.grid_y = static_cast<std::uint32_t>(gy);
+    }
+    CUcontext ctx = runtime::current_context();
+    CUfunction f = function(op, ctx);
+    if (g.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
+    int n32 = static_cast<int>(n), accumulate = o.accumulate ? 1 : 0;
+    const float* gate = o.gate;
+    void* args[] = {&a, &b, &out, &gate, &n32, &accumulate};
+    runtime::launch(f, shape, reinterpret_cast<CUstream>(stream), args);
+  }
+};
+
+MatMul::MatMul(Layout layout, MatMulOptions options) {
+  if (!generator::supported_block(options.block))
+    throw Error(fmt::format("bsjit: block size {} is not supported; expected 8, 16, 32, 64 or 128", options.block));
+  if (!options.arch.empty()) runtime::check_arch(options.arch);
+  if (layout.rows() * options.block > INT_MAX || layout.cols() * options.block > INT_MAX)
+    throw Error(fmt::format("bsjit: layout [{}, {}] at block {} gives matrix dimensions over 2^31", layout.rows(),
+                            layout.cols(), options.block));
+  if (layout.cols() > INT_MAX / 2 || layout.rows() > INT_MAX / 2)
+    throw Error("bsjit: layout has too many block rows or columns");
+  impl_ = std::make_unique<Impl>(std::move(layout), std::move(options));
+}
+
+MatMul::~MatMul() = default;
+MatMul::MatMul(MatMul&&) noexcept = default;
+MatMul& MatMul::operator=(MatMul&&) noexcept = default;
+
+void MatMul::forward(const void* x, const void* w, void* y, std::int64_t n, Stream stream, const OpOptions& o) const {
+  impl_->run(Op::forward, x, w, y, n, stream, o);
+}
+void MatMul::backward_data(const void* dy, const void* w, void* dx, std::int64_t n, Stream stream,
+                           const OpOptions& o) const {
+  impl_->run(Op::backward_data, dy, w, dx, n, stream, o);
+}
+void MatMul::backward_weight(const void* x, const void* dy, void* dw, std::int64_t n, Stream stream,
+                             const OpOptions& o) const {
+  impl_->run(Op::backward_weight, x, dy, dw, n, stream, o);
+}
+
+bool MatMul::precompile(Op op, const std::string& arch) const { return impl_->compiled(op, arch).second; }
+std::string MatMul::generated_source(Op op) const { return impl_->source(op).source; }
+const Layout& MatMul::layout() const { return impl_->layout; }
+const MatMulOptions& MatMul::options() const { return impl_->options; }
+std::int64_t MatMul::in_features() const { return impl_->layout.rows() * impl_->options.block; }
+std::int64_t MatMul::out_features() const { return impl_->layout.cols() * impl_->options.block; }
+std::int64_t MatMul::weight_elements() const {
+  return impl_->layout.blocks() * impl_->options.block * impl_->options.block;
+}
+
+}  // namespace bsjit

@@ -1,0 +1,81 @@
+#include "module.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
+#include "bsjit/error.hpp"
+#include "driver.hpp"
+
+namespace bsjit::runtime {
+namespace {
+
+// BSJIT_SYNC_LAUNCHES=1: synchronize after every launch and report errors at the launch that
+// caused them (debugging; slow).
+bool sync_launches() {
+  static const bool on = [] {
+    const char* v = std::getenv("BSJIT_SYNC_LAUNCHES");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+  return on;
+}
+
+}  // namespace
+
+CUcontext current_context() {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  BSJIT_CU(d.cuCtxGetCurrent(&ctx));
+  if (ctx) return ctx;
+  CUdevice dev;
+  BSJIT_CU(d.cuDeviceGet(&dev, 0));
+  BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
+  BSJIT_CU(d.cuCtxSetCurrent(ctx));
+  spdlog::debug("bsjit: no current CUDA context; using device 0's primary context");
+  return ctx;
+}
+
+std::string context_arch(CUcontext ctx) {
+  const Driver& d = driver();
+  CUcontext prev = nullptr;
+  BSJIT_CU(d.cuCtxGetCurrent(&prev));
+  if (prev != ctx) BSJIT_CU(d.cuCtxSetCurrent(ctx));
+  CUdevice dev;
+  CUresult r = d.cuCtxGetDevice(&dev);
+  if (prev != ctx) d.cuCtxSetCurrent(prev);
+  BSJIT_CU(r);
+  int major = 0, minor = 0;
+  BSJIT_CU(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  BSJIT_CU(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  return fmt::format("sm_{}{}", major, minor);
+}
+
+LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
+  const Driver& d = driver();
+  CUcontext prev = nullptr;
+  BSJIT_CU(d.cuCtxGetCurrent(&prev));
+  if (prev != ctx) BSJIT_CU(d.cuCtxSetCurrent(ctx));
+  LoadedKernel k;
+  CUresult r = d.cuModuleLoadData(&k.module, kernel.cubin.data());
+  if (r == CUDA_SUCCESS) r = d.cuModuleGetFunction(&k.function, k.module, kernel.lowered_name.c_str());
+  if (prev != ctx) d.cuCtxSetCurrent(prev);
+  if (r != CUDA_SUCCESS) {
+    const char* name = "unknown";
+    d.cuGetErrorName(r, &name);
+    throw Error(fmt::format("bsjit: cannot load kernel {} built for {} into the current context: {}{}",
+                            kernel.lowered_name, kernel.arch, name,
+                            r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE
+                                ? "; the kernel's target architecture does not match this device"
+                                : ""));
+  }
+  return k;
+}
+
+void launch(CUfunction function, const LaunchShape& s, CUstream stream, void** args) {
+  const Driver& d = driver();
+  BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, 0, stream, args, nullptr));
+  if (sync_launches()) BSJIT_CU(d.cuStreamSynchronize(stream));
+}
+
+}  // namespace bsjit::runtime

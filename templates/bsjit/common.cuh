@@ -1,0 +1,84 @@
+// Device-side basics shared by every bsjit kernel template.
+//
+// Compiled by NVRTC at run time (and by nvcc in tests), with no CUDA toolkit header: 16-bit types
+// and their conversions go through PTX, so a deployment that has only the driver and libnvrtc can
+// compile kernels. Nothing host-only (std streams, fmt, spdlog, json) may appear here.
+#pragma once
+
+namespace bsjit {
+namespace kernels {
+
+// Storage types for 16-bit inputs; arithmetic happens in fp32 or inside the tensor cores.
+struct half_t {
+  unsigned short bits;
+};
+struct bfloat16_t {
+  unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(half_t x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+__device__ __forceinline__ float to_float(bfloat16_t x) {
+  return __uint_as_float(static_cast<unsigned>(x.bits) << 16);  // bf16 is the top half of fp32
+}
+
+template <class T>
+__device__ __forceinline__ T from_float(float f);
+template <>
+__device__ __forceinline__ float from_float<float>(float f) {
+  return f;
+}
+template <>
+__device__ __forceinline__ half_t from_float<half_t>(float f) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+template <>
+__device__ __forceinline__ bfloat16_t from_float<bfloat16_t>(float f) {
+  bfloat16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+
+template <class T>
+__device__ __forceinline__ T zero() {
+  return from_float<T>(0.0f);
+}
+
+// Tensor-core product D += A·B for one m16n8k16 tile (sm_80+), fp32 accumulators.
+// Fragment layout (PTX ISA, "mma.m16n8k16"), g = lane / 4, t = lane % 4:
+//   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..]   a[3] = A[g+8][2t+8..]
+//   b[0] = B[2t..2t+1][g]   b[1] = B[2t+8..2t+9][g]
+//   d[0..1] = D[g][2t..2t+1]   d[2..3] = D[g+8][2t..2t+1]
+template <class T>
+struct Mma16816;
+
+template <>
+struct Mma16816<half_t> {
+  __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <>
+struct Mma16816<bfloat16_t> {
+  __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+}  // namespace kernels
+}  // namespace bsjit

@@ -1,0 +1,98 @@
+// Every kernel template, through the generator, compiled by NVRTC for sm_80, sm_90 and sm_90a,
+// with no include path: the templates need no CUDA toolkit header.
+#include "runtime/compiler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <random>
+
+#include "bsjit/error.hpp"
+#include "generator/matmul_generator.hpp"
+
+namespace bsjit {
+namespace {
+
+Layout small_random_layout(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint8_t> m(5 * 4);
+  for (auto& v : m) v = rng() % 2;
+  m[0] = 1;
+  return Layout::from_dense(5, 4, m);
+}
+
+struct Case {
+  Op op;
+  int block;
+  DType dtype;
+  FeatureAxis axis;
+  std::string arch;
+};
+
+std::string name(const Case& c) {
+  return std::string(to_string(c.op)) + " b" + std::to_string(c.block) + " " + std::string(to_string(c.dtype)) + " " +
+         std::string(to_string(c.axis)) + " " + c.arch;
+}
+
+TEST(Compiler, EveryTemplateForEveryArch) {
+  std::vector<Case> cases;
+  for (const char* arch : {"sm_80", "sm_90", "sm_90a"})
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+      for (int b : {8, 16, 32, 64, 128})
+        for (DType dt : {DType::f32, DType::f16, DType::bf16})
+          // both feature axes, alternating, to keep the count down; every (op, b, dtype) sees both
+          // across the three archs
+          cases.push_back({op, b, dt, (cases.size() % 2) ? FeatureAxis::first : FeatureAxis::last, arch});
+  Layout layout = small_random_layout(7);
+  // Two compiles at a time: the machines CI runs on have two cores.
+  std::vector<std::future<std::string>> pending;
+  auto run = [&](Case c) -> std::string {
+    try {
+      auto g = generator::generate_matmul(layout, {c.op, c.block, c.dtype, c.axis});
+      auto k = runtime::compile(g.source, g.name_expression, g.label, c.arch);
+      if (k.cubin.size() < 64) return name(c) + ": cubin too small";
+      if (k.lowered_name.rfind("_Z", 0) != 0) return name(c) + ": lowered name '" + k.lowered_name + "'";
+      if (k.arch != c.arch) return name(c) + ": arch";
+      return "";
+    } catch (const std::exception& e) {
+      return name(c) + ": " + e.what();
+    }
+  };
+  std::size_t next = 0;
+  std::vector<std::string> failures;
+  while (next < cases.size() || !pending.empty()) {
+    while (next < cases.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, run, cases[next++]));
+    auto r = pending.front().get();
+    pending.erase(pending.begin());
+    if (!r.empty()) failures.push_back(r);
+  }
+  for (auto& f : failures) ADD_FAILURE() << f;
+  EXPECT_EQ(cases.size(), 135u);
+}
+
+TEST(Compiler, CompileErrorCarriesLogOptionsAndSourcePath) {
+  try {
+    runtime::compile("#include \"bsjit/matmul.cuh\"\nthis is not cuda;\n", "bsjit::kernels::zero<float>", "broken",
+                     "sm_90");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("NVRTC failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("--gpu-architecture=sm_90"), std::string::npos) << what;
+    EXPECT_NE(what.find("generated source: /"), std::string::npos) << what;
+    EXPECT_NE(what.find("error"), std::string::npos) << what;  // the NVRTC log itself
+  }
+}
+
+TEST(Compiler, RejectsUnsupportedArch) {
+  EXPECT_THROW(runtime::check_arch("sm_75"), Error);
+  EXPECT_THROW(runtime::check_arch("compute_90"), Error);
+  EXPECT_THROW(runtime::check_arch("sm90"), Error);
+  EXPECT_NO_THROW(runtime::check_arch("sm_90a"));
+  EXPECT_NO_THROW(runtime::check_arch("sm_80"));
+}
+
+TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }
+
+}  // namespace
+}  // namespace bsjit

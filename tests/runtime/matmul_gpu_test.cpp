@@ -1,0 +1,165 @@
+// GPU tests (ctest label "gpu"): every op × block size × dtype × feature axis against the
+// double-precision reference of the dense product with the block mask expanded. Random layouts with
+// empty block rows and columns, and density 1.0; N = 1 and N not a multiple of any tile; gate and
+// accumulate variants; fresh random inputs and NaN-poisoned outputs for every run.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "bsjit/bsjit.hpp"
+#include "op_check.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/module.hpp"
+
+namespace bsjit {
+namespace {
+
+struct Combo {
+  Op op;
+  int block;
+  DType dtype;
+  FeatureAxis axis;
+};
+
+std::vector<Combo> all_combos() {
+  std::vector<Combo> v;
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {8, 16, 32, 64, 128})
+      for (DType dt : {DType::f32, DType::f16, DType::bf16})
+        for (FeatureAxis ax : {FeatureAxis::last, FeatureAxis::first}) v.push_back({op, b, dt, ax});
+  return v;
+}
+
+// Layouts sized so C and K are a few hundred: rows × (rows + 1) blocks.
+std::int64_t layout_rows(int block) { return std::max<std::int64_t>(2, 320 / block); }
+
+// Bernoulli(0.4) with block row 0 and block column 1 forced empty.
+Layout random_layout(int block, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::int64_t r = layout_rows(block), c = r + 1;
+  std::vector<std::uint8_t> m(r * c);
+  for (auto& v : m) v = rng() % 10 < 4;
+  for (std::int64_t j = 0; j < c; ++j) m[j] = 0;
+  for (std::int64_t i = 0; i < r; ++i) m[i * c + 1] = 0;
+  m[1 * c + 0] = 1;  // never entirely empty
+  return Layout::from_dense(r, c, m);
+}
+
+Layout full_layout(int block) {
+  const std::int64_t r = layout_rows(block);
+  return Layout::from_dense(r, r + 1, std::vector<std::uint8_t>(r * (r + 1), 1));
+}
+
+struct Variant {
+  std::int64_t n;
+  bool gated, accumulate;
+};
+const Variant kVariants[] = {{1, false, false}, {131, false, false}, {257, true, false}, {200, false, true},
+                             {77, true, true}};
+
+// Worst error per dtype over the whole run, printed at the end for the record.
+struct Tally {
+  std::mutex mutex;
+  std::map<std::string, std::pair<double, int>> worst;  // dtype → (worst error, runs)
+  void add(DType dt, double err) {
+    std::lock_guard lock(mutex);
+    auto& w = worst[std::string(to_string(dt))];
+    w.first = std::max(w.first, err);
+    ++w.second;
+  }
+};
+Tally& tally() {
+  static Tally t;
+  return t;
+}
+
+class GpuEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!runtime::gpu_available(&why_)) return;
+    set_cache_directory({});  // memory only: the tests must not fill the user's cache
+    // Compile every kernel up front on all cores; the tests then find them in memory.
+    std::string arch = runtime::context_arch(runtime::current_context());
+    std::vector<std::future<void>> jobs;
+    unsigned width = std::max(2u, std::thread::hardware_concurrency());
+    auto combos = all_combos();
+    std::size_t next = 0;
+    auto job = [arch](Combo c) {
+      MatMulOptions o{c.block, c.dtype, c.axis, ""};
+      MatMul(random_layout(c.block, c.block), o).precompile(c.op, arch);
+      MatMul(full_layout(c.block), o).precompile(c.op, arch);
+    };
+    while (next < combos.size() || !jobs.empty()) {
+      while (next < combos.size() && jobs.size() < width) jobs.push_back(std::async(std::launch::async, job, combos[next++]));
+      jobs.front().get();
+      jobs.erase(jobs.begin());
+    }
+  }
+  void TearDown() override {
+    for (auto& [dt, w] : tally().worst) std::printf("GPU matmul: dtype %s: %d runs, worst relative error %.3g\n", dt.c_str(), w.second, w.first);
+  }
+  std::string why_;
+};
+
+class MatMulGpu : public ::testing::TestWithParam<Combo> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  }
+};
+
+TEST_P(MatMulGpu, MatchesDenseReference) {
+  const Combo c = GetParam();
+  MatMulOptions o{c.block, c.dtype, c.axis, ""};
+  std::uint64_t seed = 1000 + c.block * 7 + static_cast<int>(c.dtype) * 3 + static_cast<int>(c.op);
+  for (int which = 0; which < 2; ++which) {
+    MatMul mm(which == 0 ? random_layout(c.block, c.block) : full_layout(c.block), o);
+    for (const Variant& v : kVariants) {
+      check::CheckOptions co{v.n, v.accumulate, v.gated, seed++};
+      auto r = check::run_and_check(mm, c.op, co);
+      tally().add(c.dtype, r.relative_error);
+      SCOPED_TRACE(fmt::format("{} b{} {} {} layout {} n={} gate={} accumulate={}", to_string(c.op), c.block,
+                               to_string(c.dtype), to_string(c.axis), which == 0 ? "random" : "full", v.n, v.gated,
+                               v.accumulate));
+      EXPECT_EQ(r.unwritten, 0);
+      EXPECT_LE(r.relative_error, check::tolerance(c.dtype));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatMulGpu, ::testing::ValuesIn(all_combos()), [](const auto& info) {
+  const Combo& c = info.param;
+  return fmt::format("{}_b{}_{}_{}", to_string(c.op), c.block, to_string(c.dtype), to_string(c.axis));
+});
+
+TEST(MatMulGpuErrors, WrongArchKernelIsAClearError) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  std::string arch = runtime::context_arch(runtime::current_context());
+  // a cubin for another major architecture cannot load here
+  MatMulOptions o{32, DType::bf16, FeatureAxis::last, arch == "sm_80" ? "sm_90" : "sm_80"};
+  MatMul mm(full_layout(32), o);
+  check::CheckOptions co{64, false, false, 1};
+  try {
+    check::run_and_check(mm, Op::forward, co);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not match this device"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace bsjit
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new bsjit::GpuEnvironment);
+  return RUN_ALL_TESTS();
+}
