@@ -11,6 +11,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "op_check.hpp"
+#include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
 
 namespace {
@@ -44,6 +45,33 @@ int inspect(const std::vector<std::string>& files) {
                f, s.rows, s.cols, s.blocks, s.density, l.hash().hex(), s.min_blocks_per_row, s.max_blocks_per_row,
                s.mean_blocks_per_row, s.empty_rows, s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col,
                s.empty_cols);
+  }
+  return 0;
+}
+
+int info(bool require_gpu) {
+  fmt::print("bsjit {}\nNVRTC {}\ncache directory {}\n", BSJIT_VERSION, runtime::nvrtc_version(),
+             cache_directory().empty() ? "(memory only)" : cache_directory().string());
+  std::string why;
+  if (!runtime::gpu_available(&why)) {
+    fmt::print("GPU: none ({})\n", why);
+    return require_gpu ? 2 : 0;
+  }
+  const auto& d = runtime::driver();
+  int count = 0, version = 0;
+  BSJIT_CU(d.cuDeviceGetCount(&count));
+  BSJIT_CU(d.cuDriverGetVersion(&version));
+  fmt::print("driver CUDA {}.{}\n", version / 1000, version % 1000 / 10);
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev;
+    BSJIT_CU(d.cuDeviceGet(&dev, i));
+    char name[256] = {};
+    int major = 0, minor = 0, sms = 0;
+    BSJIT_CU(d.cuDeviceGetName(name, sizeof name, dev));
+    BSJIT_CU(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+    BSJIT_CU(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    BSJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    fmt::print("GPU {}: {}, sm_{}{}, {} SMs\n", i, name, major, minor, sms);
   }
   return 0;
 }
@@ -122,6 +150,10 @@ int main(int argc, char** argv) {
   app.add_option("--cache-dir", cache_dir, "cache directory (default: $BSJIT_CACHE_DIR, $XDG_CACHE_HOME/bsjit, ~/.cache/bsjit)");
   app.add_flag("--no-disk-cache", no_disk_cache, "keep compiled kernels in memory only");
 
+  bool require_gpu = false;
+  auto* inf = app.add_subcommand("info", "versions, cache directory and visible GPUs");
+  inf->add_flag("--require-gpu", require_gpu, "exit with status 2 when no GPU is usable");
+
   std::vector<std::string> inspect_files;
   auto* ins = app.add_subcommand("inspect", "print a layout file's statistics and hash");
   ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required()->check(CLI::ExistingFile);
@@ -147,6 +179,7 @@ int main(int argc, char** argv) {
   try {
     if (no_disk_cache) set_cache_directory({});
     else if (!cache_dir.empty()) set_cache_directory(cache_dir);
+    if (*inf) return info(require_gpu);
     if (*ins) return inspect(inspect_files);
     if (*pre) return precompile(pre_sel, archs);
     if (*runc) return run(run_sel, n, gated, accumulate, seed);

@@ -1,0 +1,140 @@
+#include "generator/matmul_generator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "bsjit/error.hpp"
+
+namespace bsjit::generator {
+namespace {
+
+// The numbers inside `name[] = { ... }` of generated source.
+std::vector<int> table(const std::string& source, const std::string& name) {
+  std::smatch m;
+  std::regex re(name + R"(\[\] = \{([^}]*)\})");
+  if (!std::regex_search(source, m, re)) return {};
+  std::vector<int> out;
+  std::stringstream ss(m[1].str());
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto b = item.find_first_not_of(" \n");
+    if (b != std::string::npos) out.push_back(std::stoi(item.substr(b)));
+  }
+  return out;
+}
+
+Layout random_layout(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint8_t> m(rows * cols);
+  for (auto& v : m) v = rng() % 3 == 0;
+  return Layout::from_dense(rows, cols, m);
+}
+
+// Snapshot ("process replay"): a change to generated code shows up as a diff of these files.
+// BSJIT_UPDATE_SNAPSHOTS=1 rewrites them.
+TEST(Generator, Snapshots) {
+  Layout layout = Layout::from_dense(3, 4, {1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1});
+  const MatMulSpec specs[] = {{Op::forward, 32, DType::bf16, FeatureAxis::last},
+                              {Op::backward_data, 16, DType::f16, FeatureAxis::first},
+                              {Op::backward_weight, 8, DType::f32, FeatureAxis::last}};
+  const bool update = std::getenv("BSJIT_UPDATE_SNAPSHOTS") != nullptr;
+  for (const auto& spec : specs) {
+    auto g = generate_matmul(layout, spec);
+    auto path = std::filesystem::path(BSJIT_SNAPSHOTS) / (g.label + ".cu");
+    if (update) {
+      std::ofstream(path) << g.source;
+      continue;
+    }
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << "missing snapshot " << path << "; run with BSJIT_UPDATE_SNAPSHOTS=1 to create it";
+    std::stringstream want;
+    want << in.rdbuf();
+    EXPECT_EQ(g.source, want.str()) << "generated source for " << g.label << " changed; if intended, rerun with "
+                                    << "BSJIT_UPDATE_SNAPSHOTS=1 and review the diff";
+  }
+}
+
+// The lookup tables, read back out of the generated source, describe exactly the layout.
+TEST(Generator, TablesRebuildTheLayout) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    Layout layout = random_layout(1 + seed % 7, 1 + seed % 5 + seed % 3, seed);
+    for (Op op : {Op::forward, Op::backward_data}) {
+      auto g = generate_matmul(layout, {op, 16, DType::bf16, FeatureAxis::last});
+      auto offsets = table(g.source, "kLutOffsets"), lut = table(g.source, "kLut");
+      const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
+      ASSERT_EQ(static_cast<std::int64_t>(offsets.size()), out_blocks + 1);
+      ASSERT_EQ(g.grid_x, out_blocks);
+      std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+      for (std::int64_t j = 0; j < out_blocks; ++j)
+        for (int e = offsets[j]; e < offsets[j + 1]; ++e) {
+          int in = lut[2 * e], w = lut[2 * e + 1];
+          auto rc = op == Op::forward ? std::pair<std::int64_t, std::int64_t>{in, j}
+                                      : std::pair<std::int64_t, std::int64_t>{j, in};
+          EXPECT_EQ(layout.block_index(rc.first, rc.second), w) << "seed " << seed;
+          if (e > offsets[j]) {
+            EXPECT_LT(lut[2 * (e - 1)], in) << "input blocks ascending";
+          }
+          coords.push_back(rc);
+        }
+      EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout) << "seed " << seed;
+    }
+    auto g = generate_matmul(layout, {Op::backward_weight, 16, DType::bf16, FeatureAxis::last});
+    auto coords = table(g.source, "kCoords");
+    ASSERT_EQ(static_cast<std::int64_t>(coords.size()), 2 * std::max<std::int64_t>(layout.blocks(), 0) +
+                                                             (layout.blocks() == 0 ? 1 : 0));
+    for (std::int64_t b = 0; b < layout.blocks(); ++b)
+      EXPECT_EQ(layout.block_coord(b), (std::pair<std::int64_t, std::int64_t>{coords[2 * b], coords[2 * b + 1]}));
+  }
+}
+
+// What the templates' static_asserts demand, checked on the host for every combination.
+TEST(Generator, TileConfigsAreConsistent) {
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {8, 16, 32, 64, 128})
+      for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+        TileConfig t = choose_tiles({op, b, dt, FeatureAxis::last});
+        SCOPED_TRACE(std::string(to_string(op)) + " b" + std::to_string(b) + " " + std::string(to_string(dt)));
+        EXPECT_EQ(t.tensor_cores, dt != DType::f32 && b >= 16);
+        EXPECT_EQ(t.bn, b);
+        EXPECT_EQ(b % std::min(b, t.bk), 0);
+        EXPECT_GE(t.stride, t.bk);
+        EXPECT_LE((t.bm + t.bn) * t.stride * static_cast<int>(dtype_size(dt)), 48 * 1024);
+        EXPECT_TRUE(t.threads >= 32 && t.threads <= 1024 && t.threads % 32 == 0);
+        if (t.tensor_cores) {
+          EXPECT_EQ(t.warps_m * t.warps_n * 32, t.threads);
+          EXPECT_EQ((t.bm / t.warps_m) % 16, 0);
+          EXPECT_EQ((t.bn / t.warps_n) % 8, 0);
+          EXPECT_EQ(t.bk % 16, 0);
+        } else {
+          const int threads_n = t.bn / t.tn;
+          EXPECT_EQ(t.threads % threads_n, 0);
+          EXPECT_EQ(t.threads / threads_n * t.tm, t.bm);
+        }
+      }
+  EXPECT_THROW(choose_tiles({Op::forward, 24, DType::f32, FeatureAxis::last}), Error);
+}
+
+TEST(Generator, SourceNamesWhatItIs) {
+  Layout layout = Layout::from_dense(2, 2, {1, 0, 0, 1});
+  auto g = generate_matmul(layout, {Op::backward_data, 64, DType::f16, FeatureAxis::first});
+  EXPECT_EQ(g.label, "backward_data-f16-b64-first");
+  EXPECT_EQ(g.name_expression, "bsjit::kernels::dsd_kernel<bsjit_generated::Config>");
+  EXPECT_NE(g.source.find(layout.hash().hex()), std::string::npos);
+  EXPECT_NE(g.source.find("kTransW = true"), std::string::npos);
+  EXPECT_NE(g.source.find("kFeatureLast = false"), std::string::npos);
+  EXPECT_NE(g.source.find("using T = bsjit::kernels::half_t"), std::string::npos);
+  EXPECT_EQ(g.in_features, 128);
+  EXPECT_EQ(g.out_features, 128);
+  // Different layouts give different source, so different cache keys.
+  auto h = generate_matmul(Layout::from_dense(2, 2, {1, 1, 0, 1}), {Op::backward_data, 64, DType::f16, FeatureAxis::first});
+  EXPECT_NE(g.source, h.source);
+}
+
+}  // namespace
+}  // namespace bsjit::generator

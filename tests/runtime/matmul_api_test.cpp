@@ -1,0 +1,92 @@
+// The public MatMul API's argument checks and its behaviour without a GPU.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <random>
+
+#include "bsjit/bsjit.hpp"
+#include "runtime/driver.hpp"
+
+namespace bsjit {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const Layout kLayout = Layout::from_dense(2, 3, {1, 0, 1, 0, 1, 0});
+
+TEST(MatMulApi, RejectsBadOptions) {
+  EXPECT_NE(error_of([] { MatMul(kLayout, {12, DType::f32, FeatureAxis::last, ""}); }).find("block size 12"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MatMul(kLayout, {32, DType::f32, FeatureAxis::last, "sm_70"}); }).find("sm_70"),
+            std::string::npos);
+}
+
+TEST(MatMulApi, ValidatesPointersAndSizesBeforeTouchingTheGpu) {
+  MatMul mm(kLayout, {16, DType::bf16, FeatureAxis::last, ""});
+  alignas(16) static char buf[64];
+  void* p = buf;
+  EXPECT_NE(error_of([&] { mm.forward(nullptr, p, p, 4); }).find("x is a null pointer"), std::string::npos);
+  EXPECT_NE(error_of([&] { mm.backward_data(p, p, nullptr, 4); }).find("dx is a null pointer"), std::string::npos);
+  EXPECT_NE(error_of([&] { mm.backward_weight(p, buf + 2, p, 4); }).find("dy"), std::string::npos);
+  EXPECT_NE(error_of([&] { mm.backward_weight(p, buf + 2, p, 4); }).find("16-byte aligned"), std::string::npos);
+  EXPECT_NE(error_of([&] { mm.forward(p, p, p, 0); }).find("n = 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { mm.forward(p, p, p, -5); }).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] { mm.forward(p, p, p, 1LL << 40); }).find("out of range"), std::string::npos);
+}
+
+TEST(MatMulApi, GpuOpWithoutDriverIsAClearError) {
+  std::string why;
+  if (runtime::gpu_available(&why)) GTEST_SKIP() << "a GPU is present";
+  MatMul mm(kLayout, {16, DType::bf16, FeatureAxis::last, ""});
+  alignas(16) static char buf[64];
+  std::string e = error_of([&] { mm.forward(buf, buf, buf, 4); });
+  EXPECT_NE(e.find("CUDA driver"), std::string::npos) << e;
+}
+
+TEST(MatMulApi, ShapesAndPrecompileWithoutGpu) {
+  set_cache_directory({});
+  MatMul mm(kLayout, {64, DType::f16, FeatureAxis::first, ""});
+  EXPECT_EQ(mm.in_features(), 128);
+  EXPECT_EQ(mm.out_features(), 192);
+  EXPECT_EQ(mm.weight_elements(), 3 * 64 * 64);
+  EXPECT_NE(mm.generated_source(Op::forward).find("kLut"), std::string::npos);
+  auto before = cache_stats();
+  EXPECT_TRUE(mm.precompile(Op::backward_weight, "sm_90a"));   // compiled now
+  EXPECT_FALSE(mm.precompile(Op::backward_weight, "sm_90a"));  // already in memory
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 1);
+  EXPECT_EQ(cache_stats().memory_hits, before.memory_hits + 1);
+  EXPECT_THROW(mm.precompile(Op::forward, "sm_61"), Error);
+}
+
+TEST(MatMulApi, DefaultCacheDirectoryFollowsEnvironment) {
+  setenv("BSJIT_CACHE_DIR", "/tmp/explicit", 1);
+  EXPECT_EQ(default_cache_directory(), "/tmp/explicit");
+  unsetenv("BSJIT_CACHE_DIR");
+  setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+  EXPECT_EQ(default_cache_directory(), "/tmp/xdg/bsjit");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", "/home/someone", 1);
+  EXPECT_EQ(default_cache_directory(), "/home/someone/.cache/bsjit");
+}
+
+TEST(Types, ParseAndPrint) {
+  EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
+  EXPECT_EQ(parse_dtype("fp16"), DType::f16);
+  EXPECT_EQ(parse_op("dw"), Op::backward_weight);
+  EXPECT_EQ(parse_feature_axis("first"), FeatureAxis::first);
+  EXPECT_EQ(to_string(Op::backward_data), "backward_data");
+  EXPECT_THROW(parse_dtype("int8"), Error);
+  EXPECT_THROW(parse_op("sideways"), Error);
+  EXPECT_THROW(parse_feature_axis("middle"), Error);
+}
+
+}  // namespace
+}  // namespace bsjit

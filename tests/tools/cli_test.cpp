@@ -1,0 +1,109 @@
+// The bsjit command line, run as a user would.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "runtime/driver.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status;
+  std::string output;
+};
+
+Result sh(const std::string& args) {
+  std::string cmd = std::string(BSJIT_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), p)) r.output += buf.data();
+  int s = pclose(p);
+  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  return r;
+}
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("bsjit-cli-test-" + std::to_string(std::random_device{}()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+const std::string kExamples = BSJIT_EXAMPLES;
+
+TEST(Cli, InspectPrintsStatsAndHash) {
+  auto r = sh("inspect " + kExamples + "/layouts/banded.json");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[16, 16] blocks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nonzero      74"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("22445325b8b69a991b9ea8a2d276a4fb"), std::string::npos) << r.output;
+}
+
+TEST(Cli, PrecompileIntoDirectoryThenFindsItCached) {
+  TempDir dir;
+  const std::string args = "--cache-dir " + dir.path.string() + " precompile -l " + kExamples +
+                           "/layouts/banded.json -o forward,backward_weight -b 16 -t bf16,f32 -a sm_80,sm_90a";
+  auto r = sh(args);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("8 compiled, 0 already cached, 0 failed"), std::string::npos) << r.output;
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir.path)) entries += e.path().extension() == ".bsjit";
+  EXPECT_EQ(entries, 8);
+  r = sh(args);  // a second process finds them all
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("0 compiled, 8 already cached, 0 failed"), std::string::npos) << r.output;
+}
+
+TEST(Cli, PrecompileFailuresAreNamedAndExitNonZero) {
+  TempDir dir;
+  auto r = sh("--cache-dir " + dir.path.string() + " precompile -l " + kExamples +
+              "/layouts/banded.json -o forward -b 16 -t bf16 -a sm_90,sm_70");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("FAILED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sm_70"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 compiled, 0 already cached, 1 failed"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BadInputsAreClearErrors) {
+  TempDir dir;
+  auto bad = dir.path / "bad.npy";
+  { std::ofstream(bad) << "garbage"; }
+  auto r = sh("inspect " + bad.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("not a .npy file"), std::string::npos) << r.output;
+  r = sh("precompile -l " + kExamples + "/layouts/banded.json -b 12 --no-disk-cache");
+  EXPECT_NE(r.status, 0);
+  r = sh("inspect /nonexistent.npy");
+  EXPECT_NE(r.status, 0);
+}
+
+TEST(Cli, RunWithoutGpuSaysSo) {
+  std::string why;
+  if (bsjit::runtime::gpu_available(&why)) GTEST_SKIP() << "a GPU is present; the GPU tests cover bsjit run";
+  auto r = sh("run -l " + kExamples + "/layouts/banded.json -b 16");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("no GPU"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+TEST(Cli, InfoReportsNvrtcAndGpuState) {
+  auto r = sh("--no-disk-cache info");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("NVRTC 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(memory only)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GPU"), std::string::npos) << r.output;
+  std::string why;
+  auto g = sh("info --require-gpu");
+  EXPECT_EQ(g.status, bsjit::runtime::gpu_available(&why) ? 0 : 2) << g.output;
+}
+}  // namespace

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: install what the build needs (Debian/Ubuntu, as root), build,
+# precompile the bundled example layouts into a cache directory, and, where a GPU is present, run
+# the ops on the GPU and check them against the CPU reference.
+#   tools/quickstart.sh [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+
+packages="cmake g++ make libfmt-dev nlohmann-json3-dev libspdlog-dev libgtest-dev libcli11-dev libxxhash-dev"
+missing=""
+if command -v dpkg-query >/dev/null; then
+  for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  done
+fi
+if [ -n "$missing" ]; then
+  echo "== installing:$missing"
+  if [ "$(id -u)" != 0 ]; then echo "need root to install:$missing" >&2; exit 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+if ! command -v nvcc >/dev/null && [ ! -e /usr/local/cuda/include/nvrtc.h ]; then
+  echo "the CUDA toolkit (NVRTC and its headers) is needed: install it under /usr/local/cuda" >&2
+  exit 1
+fi
+
+echo "== build ($build)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBSJIT_WERROR=ON >/dev/null
+cmake --build "$build" -j"$(nproc)"
+
+echo "== precompile the example layouts (no GPU needed)"
+cache="$build/example-kernel-cache"
+"$build/tools/bsjit" --cache-dir "$cache" precompile \
+  -l examples/layouts/random_d25.npy -l examples/layouts/banded.json -l examples/layouts/strided_bool_f.npy \
+  -o forward,backward_data,backward_weight -b 32 -t bf16,f32 -a sm_80,sm_90
+
+"$build/tools/bsjit" info
+if "$build/tools/bsjit" info --require-gpu >/dev/null 2>&1; then
+  echo "== GPU present: run and check the ops"
+  "$build/tools/bsjit" --cache-dir "$cache" run -l examples/layouts/random_d25.npy -l examples/layouts/banded.json \
+    -b 32 -t bf16,f32 -n 1000
+else
+  echo "== no GPU here: skipping the GPU run"
+fi
