@@ -1,20 +1,27 @@
-// On-disk entry, format version 1 (changing any of it requires bumping kFormatVersion):
+// On-disk entry, format version 2 (changing any of it requires bumping kFormatVersion):
 //   8 bytes   magic "BSJITKC\0"
 //   4 bytes   format version, little-endian uint32
 //   4 bytes   header length H, little-endian uint32
-//   H bytes   JSON header: key, lowered_name, arch, options, cubin_size, cubin_xxh64 (hex)
+//   H bytes   JSON header: key, label, arch, layout_hash, lowered_name, options, cubin_size,
+//             cubin_xxh64 (hex)
 //   cubin_size bytes of cubin
-// Entries are written to a unique temporary file in the same directory and renamed into place, so
-// a reader sees either nothing or a whole entry.
+// File name: <label>-<arch>-<first 16 key digits>.bsjit. Entries are written to a unique temporary
+// file in the same directory, fsync'ed and renamed into place, so a reader sees nothing or a whole
+// entry; a crash leaves at most a temporary file, which prune and clear remove. The file's mtime is
+// the last-used stamp: the cache sets it on every first use in a process (atime is useless on
+// relatime, noatime and network mounts).
 #include "kernel_cache.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -28,7 +35,12 @@
 namespace bsjit::cache {
 namespace {
 
+namespace fs = std::filesystem;
+
 constexpr char kMagic[8] = {'B', 'S', 'J', 'I', 'T', 'K', 'C', '\0'};
+constexpr const char* kEntryExt = ".bsjit";
+constexpr const char* kLockExt = ".lock";
+constexpr const char* kTmpMark = ".bsjit.tmp.";
 
 void put_u32(std::string& s, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -43,56 +55,81 @@ std::string checksum(const std::vector<char>& data) {
   return fmt::format("{:016x}", XXH3_64bits(data.data(), data.size()));
 }
 
+std::string read_all(const fs::path& p, bool* ok) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *ok = static_cast<bool>(in) || in.eof();
+  return ss.str();
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+
+std::uint64_t parse_size_or_throw(const std::string& text) {
+  std::size_t used = 0;
+  double v = std::stod(text, &used);
+  std::string suffix = text.substr(used);
+  double mult = 1;
+  if (suffix == "K" || suffix == "k") mult = 1024.0;
+  else if (suffix == "M" || suffix == "m") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g") mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) throw std::invalid_argument(text);
+  return static_cast<std::uint64_t>(v * mult);
+}
+
+bool is_entry(const fs::path& p) { return p.extension() == kEntryExt; }
+bool is_tmp(const fs::path& p) { return p.filename().string().find(kTmpMark) != std::string::npos; }
+
+// The lock file serialising compiles of one key across processes. flock is released by close,
+// also when the process dies.
+struct FileLock {
+  int fd = -1;
+  explicit FileLock(const fs::path& path) {
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0 && ::flock(fd, LOCK_EX) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ~FileLock() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 }  // namespace
 
-std::string make_key(const std::string& source, const std::string& arch) {
-  std::string material = fmt::format("bsjit-cache-format {}\n", kFormatVersion);
-  material += "templates " + generator::templates_hash() + "\n";
-  material += "arch " + arch + "\n";
-  for (const auto& o : runtime::compile_options(arch)) material += "option " + o + "\n";
-  material += "nvrtc " + runtime::nvrtc_version() + "\n";
-  material += source;
+// --- key and format --------------------------------------------------------------------------
+
+KeyInputs key_inputs(const std::string& source, const std::string& arch) {
+  static const std::string nvrtc = runtime::nvrtc_version();
+  return {source, generator::templates_hash(), arch, runtime::compile_options(arch), nvrtc, kFormatVersion};
+}
+
+std::string make_key(const KeyInputs& in) {
+  // Each field is length-prefixed, so no two different inputs give the same material.
+  std::string material;
+  auto add = [&material](const std::string& field) { material += fmt::format("{}:{};", field.size(), field); };
+  add(std::to_string(in.format_version));
+  add(in.templates_hash);
+  add(in.arch);
+  add(std::to_string(in.options.size()));
+  for (const auto& o : in.options) add(o);
+  add(in.nvrtc_version);
+  add(in.source);
   XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
 
-KernelCache::KernelCache(std::filesystem::path directory) { set_directory(std::move(directory)); }
-
-void KernelCache::set_directory(std::filesystem::path directory) {
-  std::lock_guard lock(mutex_);
-  directory_ = std::move(directory);
-  disk_usable_ = !directory_.empty();
-  if (disk_usable_) {
-    std::error_code ec;
-    std::filesystem::create_directories(directory_, ec);
-    if (ec || !std::filesystem::is_directory(directory_)) {
-      spdlog::warn("bsjit: cache directory '{}' cannot be created ({}); kernels are kept in memory only",
-                   directory_.string(), ec.message());
-      disk_usable_ = false;
-    }
-  }
-}
-
-std::filesystem::path KernelCache::directory() const {
-  std::lock_guard lock(mutex_);
-  return directory_;
-}
-
-std::filesystem::path KernelCache::entry_path(const std::string& key, const std::string& file_stem) const {
-  std::lock_guard lock(mutex_);
-  if (!disk_usable_) return {};
-  return directory_ / fmt::format("{}-{}.bsjit", file_stem, key.substr(0, 16));
-}
-
-CacheStats KernelCache::stats() const {
-  return {memory_hits_.load(), disk_hits_.load(), compiles_.load(), bad_entries_.load()};
-}
-
-std::string KernelCache::serialize(const std::string& key, const runtime::CompiledKernel& k) {
+std::string KernelCache::serialize(const Request& r, const runtime::CompiledKernel& k) {
   nlohmann::json h;
-  h["key"] = key;
-  h["lowered_name"] = k.lowered_name;
+  h["key"] = r.key;
+  h["label"] = r.label;
   h["arch"] = k.arch;
+  h["layout_hash"] = r.layout_hash;
+  h["lowered_name"] = k.lowered_name;
   h["options"] = k.options;
   h["cubin_size"] = k.cubin.size();
   h["cubin_xxh64"] = checksum(k.cubin);
@@ -105,56 +142,172 @@ std::string KernelCache::serialize(const std::string& key, const runtime::Compil
   return out;
 }
 
-std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::string& bytes, const std::string& key,
-                                                                  std::string* why) {
+std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::string& bytes,
+                                                                  const std::string& expected_key, std::string* why,
+                                                                  EntryHeader* header) {
   auto fail = [why](std::string reason) {
     *why = std::move(reason);
     return nullptr;
   };
-  if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return fail("bad magic");
+  if (bytes.empty()) return fail("empty file");
+  if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return fail("not a bsjit cache entry (bad magic)");
   std::uint32_t version = get_u32(bytes, 8), header_size = get_u32(bytes, 12);
-  if (version != kFormatVersion) return fail(fmt::format("format version {} (expected {})", version, kFormatVersion));
+  if (version != kFormatVersion)
+    return fail(fmt::format("stale: format version {}, this bsjit reads {}", version, kFormatVersion));
   if (16 + static_cast<std::size_t>(header_size) > bytes.size()) return fail("truncated header");
   nlohmann::json h = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + header_size, nullptr, false);
   if (h.is_discarded() || !h.is_object()) return fail("malformed header");
   try {
-    if (h.at("key").get<std::string>() != key) return fail("key mismatch");
+    EntryHeader e;
+    e.key = h.at("key").get<std::string>();
+    e.label = h.at("label").get<std::string>();
+    e.arch = h.at("arch").get<std::string>();
+    e.layout_hash = h.at("layout_hash").get<std::string>();
+    e.lowered_name = h.at("lowered_name").get<std::string>();
+    e.options = h.at("options").get<std::vector<std::string>>();
+    e.cubin_size = h.at("cubin_size").get<std::uint64_t>();
+    e.cubin_xxh64 = h.at("cubin_xxh64").get<std::string>();
+    if (header) *header = e;
+    if (!expected_key.empty() && e.key != expected_key) return fail("foreign: the entry holds another key");
+    if (bytes.size() != 16 + header_size + e.cubin_size)
+      return fail(fmt::format("truncated or padded: {} bytes, header says {}", bytes.size(), 16 + header_size + e.cubin_size));
     auto k = std::make_shared<runtime::CompiledKernel>();
-    k->lowered_name = h.at("lowered_name").get<std::string>();
-    k->arch = h.at("arch").get<std::string>();
-    k->options = h.at("options").get<std::vector<std::string>>();
-    std::size_t size = h.at("cubin_size").get<std::size_t>();
-    if (bytes.size() != 16 + header_size + size) return fail("cubin size does not match the file size");
     k->cubin.assign(bytes.begin() + 16 + header_size, bytes.end());
-    if (checksum(k->cubin) != h.at("cubin_xxh64").get<std::string>()) return fail("cubin checksum mismatch");
+    if (checksum(k->cubin) != e.cubin_xxh64) return fail("corrupt: cubin checksum mismatch");
+    k->lowered_name = e.lowered_name;
+    k->arch = e.arch;
+    k->options = e.options;
     return k;
-  } catch (const nlohmann::json::exception& e) {
-    return fail(std::string("malformed header: ") + e.what());
+  } catch (const nlohmann::json::exception& ex) {
+    return fail(std::string("malformed header: ") + ex.what());
   }
 }
 
-KernelCache::Compiled KernelCache::load_from_disk(const std::string& key, const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return nullptr;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string why;
-  auto k = deserialize(ss.str(), key, &why);
+std::string insecure_reason(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";  // missing: nothing to trust or distrust yet
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0)
+    return fmt::format("'{}' is owned by uid {}, not by this user (uid {}) or root", path.string(), st.st_uid, me);
+  if (st.st_mode & S_IWOTH) return fmt::format("'{}' is writable by all users (mode {:o})", path.string(), st.st_mode & 07777);
+  if (st.st_mode & S_IWGRP) return fmt::format("'{}' is writable by its group (mode {:o})", path.string(), st.st_mode & 07777);
+  return "";
+}
+
+// --- configuration ---------------------------------------------------------------------------
+
+KernelCache::KernelCache(CacheConfig config) { configure(std::move(config)); }
+
+void KernelCache::configure(CacheConfig config) {
+  std::lock_guard lock(mutex_);
+  config_ = std::move(config);
+  writable_ = false;
+  readable_.clear();
+  auto trusted = [&](const fs::path& dir, const char* role) {
+    std::string why = insecure_reason(dir);
+    if (why.empty()) return true;
+    if (config_.allow_insecure) {
+      spdlog::warn("bsjit: using {} cache directory although {} (allow_insecure is set)", role, why);
+      return true;
+    }
+    spdlog::error("bsjit: refusing {} cache directory: {}. Whoever can write there can make this process run their "
+                  "GPU code. Fix the ownership or permissions, or set BSJIT_CACHE_ALLOW_INSECURE=1 to accept it.",
+                  role, why);
+    return false;
+  };
+  if (!config_.directory.empty()) {
+    std::error_code ec;
+    fs::create_directories(config_.directory, ec);
+    if (ec || !fs::is_directory(config_.directory)) {
+      spdlog::warn("bsjit: cache directory '{}' cannot be created ({}); kernels are kept in memory only",
+                   config_.directory.string(), ec ? ec.message() : "not a directory");
+    } else if (trusted(config_.directory, "the")) {
+      readable_.push_back(config_.directory);
+      writable_ = ::access(config_.directory.c_str(), W_OK) == 0;
+      if (!writable_)
+        spdlog::warn("bsjit: cache directory '{}' is read-only; new kernels are kept in memory only",
+                     config_.directory.string());
+    }
+  }
+  for (const auto& dir : config_.read_only) {
+    if (!fs::is_directory(dir)) {
+      spdlog::warn("bsjit: read-only cache directory '{}' does not exist; skipped", dir.string());
+      continue;
+    }
+    if (trusted(dir, "read-only")) readable_.push_back(dir);
+  }
+}
+
+CacheConfig KernelCache::config() const {
+  std::lock_guard lock(mutex_);
+  return config_;
+}
+
+std::filesystem::path KernelCache::entry_path(const Request& r) const {
+  std::lock_guard lock(mutex_);
+  if (!writable_) return {};
+  return config_.directory / fmt::format("{}-{}-{}{}", r.label, r.arch, r.key.substr(0, 16), kEntryExt);
+}
+
+CacheStats KernelCache::stats() const {
+  return {memory_hits_.load(), disk_hits_.load(), compiles_.load(), bad_entries_.load()};
+}
+
+// --- lookup ----------------------------------------------------------------------------------
+
+KernelCache::Compiled KernelCache::load_from(const fs::path& path, const std::string& key, bool writable_layer,
+                                             bool quiet) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return nullptr;
+  std::string why = insecure_reason(path);
+  bool allow_insecure;
+  {
+    std::lock_guard lock(mutex_);
+    allow_insecure = config_.allow_insecure;
+  }
+  if (!why.empty() && !allow_insecure) {
+    if (quiet) return nullptr;
+    ++bad_entries_;
+    spdlog::error("bsjit: refusing cache entry: {}; rebuilding it in memory", why);
+    return nullptr;
+  }
+  bool ok = false;
+  std::string bytes = read_all(path, &ok);
+  auto k = ok ? deserialize(bytes, key, &why) : nullptr;
+  if (!ok) why = "unreadable";
   if (!k) {
+    if (quiet) return nullptr;
     ++bad_entries_;
     spdlog::warn("bsjit: cache entry '{}' is unusable ({}); rebuilding it", path.string(), why);
+    return nullptr;
   }
+  if (writable_layer) ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // last-used stamp = now
   return k;
 }
 
-void KernelCache::store_to_disk(const std::string& key, const std::filesystem::path& path,
-                                const runtime::CompiledKernel& k) {
-  std::string bytes = serialize(key, k);
+KernelCache::Compiled KernelCache::load_from_layers(const Request& r, bool quiet) {
+  std::vector<fs::path> layers;
+  fs::path writable_dir;
+  {
+    std::lock_guard lock(mutex_);
+    layers = readable_;
+    if (writable_) writable_dir = config_.directory;
+  }
+  const std::string name = fmt::format("{}-{}-{}{}", r.label, r.arch, r.key.substr(0, 16), kEntryExt);
+  for (const auto& dir : layers)
+    if (auto k = load_from(dir / name, r.key, dir == writable_dir, quiet)) return k;
+  return nullptr;
+}
+
+void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
+  fs::path path = entry_path(r);
+  if (path.empty()) return;
+  std::string bytes = serialize(r, k);
   std::random_device rd;
-  auto tmp = path;
-  tmp += fmt::format(".tmp.{}.{:08x}", getpid(), rd());
+  fs::path tmp = path;
+  tmp += fmt::format(".tmp.{}.{:08x}", ::getpid(), rd());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  bool ok = fd >= 0;
+  bool ok = fd >= 0 && ::fchmod(fd, 0644) == 0;  // not group-writable whatever the umask
   std::size_t done = 0;
   while (ok && done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -163,21 +316,32 @@ void KernelCache::store_to_disk(const std::string& key, const std::filesystem::p
   }
   if (ok) ok = ::fsync(fd) == 0;
   if (fd >= 0) ok = (::close(fd) == 0) && ok;
-  if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;  // atomic; losing a race to an equal entry is fine
   if (!ok) {
     int err = errno;
     ::unlink(tmp.c_str());
-    spdlog::warn("bsjit: cannot write cache entry '{}' ({}); continuing with the kernel in memory", path.string(),
-                 std::strerror(err));
+    std::lock_guard lock(mutex_);
+    if (writable_) {  // warn once, then stop trying
+      writable_ = false;
+      spdlog::warn("bsjit: cannot write to cache directory '{}' ({}); new kernels are kept in memory only",
+                   config_.directory.string(), std::strerror(err));
+    }
+    return;
   }
+  std::uint64_t max_bytes;
+  {
+    std::lock_guard lock(mutex_);
+    max_bytes = config_.max_bytes;
+  }
+  if (max_bytes > 0) prune_cache(path.parent_path(), max_bytes);
 }
 
-KernelCache::Compiled KernelCache::get_or_compile(const std::string& key, const std::string& file_stem,
-                                                  const std::function<runtime::CompiledKernel()>& compile) {
+KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* compiled_now) {
+  if (compiled_now) *compiled_now = false;
   std::shared_ptr<Slot> slot;
   {
     std::lock_guard lock(mutex_);
-    auto& s = slots_[key];
+    auto& s = slots_[r.key];
     if (!s) s = std::make_shared<Slot>();
     slot = s;
   }
@@ -186,37 +350,191 @@ KernelCache::Compiled KernelCache::get_or_compile(const std::string& key, const 
     ++memory_hits_;
     return slot->kernel;
   }
-  auto path = entry_path(key, file_stem);
-  if (!path.empty()) {
-    if (auto k = load_from_disk(key, path)) {
+  if (auto k = load_from_layers(r, false)) {
+    ++disk_hits_;
+    return slot->kernel = k;
+  }
+  if (on_miss == OnMiss::fail) {  // strict mode: proves a deployment's cache is complete
+    auto c = config();
+    std::vector<std::string> dirs;
+    if (!c.directory.empty()) dirs.push_back(c.directory.string());
+    for (auto& d : c.read_only) dirs.push_back(d.string());
+    throw Error(fmt::format("bsjit: strict cache: kernel {} for {} (key {}) is in no cache directory [{}]; "
+                            "precompile it (bsjit precompile) or turn strict mode off (BSJIT_STRICT_CACHE)",
+                            r.label, r.arch, r.key, fmt::join(dirs, ", ")));
+  }
+  // Another process may be compiling the same key: wait for it, then look again.
+  std::unique_ptr<FileLock> lock;
+  if (auto path = entry_path(r); !path.empty()) {
+    lock = std::make_unique<FileLock>(path.replace_extension(kLockExt));
+    if (auto k = load_from_layers(r, true)) {  // quiet: a bad entry was reported above already
       ++disk_hits_;
       return slot->kernel = k;
     }
   }
-  auto k = std::make_shared<runtime::CompiledKernel>(compile());
+  auto k = std::make_shared<runtime::CompiledKernel>(r.compile());
   ++compiles_;
-  if (!path.empty()) store_to_disk(key, path, *k);
+  if (compiled_now) *compiled_now = true;
+  store(r, *k);
   return slot->kernel = k;
 }
 
+void KernelCache::insert(const std::string& key, Compiled kernel) {
+  std::shared_ptr<Slot> slot;
+  {
+    std::lock_guard lock(mutex_);
+    auto& s = slots_[key];
+    if (!s) s = std::make_shared<Slot>();
+    slot = s;
+  }
+  std::lock_guard slot_lock(slot->mutex);
+  if (!slot->kernel) slot->kernel = std::move(kernel);
+}
+
 KernelCache& KernelCache::global() {
-  static KernelCache cache(default_cache_directory());
+  static KernelCache cache(default_cache_config());
   return cache;
 }
 
 }  // namespace bsjit::cache
 
+// --- public functions ----------------------------------------------------------------------------
+
 namespace bsjit {
 
-std::filesystem::path default_cache_directory() {
+namespace fs = std::filesystem;
+
+fs::path default_cache_directory() {
   if (const char* d = std::getenv("BSJIT_CACHE_DIR"); d && *d) return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::filesystem::path(d) / "bsjit";
-  if (const char* d = std::getenv("HOME"); d && *d) return std::filesystem::path(d) / ".cache" / "bsjit";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return fs::path(d) / "bsjit";
+  if (const char* d = std::getenv("HOME"); d && *d) return fs::path(d) / ".cache" / "bsjit";
   return {};
 }
 
-void set_cache_directory(const std::filesystem::path& directory) { cache::KernelCache::global().set_directory(directory); }
-std::filesystem::path cache_directory() { return cache::KernelCache::global().directory(); }
+CacheConfig default_cache_config() {
+  CacheConfig c;
+  c.directory = default_cache_directory();
+  if (const char* p = std::getenv("BSJIT_CACHE_PATH"); p && *p) {
+    std::stringstream ss(p);
+    std::string item;
+    while (std::getline(ss, item, ':'))
+      if (!item.empty()) c.read_only.emplace_back(item);
+  }
+  if (const char* m = std::getenv("BSJIT_CACHE_MAX_SIZE"); m && *m) {
+    try {
+      c.max_bytes = cache::parse_size_or_throw(m);
+    } catch (const std::exception&) {
+      spdlog::warn("bsjit: BSJIT_CACHE_MAX_SIZE='{}' is not a size (e.g. 2G, 500M); no bound is set", m);
+    }
+  }
+  c.strict = cache::env_flag("BSJIT_STRICT_CACHE");
+  c.allow_insecure = cache::env_flag("BSJIT_CACHE_ALLOW_INSECURE");
+  return c;
+}
+
+std::uint64_t parse_byte_size(const std::string& text) {
+  try {
+    return cache::parse_size_or_throw(text);
+  } catch (const std::exception&) {
+    throw Error(fmt::format("'{}' is not a size; expected bytes with an optional K, M or G suffix, e.g. 500M", text));
+  }
+}
+
+void configure_cache(const CacheConfig& config) { cache::KernelCache::global().configure(config); }
+CacheConfig cache_config() { return cache::KernelCache::global().config(); }
+void set_cache_directory(const fs::path& directory) {
+  auto c = cache_config();
+  c.directory = directory;
+  configure_cache(c);
+}
+fs::path cache_directory() { return cache_config().directory; }
+void set_strict_cache(bool strict) {
+  auto c = cache_config();
+  c.strict = strict;
+  configure_cache(c);
+}
 CacheStats cache_stats() { return cache::KernelCache::global().stats(); }
+
+std::vector<CacheEntryInfo> list_cache(const fs::path& directory) {
+  std::vector<CacheEntryInfo> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(directory, ec)) {
+    if (!e.is_regular_file() || !cache::is_entry(e.path())) continue;
+    CacheEntryInfo info;
+    info.path = e.path();
+    info.bytes = e.file_size(ec);
+    info.last_used = std::chrono::file_clock::to_sys(e.last_write_time(ec));
+    bool ok = false;
+    std::string bytes = cache::read_all(e.path(), &ok);
+    cache::EntryHeader h;
+    std::string why;
+    info.valid = ok && cache::KernelCache::deserialize(bytes, "", &why, &h) != nullptr;
+    if (!ok) why = "unreadable";
+    if (info.valid) {
+      // the name must match the header, or the entry would be found under another key
+      auto expect = fmt::format("{}-{}-{}{}", h.label, h.arch, h.key.substr(0, 16), cache::kEntryExt);
+      if (e.path().filename() != expect) {
+        info.valid = false;
+        why = "file name does not match its header";
+      }
+    }
+    info.problem = info.valid ? "" : why;
+    info.key = h.key;
+    info.label = h.label;
+    info.arch = h.arch;
+    info.layout_hash = h.layout_hash;
+    info.lowered_name = h.lowered_name;
+    out.push_back(std::move(info));
+  }
+  if (ec) throw Error(fmt::format("cannot list cache directory '{}': {}", directory.string(), ec.message()));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.last_used > b.last_used; });
+  return out;
+}
+
+namespace {
+void remove_counted(const fs::path& p, PruneResult& r) {
+  std::error_code ec;
+  auto size = fs::file_size(p, ec);
+  if (fs::remove(p, ec)) {
+    ++r.removed;
+    r.bytes_removed += ec ? 0 : size;
+  }
+}
+}  // namespace
+
+PruneResult prune_cache(const fs::path& directory, std::uint64_t max_bytes, std::chrono::seconds max_age) {
+  PruneResult r;
+  const auto now = std::chrono::system_clock::now();
+  std::error_code ec;
+  // temporary files of writers that died more than an hour ago
+  for (const auto& e : fs::directory_iterator(directory, ec))
+    if (cache::is_tmp(e.path()) && now - std::chrono::file_clock::to_sys(e.last_write_time(ec)) > std::chrono::hours(1))
+      remove_counted(e.path(), r);
+  auto entries = list_cache(directory);  // most recently used first
+  std::uint64_t total = 0;
+  bool full = false;  // once one entry does not fit, every less recently used one goes too
+  for (const auto& e : entries) {
+    bool too_old = max_age.count() > 0 && now - e.last_used > max_age;
+    full = full || (max_bytes > 0 && total + e.bytes > max_bytes);
+    if (!e.valid || too_old || full) {
+      remove_counted(e.path, r);
+      continue;
+    }
+    total += e.bytes;
+  }
+  r.bytes_left = total;
+  return r;
+}
+
+PruneResult clear_cache(const fs::path& directory) {
+  PruneResult r;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(directory, ec)) {
+    const auto& p = e.path();
+    if (cache::is_entry(p) || cache::is_tmp(p) || p.extension() == cache::kLockExt) remove_counted(p, r);
+  }
+  if (ec) throw Error(fmt::format("cannot clear cache directory '{}': {}", directory.string(), ec.message()));
+  return r;
+}
 
 }  // namespace bsjit

@@ -1,5 +1,5 @@
 // In-memory and on-disk cache of compiled kernels, keyed by a hash of everything that shapes the
-// binary.
+// binary. See include/bsjit/cache.hpp for the user's view and kernel_cache.cpp for the file format.
 #pragma once
 
 #include <atomic>
@@ -9,56 +9,98 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "bsjit/cache.hpp"
 #include "runtime/compiler.hpp"
 
 namespace bsjit::cache {
 
-// Version of the on-disk entry format (see kernel_cache.cpp). Changing the format, or what goes
-// into the key, requires bumping this.
-constexpr int kFormatVersion = 1;
+// Version of the on-disk entry format (kernel_cache.cpp) and of what goes into the key. Changing
+// either requires bumping it; the golden files in tests/data catch a forgotten bump.
+constexpr int kFormatVersion = 2;
 
-// 32 hex digits: XXH3-128 of the format version, the generated source (which holds the layout),
-// the embedded templates' hash, the target arch, the NVRTC options and the NVRTC version.
-std::string make_key(const std::string& source, const std::string& arch);
+// Everything that shapes the binary.
+struct KeyInputs {
+  std::string source;          // generated source; holds the layout's tables
+  std::string templates_hash;  // the embedded templates it includes
+  std::string arch;            // exact target, "a" suffix included
+  std::vector<std::string> options;
+  std::string nvrtc_version;
+  int format_version = kFormatVersion;
+};
+// The inputs for source compiled for arch by this build of bsjit with this NVRTC.
+KeyInputs key_inputs(const std::string& source, const std::string& arch);
+// 32 hex digits: XXH3-128 of the inputs.
+std::string make_key(const KeyInputs& inputs);
+
+// The header of an entry: what the file says it holds.
+struct EntryHeader {
+  std::string key, label, arch, layout_hash, lowered_name;
+  std::vector<std::string> options;
+  std::uint64_t cubin_size = 0;
+  std::string cubin_xxh64;
+};
+
+struct Request {
+  std::string key;
+  std::string label;        // "forward-bf16-b32-last": for file names and messages
+  std::string arch;
+  std::string layout_hash;  // for `bsjit cache list`
+  std::function<runtime::CompiledKernel()> compile;
+};
+
+enum class OnMiss { compile, fail };
+
+// Why directory (or an entry file in it) must not be trusted, or "" when it may.
+std::string insecure_reason(const std::filesystem::path& path);
 
 class KernelCache {
  public:
   using Compiled = std::shared_ptr<const runtime::CompiledKernel>;
 
-  explicit KernelCache(std::filesystem::path directory);
+  explicit KernelCache(CacheConfig config);
 
-  // The kernel for key: from memory, else from disk, else from compile() (then stored in both).
-  // Threads asking for the same key wait for one compile; different keys compile in parallel.
-  Compiled get_or_compile(const std::string& key, const std::string& file_stem,
-                          const std::function<runtime::CompiledKernel()>& compile);
+  // The kernel for the request: from memory, else from a cache directory, else compiled (and
+  // stored in memory and in the writable directory). Threads asking for one key wait for a single
+  // compile; different keys compile in parallel; processes sharing a directory take a lock file
+  // per key and look again before compiling. With OnMiss::fail (or strict mode) a kernel in no
+  // cache is an Error. *compiled_now tells whether this call compiled it.
+  Compiled get(const Request& request, OnMiss on_miss = OnMiss::compile, bool* compiled_now = nullptr);
 
-  void set_directory(std::filesystem::path directory);
-  std::filesystem::path directory() const;
-  std::filesystem::path entry_path(const std::string& key, const std::string& file_stem) const;
+  // Puts a kernel read elsewhere (warm-up of a cache directory) into memory under key.
+  void insert(const std::string& key, Compiled kernel);
+
+  void configure(CacheConfig config);
+  CacheConfig config() const;
+  // Where an entry for request is (or would be) written; empty when there is no usable
+  // writable directory.
+  std::filesystem::path entry_path(const Request& request) const;
   CacheStats stats() const;
 
   static KernelCache& global();
 
-  // Entry file format, exposed for tests. Returns nullptr when the bytes are not a valid entry
-  // for key (with the reason in *why).
-  static std::string serialize(const std::string& key, const runtime::CompiledKernel& kernel);
-  static std::shared_ptr<runtime::CompiledKernel> deserialize(const std::string& bytes, const std::string& key,
-                                                             std::string* why);
+  // The entry file format, exposed for tests and tools. deserialize returns nullptr when the bytes
+  // are not a valid entry (for expected_key, when not empty), with the reason in *why.
+  static std::string serialize(const Request& request, const runtime::CompiledKernel& kernel);
+  static std::shared_ptr<runtime::CompiledKernel> deserialize(const std::string& bytes, const std::string& expected_key,
+                                                             std::string* why, EntryHeader* header = nullptr);
 
  private:
   struct Slot {
-    std::mutex mutex;  // held while this key compiles
+    std::mutex mutex;  // held while this key is looked up on disk or compiled
     Compiled kernel;
   };
-  Compiled load_from_disk(const std::string& key, const std::filesystem::path& path);
-  void store_to_disk(const std::string& key, const std::filesystem::path& path, const runtime::CompiledKernel& k);
+  // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).
+  Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
+  Compiled load_from_layers(const Request& request, bool quiet);
+  void store(const Request& request, const runtime::CompiledKernel& kernel);
 
-  mutable std::mutex mutex_;  // guards slots_ and directory_
+  mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
-  std::filesystem::path directory_;
-  bool disk_usable_ = true;
+  CacheConfig config_;
+  bool writable_ = false;                         // the writable directory exists, is trusted and writable
+  std::vector<std::filesystem::path> readable_;  // trusted layers, writable first
   std::atomic<std::int64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, bad_entries_{0};
 };
 

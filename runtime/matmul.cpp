@@ -10,8 +10,8 @@
 #include <mutex>
 
 #include "bsjit/error.hpp"
-#include "cache/kernel_cache.hpp"
 #include "generator/matmul_generator.hpp"
+#include "kernel_registry.hpp"
 #include "module.hpp"
 
 namespace bsjit {
@@ -30,64 +30,54 @@ void check_pointer(const void* p, const char* what, Op op) {
 }  // namespace
 
 struct MatMul::Impl {
-  Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)) {}
+  Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)), layout_hash(layout.hash().hex()) {}
 
   Layout layout;
   MatMulOptions options;
+  std::string layout_hash;
 
-  std::array<std::once_flag, kOps> generated_once;
-  std::array<generator::GeneratedSource, kOps> generated;
+  // What a launch needs, per context and op: filled on the first call in a context.
+  struct Launchable {
+    CUfunction function = nullptr;
+    std::shared_ptr<const runtime::PreparedKernel> prepared;
+  };
+  std::mutex mutex;  // guards launchables
+  std::map<CUcontext, std::array<Launchable, kOps>> launchables;
 
-  std::mutex mutex;  // guards functions
-  std::map<CUcontext, std::array<CUfunction, kOps>> functions;
-
-  const generator::GeneratedSource& source(Op op) {
-    int i = static_cast<int>(op);
-    std::call_once(generated_once[i], [&] {
-      generator::MatMulSpec spec{op, options.block, options.dtype, options.feature_axis};
-      generated[i] = generator::generate_matmul(layout, spec);
-    });
-    return generated[i];
+  runtime::KernelId id(Op op, const std::string& arch) const {
+    return {layout_hash, {op, options.block, options.dtype, options.feature_axis}, arch};
   }
 
-  // (compiled kernel, compiled now?) from the process-wide cache.
-  std::pair<cache::KernelCache::Compiled, bool> compiled(Op op, const std::string& arch) {
-    const auto& g = source(op);
-    runtime::check_arch(arch);
-    std::string key = cache::make_key(g.source, arch);
-    bool compiled_now = false;
-    auto k = cache::KernelCache::global().get_or_compile(key, g.label + "-" + arch, [&] {
-      compiled_now = true;
-      return runtime::compile(g.source, g.name_expression, g.label, arch);
-    });
-    return {k, compiled_now};
-  }
-
-  CUfunction function(Op op, CUcontext ctx) {
+  Launchable launchable(Op op, CUcontext ctx) {
     {
       std::lock_guard lock(mutex);
-      auto it = functions.find(ctx);
-      if (it != functions.end() && it->second[static_cast<int>(op)]) return it->second[static_cast<int>(op)];
+      auto it = launchables.find(ctx);
+      if (it != launchables.end() && it->second[static_cast<int>(op)].function) return it->second[static_cast<int>(op)];
     }
     std::string arch = options.arch.empty() ? runtime::context_arch(ctx) : options.arch;
-    auto kernel = compiled(op, arch).first;  // compiles outside the lock
-    CUfunction f = runtime::load(*kernel, ctx).function;
+    auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
+    Launchable l;
+    l.prepared = runtime::KernelRegistry::global().prepare(layout, id(op, arch), on_miss);  // outside our lock
+    l.function = runtime::KernelRegistry::global().function(l.prepared->key, *l.prepared->compiled, ctx);
     std::lock_guard lock(mutex);
-    functions[ctx][static_cast<int>(op)] = f;
-    return f;
+    launchables[ctx][static_cast<int>(op)] = l;
+    return l;
   }
 
   void run(Op op, const void* a, const void* b, void* out, std::int64_t n, Stream stream, const OpOptions& o) {
-    const char* names[kOps][3] = {{"x", "w", "y"}, {"dy", "w", "dx"}, {"x", "dy", "dw"}};
-    const auto& nm = names[static_cast<int>(op)];
+    static const char* const kNames[kOps][3] = {{"x", "w", "y"}, {"dy", "w", "dx"}, {"x", "dy", "dw"}};
+    const auto& nm = kNames[static_cast<int>(op)];
     check_pointer(a, nm[0], op);
     check_pointer(b, nm[1], op);
     check_pointer(out, nm[2], op);
     if (n <= 0 || n > INT_MAX)
       throw Error(fmt::format("bsjit: {}: n = {} is out of range; expected 1 ≤ n ≤ {}", to_string(op), n, INT_MAX));
     if (o.gate != nullptr && reinterpret_cast<std::uintptr_t>(o.gate) % 4 != 0)
-      throw Error(fmt::format("bsjit: {}: gate pointer {} is not 4-byte aligned", to_string(op), (const void*)o.gate));
-    const auto& g = source(op);
+      throw Error(fmt::format("bsjit: {}: gate pointer {} is not 4-byte aligned", to_string(op),
+                              static_cast<const void*>(o.gate)));
+    CUcontext ctx = runtime::current_context();
+    Launchable l = launchable(op, ctx);
+    const generator::GeneratedSource& g = l.prepared->generated;
     runtime::LaunchShape shape;
     shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
     shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
@@ -98,13 +88,11 @@ struct MatMul::Impl {
                                 to_string(op), n, gy, kMaxGridY, kMaxGridY * g.rows_per_cta));
       shape.grid_y = static_cast<std::uint32_t>(gy);
     }
-    CUcontext ctx = runtime::current_context();
-    CUfunction f = function(op, ctx);
-    if (g.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
+    if (shape.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
     int n32 = static_cast<int>(n), accumulate = o.accumulate ? 1 : 0;
     const float* gate = o.gate;
     void* args[] = {&a, &b, &out, &gate, &n32, &accumulate};
-    runtime::launch(f, shape, reinterpret_cast<CUstream>(stream), args);
+    runtime::launch(l.function, shape, reinterpret_cast<CUstream>(stream), args);
   }
 };
 
@@ -115,8 +103,7 @@ MatMul::MatMul(Layout layout, MatMulOptions options) {
   if (layout.rows() * options.block > INT_MAX || layout.cols() * options.block > INT_MAX)
     throw Error(fmt::format("bsjit: layout [{}, {}] at block {} gives matrix dimensions over 2^31", layout.rows(),
                             layout.cols(), options.block));
-  if (layout.cols() > INT_MAX / 2 || layout.rows() > INT_MAX / 2)
-    throw Error("bsjit: layout has too many block rows or columns");
+  if (layout.blocks() > INT_MAX / 2) throw Error("bsjit: layout has too many blocks (at most 2^30)");
   impl_ = std::make_unique<Impl>(std::move(layout), std::move(options));
 }
 
@@ -136,8 +123,19 @@ void MatMul::backward_weight(const void* x, const void* dy, void* dw, std::int64
   impl_->run(Op::backward_weight, x, dy, dw, n, stream, o);
 }
 
-bool MatMul::precompile(Op op, const std::string& arch) const { return impl_->compiled(op, arch).second; }
-std::string MatMul::generated_source(Op op) const { return impl_->source(op).source; }
+bool MatMul::precompile(Op op, const std::string& arch) const {
+  bool compiled_now = false;
+  runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(op, arch), cache::OnMiss::compile, &compiled_now);
+  return compiled_now;
+}
+
+void MatMul::prepare(Op op) const { impl_->launchable(op, runtime::current_context()); }
+
+std::string MatMul::generated_source(Op op) const {
+  return generator::generate_matmul(impl_->layout, {op, impl_->options.block, impl_->options.dtype,
+                                                    impl_->options.feature_axis})
+      .source;
+}
 const Layout& MatMul::layout() const { return impl_->layout; }
 const MatMulOptions& MatMul::options() const { return impl_->options; }
 std::int64_t MatMul::in_features() const { return impl_->layout.rows() * impl_->options.block; }

@@ -1,9 +1,14 @@
 // bsjit: the command-line tool.
+//   bsjit info                          versions, cache directory, visible GPUs
 //   bsjit inspect FILE...               layout statistics and hash
-//   bsjit precompile --layout FILE...   compile kernels into the cache directory, no GPU needed
-//   bsjit run --layout FILE             run ops on the GPU and check them against the CPU reference
+//   bsjit precompile (-m MANIFEST | -l FILE...)   compile kernels into the cache, no GPU needed
+//   bsjit warmup (-m MANIFEST | --dir DIR)       load kernels on every GPU, with load times
+//   bsjit cache list|verify|prune|clear          look after a cache directory
+//   bsjit run -l FILE                   run ops on the GPU and check them against the CPU reference
 #include <CLI/CLI.hpp>
+#include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -18,40 +23,69 @@ namespace {
 
 using namespace bsjit;
 
+// Kernels named on the command line, or by a manifest file.
 struct KernelSelection {
+  std::string manifest;
   std::vector<std::string> layouts;
   std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
   std::vector<int> blocks{32};
   std::vector<std::string> dtypes{"bf16"};
   std::vector<std::string> feature_axes{"last"};
+  std::vector<std::string> archs{"sm_90"};
+
+  Manifest to_manifest() const {
+    if (!manifest.empty()) return Manifest::load(manifest);
+    if (layouts.empty()) throw Error("name the kernels with --manifest FILE or --layout FILE...");
+    KernelGroup g;
+    g.layouts.assign(layouts.begin(), layouts.end());
+    g.ops.clear();
+    for (auto& o : ops) g.ops.push_back(parse_op(o));
+    g.blocks = blocks;
+    g.dtypes.clear();
+    for (auto& d : dtypes) g.dtypes.push_back(parse_dtype(d));
+    g.feature_axes.clear();
+    for (auto& a : feature_axes) g.feature_axes.push_back(parse_feature_axis(a));
+    g.archs = archs;
+    return Manifest{{g}};
+  }
 };
 
-void add_selection(CLI::App* cmd, KernelSelection& s) {
-  cmd->add_option("-l,--layout", s.layouts, "layout files (.npy or .json)")->required()->check(CLI::ExistingFile);
+void add_selection(CLI::App* cmd, KernelSelection& s, bool with_arch) {
+  cmd->add_option("-m,--manifest", s.manifest, "JSON manifest of kernels (see include/bsjit/deploy.hpp)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-l,--layout", s.layouts, "layout files (.npy or .json)")->check(CLI::ExistingFile);
   cmd->add_option("-o,--op", s.ops, "ops: forward, backward_data, backward_weight")->delimiter(',');
   cmd->add_option("-b,--block", s.blocks, "block sizes: 8, 16, 32, 64, 128")->delimiter(',');
   cmd->add_option("-t,--dtype", s.dtypes, "dtypes: f32, f16, bf16")->delimiter(',');
   cmd->add_option("-f,--feature-axis", s.feature_axes, "feature axis of X and Y: last ([N, C]) or first ([C, N])")
       ->delimiter(',');
+  if (with_arch) cmd->add_option("-a,--arch", s.archs, "target architectures, e.g. sm_80,sm_90,sm_90a")->delimiter(',');
 }
 
-int inspect(const std::vector<std::string>& files) {
-  for (const auto& f : files) {
-    Layout l = Layout::load(f);
-    LayoutStats s = l.stats();
-    fmt::print("{}\n  shape        [{}, {}] blocks\n  nonzero      {} (density {:.4f})\n  hash         {}\n"
-               "  per row      min {} max {} mean {:.2f}, {} empty\n"
-               "  per column   min {} max {} mean {:.2f}, {} empty\n",
-               f, s.rows, s.cols, s.blocks, s.density, l.hash().hex(), s.min_blocks_per_row, s.max_blocks_per_row,
-               s.mean_blocks_per_row, s.empty_rows, s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col,
-               s.empty_cols);
+const char* status_name(KernelOutcome::Status s) {
+  switch (s) {
+    case KernelOutcome::Status::compiled: return "compiled";
+    case KernelOutcome::Status::cached: return "cached";
+    case KernelOutcome::Status::loaded: return "loaded";
+    case KernelOutcome::Status::failed: return "FAILED";
   }
-  return 0;
+  return "?";
+}
+
+int report(const DeployReport& r, const char* what, bool verbose) {
+  for (const auto& k : r.kernels) {
+    if (k.status == KernelOutcome::Status::failed) fmt::print(stderr, "FAILED   {}: {}\n", k.what, k.error);
+    else if (verbose) fmt::print("{:8} {} ({:.2f} ms)\n", status_name(k.status), k.what, k.milliseconds);
+  }
+  fmt::print("{}: {} compiled, {} already cached, {} loaded, {} failed, {:.1f} s, cache {}\n", what, r.compiled, r.cached,
+             r.loaded, r.failed, r.seconds, cache_directory().empty() ? "(memory only)" : cache_directory().string());
+  return r.failed ? 1 : 0;
 }
 
 int info(bool require_gpu) {
   fmt::print("bsjit {}\nNVRTC {}\ncache directory {}\n", BSJIT_VERSION, runtime::nvrtc_version(),
              cache_directory().empty() ? "(memory only)" : cache_directory().string());
+  for (const auto& d : cache_config().read_only) fmt::print("read-only cache {}\n", d.string());
   std::string why;
   if (!runtime::gpu_available(&why)) {
     fmt::print("GPU: none ({})\n", why);
@@ -76,37 +110,71 @@ int info(bool require_gpu) {
   return 0;
 }
 
-int precompile(const KernelSelection& s, const std::vector<std::string>& archs) {
-  int compiled = 0, cached = 0, failed = 0;
-  auto start = std::chrono::steady_clock::now();
-  for (const auto& file : s.layouts) {
-    Layout layout = Layout::load(file);
-    for (int block : s.blocks)
-      for (const auto& dt : s.dtypes)
-        for (const auto& axis : s.feature_axes) {
-          MatMulOptions mo;
-          mo.block = block;
-          mo.dtype = parse_dtype(dt);
-          mo.feature_axis = parse_feature_axis(axis);
-          MatMul mm(layout, mo);
-          for (const auto& op : s.ops)
-            for (const auto& arch : archs) {
-              std::string what = fmt::format("{} {} b{} {} {} {}", file, op, block, dt, axis, arch);
-              try {
-                bool now = mm.precompile(parse_op(op), arch);
-                (now ? compiled : cached)++;
-                fmt::print("{} {}\n", now ? "compiled" : "cached  ", what);
-              } catch (const Error& e) {
-                ++failed;
-                fmt::print(stderr, "FAILED   {}: {}\n", what, e.what());
-              }
-            }
-        }
+int inspect(const std::vector<std::string>& files) {
+  for (const auto& f : files) {
+    Layout l = Layout::load(f);
+    LayoutStats s = l.stats();
+    fmt::print("{}\n  shape        [{}, {}] blocks\n  nonzero      {} (density {:.4f})\n  hash         {}\n"
+               "  per row      min {} max {} mean {:.2f}, {} empty\n"
+               "  per column   min {} max {} mean {:.2f}, {} empty\n",
+               f, s.rows, s.cols, s.blocks, s.density, l.hash().hex(), s.min_blocks_per_row, s.max_blocks_per_row,
+               s.mean_blocks_per_row, s.empty_rows, s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col,
+               s.empty_cols);
   }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("precompile: {} compiled, {} already cached, {} failed, {:.1f} s, cache {}\n", compiled, cached, failed,
-             secs, cache_directory().empty() ? "(memory only)" : cache_directory().string());
-  return failed ? 1 : 0;
+  return 0;
+}
+
+int precompile_cmd(const KernelSelection& s, int threads, bool verbose) {
+  Manifest m = s.to_manifest();
+  PrecompileOptions o;
+  o.threads = threads;
+  if (isatty(STDERR_FILENO)) {
+    o.progress = [](std::size_t done, std::size_t total) {
+      const int width = 40, filled = static_cast<int>(width * done / std::max<std::size_t>(total, 1));
+      fmt::print(stderr, "\r[{}{}] {}/{}", std::string(filled, '='), std::string(width - filled, ' '), done, total);
+      if (done == total) fmt::print(stderr, "\n");
+    };
+  }
+  return report(precompile(m, o), "precompile", verbose);
+}
+
+int warmup_cmd(const KernelSelection& s, const std::string& dir, bool strict) {
+  DeployReport r = dir.empty() ? warmup(s.to_manifest(), strict) : warmup_directory(dir);
+  return report(r, "warmup", true);
+}
+
+int cache_cmd(const std::string& action, std::string dir, const std::string& max_size, double max_age_days) {
+  if (dir.empty()) dir = cache_directory().string();
+  if (dir.empty()) throw Error("no cache directory: give --dir or set BSJIT_CACHE_DIR");
+  if (action == "list" || action == "verify") {
+    auto entries = list_cache(dir);
+    int bad = 0;
+    std::uint64_t total = 0;
+    for (const auto& e : entries) {
+      total += e.bytes;
+      bad += e.valid ? 0 : 1;
+      auto when = std::chrono::system_clock::to_time_t(e.last_used);
+      if (e.valid)
+        fmt::print("{:>9}  {:%Y-%m-%d %H:%M}  {:<32} {:<7} layout {}  {}\n", e.bytes, fmt::localtime(when), e.label,
+                   e.arch, e.layout_hash.substr(0, 16), e.path.filename().string());
+      else
+        fmt::print("{:>9}  {:%Y-%m-%d %H:%M}  BAD: {}  {}\n", e.bytes, fmt::localtime(when), e.problem,
+                   e.path.filename().string());
+    }
+    fmt::print("{} entries, {} bytes, {} bad, in {}\n", entries.size(), total, bad, dir);
+    return action == "verify" && bad ? 1 : 0;
+  }
+  if (action == "prune") {
+    std::uint64_t max_bytes = 0;
+    if (!max_size.empty()) max_bytes = parse_byte_size(max_size);
+    auto age = std::chrono::seconds(static_cast<long long>(max_age_days * 86400));
+    auto r = prune_cache(dir, max_bytes, age);
+    fmt::print("pruned {} files ({} bytes); {} bytes left in {}\n", r.removed, r.bytes_removed, r.bytes_left, dir);
+    return 0;
+  }
+  auto r = clear_cache(dir);
+  fmt::print("cleared {} files ({} bytes) from {}\n", r.removed, r.bytes_removed, dir);
+  return 0;
 }
 
 int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, std::uint64_t seed) {
@@ -116,27 +184,23 @@ int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, s
     return 2;
   }
   int bad = 0;
-  for (const auto& file : s.layouts) {
-    Layout layout = Layout::load(file);
-    for (int block : s.blocks)
-      for (const auto& dt : s.dtypes)
-        for (const auto& axis : s.feature_axes) {
-          MatMulOptions mo;
-          mo.block = block;
-          mo.dtype = parse_dtype(dt);
-          mo.feature_axis = parse_feature_axis(axis);
-          MatMul mm(layout, mo);
-          for (const auto& op : s.ops) {
-            check::CheckOptions co{n, accumulate, gated, seed};
-            auto r = check::run_and_check(mm, parse_op(op), co);
-            bool ok = r.relative_error <= check::tolerance(mo.dtype) && r.unwritten == 0;
-            bad += ok ? 0 : 1;
-            fmt::print("{:4} {} {} b{} {} {} n={}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten\n",
-                       ok ? "ok" : "FAIL", file, op, block, dt, axis, n, r.relative_error, check::tolerance(mo.dtype),
-                       r.outputs, r.unwritten);
+  for (const auto& g : s.to_manifest().groups)
+    for (const auto& file : g.layouts) {
+      Layout layout = Layout::load(file);
+      for (int block : g.blocks)
+        for (DType dt : g.dtypes)
+          for (FeatureAxis axis : g.feature_axes) {
+            MatMul mm(layout, {block, dt, axis, ""});
+            for (Op op : g.ops) {
+              auto r = check::run_and_check(mm, op, {n, accumulate, gated, seed});
+              bool ok = r.relative_error <= check::tolerance(dt) && r.unwritten == 0;
+              bad += ok ? 0 : 1;
+              fmt::print("{:4} {} {} b{} {} {} n={}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten\n",
+                         ok ? "ok" : "FAIL", file.string(), to_string(op), block, to_string(dt), to_string(axis), n,
+                         r.relative_error, check::tolerance(dt), r.outputs, r.unwritten);
+            }
           }
-        }
-  }
+    }
   return bad ? 1 : 0;
 }
 
@@ -147,7 +211,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string cache_dir;
   bool no_disk_cache = false;
-  app.add_option("--cache-dir", cache_dir, "cache directory (default: $BSJIT_CACHE_DIR, $XDG_CACHE_HOME/bsjit, ~/.cache/bsjit)");
+  app.add_option("--cache-dir", cache_dir,
+                 "writable cache directory (default: $BSJIT_CACHE_DIR, $XDG_CACHE_HOME/bsjit, ~/.cache/bsjit)");
   app.add_flag("--no-disk-cache", no_disk_cache, "keep compiled kernels in memory only");
 
   bool require_gpu = false;
@@ -159,17 +224,38 @@ int main(int argc, char** argv) {
   ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required()->check(CLI::ExistingFile);
 
   KernelSelection pre_sel;
-  std::vector<std::string> archs{"sm_90"};
+  int threads = 0;
+  bool verbose = false;
   auto* pre = app.add_subcommand("precompile", "compile kernels into the cache directory (no GPU needed)");
-  add_selection(pre, pre_sel);
-  pre->add_option("-a,--arch", archs, "target architectures, e.g. sm_80,sm_90,sm_90a")->delimiter(',');
+  add_selection(pre, pre_sel, true);
+  pre->add_option("-j,--jobs", threads, "parallel compiles (default: one per core)");
+  pre->add_flag("-v,--verbose", verbose, "a line per kernel");
+
+  KernelSelection warm_sel;
+  std::string warm_dir;
+  bool strict = false;
+  auto* warm = app.add_subcommand("warmup", "load kernels on every visible GPU and report load times");
+  add_selection(warm, warm_sel, true);
+  warm->add_option("--dir", warm_dir, "load every entry of this cache directory instead of a manifest");
+  warm->add_flag("--strict", strict, "a kernel missing from the cache is a failure, not a compile");
+
+  std::string cache_action, cache_target, max_size;
+  double max_age_days = 0;
+  auto* cache = app.add_subcommand("cache", "list, verify, prune or clear a cache directory");
+  cache->add_option("action", cache_action, "list | verify | prune | clear")
+      ->required()
+      ->check(CLI::IsMember({"list", "verify", "prune", "clear"}));
+  cache->add_option("--dir", cache_target, "cache directory (default: the writable one)");
+  cache->add_option("--max-size", max_size, "prune: keep at most this many bytes (e.g. 2G), least recently used go");
+  cache->add_option("--max-age-days", max_age_days, "prune: remove entries unused for this many days");
 
   KernelSelection run_sel;
+  run_sel.archs = {};
   std::int64_t n = 1000;
   bool gated = false, accumulate = false;
   std::uint64_t seed = 1;
   auto* runc = app.add_subcommand("run", "run ops on the GPU and check them against the CPU reference");
-  add_selection(runc, run_sel);
+  add_selection(runc, run_sel, false);
   runc->add_option("-n,--rows", n, "rows N of X and Y")->check(CLI::PositiveNumber);
   runc->add_flag("--gate", gated, "random per-block gates");
   runc->add_flag("--accumulate", accumulate, "accumulate into the output (beta = 1)");
@@ -181,7 +267,9 @@ int main(int argc, char** argv) {
     else if (!cache_dir.empty()) set_cache_directory(cache_dir);
     if (*inf) return info(require_gpu);
     if (*ins) return inspect(inspect_files);
-    if (*pre) return precompile(pre_sel, archs);
+    if (*pre) return precompile_cmd(pre_sel, threads, verbose);
+    if (*warm) return warmup_cmd(warm_sel, warm_dir, strict);
+    if (*cache) return cache_cmd(cache_action, cache_target, max_size, max_age_days);
     if (*runc) return run(run_sel, n, gated, accumulate, seed);
   } catch (const bsjit::Error& e) {
     fmt::print(stderr, "bsjit: error: {}\n", e.what());

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "bsjit/cache.hpp"
+#include "bsjit/deploy.hpp"
 #include "bsjit/error.hpp"
 #include "bsjit/layout.hpp"
 #include "bsjit/matmul.hpp"

@@ -52,6 +52,10 @@ class MatMul {
   // Returns true when it was compiled now, false when the cache already held it.
   bool precompile(Op op, const std::string& arch) const;
 
+  // Gets op's kernel ready in the current context (compiled or loaded from the cache, module
+  // loaded), so the first call pays nothing. Throws in strict mode when the cache lacks it.
+  void prepare(Op op) const;
+
   // The generated CUDA source of op's kernel (for inspection and debugging).
   std::string generated_source(Op op) const;
 

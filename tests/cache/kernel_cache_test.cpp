@@ -1,7 +1,10 @@
 #include "cache/kernel_cache.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -22,6 +25,7 @@ struct TempDir {
   TempDir() {
     path = fs::temp_directory_path() / ("bsjit-cache-test-" + std::to_string(std::random_device{}()));
     fs::create_directories(path);
+    fs::permissions(path, fs::perms::owner_all);
   }
   ~TempDir() {
     std::error_code ec;
@@ -29,6 +33,12 @@ struct TempDir {
     fs::remove_all(path, ec);
   }
 };
+
+CacheConfig config_for(const fs::path& dir) {
+  CacheConfig c;
+  c.directory = dir;
+  return c;
+}
 
 runtime::CompiledKernel fake_kernel(const std::string& tag) {
   runtime::CompiledKernel k;
@@ -40,6 +50,20 @@ runtime::CompiledKernel fake_kernel(const std::string& tag) {
   return k;
 }
 
+// A request whose compile counts into *compiles.
+Request request(const std::string& key, std::atomic<int>* compiles, const std::string& tag = "k") {
+  Request r;
+  r.key = key;
+  r.label = "forward-bf16-b32-last";
+  r.arch = "sm_90";
+  r.layout_hash = "0123";
+  r.compile = [compiles, tag] {
+    ++*compiles;
+    return fake_kernel(tag);
+  };
+  return r;
+}
+
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream ss;
@@ -48,175 +72,379 @@ std::string read(const fs::path& p) {
 }
 
 TEST(CacheKey, ChangesWithEveryInput) {
-  std::string k = make_key("source", "sm_90");
+  const KeyInputs base = key_inputs("source", "sm_90");
+  EXPECT_EQ(base.format_version, kFormatVersion);
+  EXPECT_FALSE(base.templates_hash.empty());
+  EXPECT_FALSE(base.nvrtc_version.empty());
+  const std::string k = make_key(base);
   EXPECT_EQ(k.size(), 32u);
-  EXPECT_EQ(k, make_key("source", "sm_90"));
-  EXPECT_NE(k, make_key("source ", "sm_90"));
-  EXPECT_NE(k, make_key("source", "sm_90a"));
-  EXPECT_NE(k, make_key("source", "sm_80"));
+  EXPECT_EQ(k, make_key(key_inputs("source", "sm_90")));
+  std::vector<KeyInputs> changed(7, base);
+  changed[0].source += " ";
+  changed[1].templates_hash[0] ^= 1;
+  changed[2].arch = "sm_90a";
+  changed[3].options.push_back("-lineinfo");
+  changed[4].nvrtc_version = "12.9";
+  changed[5].format_version += 1;
+  changed[6].options.back() += "x";
+  for (std::size_t i = 0; i < changed.size(); ++i) EXPECT_NE(make_key(changed[i]), k) << "input " << i;
+  // fields cannot bleed into each other
+  KeyInputs a = base, b = base;
+  a.arch = "sm_9";
+  a.nvrtc_version = "0" + base.nvrtc_version;
+  b.arch = "sm_90";
+  EXPECT_NE(make_key(a), make_key(b));
 }
 
-TEST(CacheFormat, RoundTrip) {
+TEST(CacheFormat, HeaderRoundTrip) {
+  std::atomic<int> n{0};
+  auto r = request("key1", &n);
   auto k = fake_kernel("a");
   std::string why;
-  auto back = KernelCache::deserialize(KernelCache::serialize("key1", k), "key1", &why);
+  EntryHeader h;
+  auto back = KernelCache::deserialize(KernelCache::serialize(r, k), "key1", &why, &h);
   ASSERT_TRUE(back) << why;
   EXPECT_EQ(back->cubin, k.cubin);
   EXPECT_EQ(back->lowered_name, k.lowered_name);
   EXPECT_EQ(back->arch, k.arch);
   EXPECT_EQ(back->options, k.options);
+  EXPECT_EQ(h.label, "forward-bf16-b32-last");
+  EXPECT_EQ(h.layout_hash, "0123");
+  EXPECT_EQ(h.cubin_size, 300u);
 }
 
 TEST(CacheFormat, RejectsDamagedEntries) {
-  const std::string good = KernelCache::serialize("key1", fake_kernel("a"));
-  struct Case {
-    const char* what;
-    std::string bytes;
-  };
-  std::string flipped = good;
+  std::atomic<int> n{0};
+  const std::string good = KernelCache::serialize(request("key1", &n), fake_kernel("a"));
+  std::string flipped = good, bad_magic = good, bad_version = good, bad_header = good;
   flipped[flipped.size() - 10] ^= 0x40;  // inside the cubin
-  std::string bad_magic = good;
   bad_magic[0] = 'X';
-  std::string bad_version = good;
-  bad_version[8] = 99;
-  std::string bad_header = good;
+  bad_version[8] = 1;
   bad_header[17] = '#';
-  const Case cases[] = {{"empty", ""},
-                        {"truncated header", good.substr(0, 20)},
-                        {"truncated cubin", good.substr(0, good.size() - 1)},
-                        {"extra bytes", good + "z"},
-                        {"flipped byte", flipped},
-                        {"wrong magic", bad_magic},
-                        {"wrong version", bad_version},
-                        {"malformed header", bad_header}};
-  for (const auto& c : cases) {
+  const std::pair<const char*, std::string> cases[] = {
+      {"empty", ""},          {"truncated header", good.substr(0, 20)},
+      {"truncated cubin", good.substr(0, good.size() - 1)}, {"extra bytes", good + "z"},
+      {"flipped byte", flipped}, {"wrong magic", bad_magic},
+      {"stale version", bad_version}, {"malformed header", bad_header}};
+  for (const auto& [what, bytes] : cases) {
     std::string why;
-    EXPECT_FALSE(KernelCache::deserialize(c.bytes, "key1", &why)) << c.what;
-    EXPECT_FALSE(why.empty()) << c.what;
+    EXPECT_FALSE(KernelCache::deserialize(bytes, "key1", &why)) << what;
+    EXPECT_FALSE(why.empty()) << what;
   }
   std::string why;
   EXPECT_FALSE(KernelCache::deserialize(good, "another-key", &why));
-  EXPECT_EQ(why, "key mismatch");
+  EXPECT_NE(why.find("foreign"), std::string::npos) << why;
 }
 
 // Golden file: pins the on-disk format. If this fails after a format change, bump kFormatVersion
-// and regenerate the golden file (BSJIT_UPDATE_GOLDEN=1).
+// and write the new version's golden file (BSJIT_UPDATE_GOLDEN=1).
 TEST(CacheFormat, MatchesGoldenFile) {
   runtime::CompiledKernel k;
   k.cubin = {'\x7f', 'E', 'L', 'F', '\0', '\1', '\2', '\3'};
   k.lowered_name = "_Z10dsd_kernelIN16bsjit_generated6ConfigEEvPKT_";
   k.arch = "sm_90a";
   k.options = {"--gpu-architecture=sm_90a", "-std=c++17"};
-  const std::string bytes = KernelCache::serialize("0123456789abcdef0123456789abcdef", k);
+  Request r{"0123456789abcdef0123456789abcdef", "forward-bf16-b32-last", "sm_90a", "ffeeddccbbaa99887766554433221100", {}};
+  const std::string bytes = KernelCache::serialize(r, k);
   const fs::path golden = fs::path(BSJIT_TEST_DATA) / ("cache_entry_v" + std::to_string(kFormatVersion) + ".bin");
   if (std::getenv("BSJIT_UPDATE_GOLDEN")) std::ofstream(golden, std::ios::binary) << bytes;
   ASSERT_TRUE(fs::exists(golden)) << golden << " is missing: a format version without a golden file";
   EXPECT_EQ(bytes, read(golden)) << "the cache entry format changed: bump kFormatVersion and add a golden file";
+  // Entries of every older format version are detected as stale, never misread.
+  for (int v = 1; v < kFormatVersion; ++v) {
+    auto old = fs::path(BSJIT_TEST_DATA) / ("cache_entry_v" + std::to_string(v) + ".bin");
+    if (!fs::exists(old)) continue;
+    std::string why;
+    EXPECT_FALSE(KernelCache::deserialize(read(old), "", &why)) << old;
+    EXPECT_NE(why.find("stale"), std::string::npos) << why;
+  }
 }
 
 TEST(KernelCache, MemoryThenDiskThenCorruptRebuilt) {
   TempDir dir;
-  int compiles = 0;
-  auto compile = [&] {
-    ++compiles;
-    return fake_kernel("k");
-  };
+  std::atomic<int> compiles{0};
+  const auto r = request("key-a", &compiles);
   {
-    KernelCache cache(dir.path);
-    auto a = cache.get_or_compile("key-a", "forward-bf16-b32-last-sm_90", compile);
-    auto b = cache.get_or_compile("key-a", "forward-bf16-b32-last-sm_90", compile);
+    KernelCache cache(config_for(dir.path));
+    bool now = false;
+    auto a = cache.get(r, OnMiss::compile, &now);
+    EXPECT_TRUE(now);
+    auto b = cache.get(r, OnMiss::compile, &now);
+    EXPECT_FALSE(now);
     EXPECT_EQ(a, b);
     EXPECT_EQ(compiles, 1);
     EXPECT_EQ(cache.stats().memory_hits, 1);
-    EXPECT_TRUE(fs::exists(cache.entry_path("key-a", "forward-bf16-b32-last-sm_90")));
+    EXPECT_TRUE(fs::exists(cache.entry_path(r)));
+    EXPECT_EQ(cache.entry_path(r).filename(), "forward-bf16-b32-last-sm_90-key-a.bsjit");
+    EXPECT_EQ(fs::status(cache.entry_path(r)).permissions() & fs::perms::group_write, fs::perms::none);
   }
-  {
-    KernelCache fresh(dir.path);  // a new process, in effect
-    auto k = fresh.get_or_compile("key-a", "forward-bf16-b32-last-sm_90", compile);
-    EXPECT_EQ(compiles, 1);
-    EXPECT_EQ(fresh.stats().disk_hits, 1);
+  const fs::path path = KernelCache(config_for(dir.path)).entry_path(r);
+  const std::string damaged[] = {"", "BSJITKC", read(path).substr(0, 100), read(path) + "x"};
+  for (const auto& bytes : damaged) {
+    KernelCache fresh(config_for(dir.path));  // a new process, in effect
+    auto k = fresh.get(r);
     EXPECT_EQ(k->lowered_name, "_Z6kernelk");
+    if (&bytes != &damaged[0]) {
+      EXPECT_EQ(fresh.stats().bad_entries, 1);
+      EXPECT_EQ(fresh.stats().compiles, 1);
+    }
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   }
-  {
-    KernelCache fresh(dir.path);
-    auto path = fresh.entry_path("key-a", "forward-bf16-b32-last-sm_90");
-    std::string bytes = read(path);
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
-    fresh.get_or_compile("key-a", "forward-bf16-b32-last-sm_90", compile);
-    EXPECT_EQ(compiles, 2);
-    EXPECT_EQ(fresh.stats().bad_entries, 1);
-    std::string why;
-    EXPECT_TRUE(KernelCache::deserialize(read(path), "key-a", &why)) << "entry was rewritten whole: " << why;
+  KernelCache fresh(config_for(dir.path));
+  fresh.get(r);
+  std::string why;
+  EXPECT_TRUE(KernelCache::deserialize(read(path), "key-a", &why)) << "entry was rewritten whole: " << why;
+  for (auto& e : fs::directory_iterator(dir.path))
+    EXPECT_TRUE(e.path().extension() == ".bsjit" || e.path().extension() == ".lock") << e.path();
+}
+
+TEST(KernelCache, StrictModeTurnsAMissIntoAnError) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  KernelCache cache(config_for(dir.path));
+  try {
+    cache.get(request("missing", &compiles), OnMiss::fail);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strict cache"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir.path.string()), std::string::npos) << e.what();
   }
-  // no temporary files left behind
-  for (auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path().extension(), ".bsjit") << e.path();
+  EXPECT_EQ(compiles, 0);
+  cache.get(request("missing", &compiles));  // compiled and stored
+  KernelCache fresh(config_for(dir.path));
+  EXPECT_TRUE(fresh.get(request("missing", &compiles), OnMiss::fail));
+  EXPECT_EQ(compiles, 1);
+}
+
+TEST(KernelCache, ReadOnlyLayersAreSearchedAfterTheWritableOne) {
+  TempDir shipped, local;
+  std::atomic<int> compiles{0};
+  KernelCache(config_for(shipped.path)).get(request("shipped-key", &compiles, "s"));
+  ASSERT_EQ(compiles, 1);
+  CacheConfig c = config_for(local.path);
+  c.read_only = {shipped.path};
+  KernelCache layered(c);
+  EXPECT_EQ(layered.get(request("shipped-key", &compiles))->lowered_name, "_Z6kernels");
+  EXPECT_EQ(compiles, 1);
+  EXPECT_EQ(layered.stats().disk_hits, 1);
+  layered.get(request("new-key", &compiles));  // compiled into the writable layer only
+  EXPECT_EQ(compiles, 2);
+  int in_local = 0, in_shipped = 0;
+  for (auto& e : fs::directory_iterator(local.path)) in_local += e.path().extension() == ".bsjit";
+  for (auto& e : fs::directory_iterator(shipped.path)) in_shipped += e.path().extension() == ".bsjit";
+  EXPECT_EQ(in_local, 1);
+  EXPECT_EQ(in_shipped, 1);
+}
+
+TEST(KernelCache, RefusesDirectoriesOthersCanWrite) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  KernelCache(config_for(dir.path)).get(request("key", &compiles));
+  fs::permissions(dir.path, fs::perms::group_write | fs::perms::others_write, fs::perm_options::add);
+  EXPECT_NE(insecure_reason(dir.path).find("writable"), std::string::npos);
+  KernelCache refused(config_for(dir.path));
+  EXPECT_TRUE(refused.entry_path(request("key", &compiles)).empty());
+  refused.get(request("key", &compiles));
+  EXPECT_EQ(compiles, 2) << "an entry in an insecure directory must not be loaded";
+  CacheConfig c = config_for(dir.path);
+  c.allow_insecure = true;
+  KernelCache overridden(c);
+  overridden.get(request("key", &compiles));
+  EXPECT_EQ(compiles, 2) << "allow_insecure accepts it";
+  // an entry file others can write is refused even in a good directory
+  fs::permissions(dir.path, fs::perms::group_write | fs::perms::others_write, fs::perm_options::remove);
+  auto path = KernelCache(config_for(dir.path)).entry_path(request("key", &compiles));
+  fs::permissions(path, fs::perms::others_write, fs::perm_options::add);
+  KernelCache strict_files(config_for(dir.path));
+  strict_files.get(request("key", &compiles));
+  EXPECT_EQ(compiles, 3);
+  EXPECT_EQ(strict_files.stats().bad_entries, 1);
+}
+
+// A write that fails (here: a directory stands where the entry would go, which stops root too)
+// is logged once, and kernels are then kept in memory.
+TEST(KernelCache, FailedWriteKeepsWorkingInMemory) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  KernelCache cache(config_for(dir.path));
+  fs::create_directories(cache.entry_path(request("key", &compiles)));
+  EXPECT_TRUE(cache.get(request("key", &compiles)));
+  EXPECT_TRUE(cache.get(request("key", &compiles)));
+  EXPECT_EQ(compiles, 1);
+  EXPECT_TRUE(cache.entry_path(request("other", &compiles)).empty()) << "writes are off after a failure";
+  EXPECT_TRUE(cache.get(request("other", &compiles)));
+  for (auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
 }
 
 TEST(KernelCache, UnwritableDirectoryKeepsWorkingInMemory) {
   if (geteuid() == 0) GTEST_SKIP() << "running as root: permissions do not stop root from writing";
   TempDir dir;
   fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec);
-  KernelCache cache(dir.path);
-  int compiles = 0;
-  auto k = cache.get_or_compile("key", "stem", [&] {
-    ++compiles;
-    return fake_kernel("r");
-  });
-  EXPECT_TRUE(k);
-  cache.get_or_compile("key", "stem", [&] {
-    ++compiles;
-    return fake_kernel("r");
-  });
+  KernelCache cache(config_for(dir.path));
+  std::atomic<int> compiles{0};
+  EXPECT_TRUE(cache.get(request("key", &compiles)));
+  EXPECT_TRUE(cache.get(request("key", &compiles)));
   EXPECT_EQ(compiles, 1);
-}
-
-// A write that fails (here: a directory stands where the entry would go, which stops root too)
-// is logged, and the kernel is served from memory.
-TEST(KernelCache, FailedWriteKeepsWorkingInMemory) {
-  TempDir dir;
-  KernelCache cache(dir.path);
-  fs::create_directories(cache.entry_path("key", "stem"));
-  int compiles = 0;
-  auto compile = [&] {
-    ++compiles;
-    return fake_kernel("w");
-  };
-  EXPECT_TRUE(cache.get_or_compile("key", "stem", compile));
-  EXPECT_TRUE(cache.get_or_compile("key", "stem", compile));
-  EXPECT_EQ(compiles, 1);
-  for (auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
 }
 
 TEST(KernelCache, DirectoryThatCannotExistMeansMemoryOnly) {
   TempDir dir;
   std::ofstream(dir.path / "file") << "x";
-  KernelCache cache(dir.path / "file" / "sub");  // a path through a regular file
-  EXPECT_TRUE(cache.entry_path("key", "stem").empty());
-  int compiles = 0;
-  cache.get_or_compile("key", "stem", [&] {
-    ++compiles;
-    return fake_kernel("m");
-  });
+  KernelCache cache(config_for(dir.path / "file" / "sub"));  // a path through a regular file
+  std::atomic<int> compiles{0};
+  EXPECT_TRUE(cache.entry_path(request("key", &compiles)).empty());
+  cache.get(request("key", &compiles));
   EXPECT_EQ(compiles, 1);
 }
 
 TEST(KernelCache, ConcurrentRequestsForOneKeyCompileOnce) {
   TempDir dir;
-  KernelCache cache(dir.path);
+  KernelCache cache(config_for(dir.path));
   std::atomic<int> compiles{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t)
     threads.emplace_back([&] {
-      for (int i = 0; i < 4; ++i)
-        cache.get_or_compile("key-" + std::to_string(i), "stem", [&] {
-          ++compiles;
+      for (int i = 0; i < 4; ++i) {
+        auto r = request("key-" + std::to_string(i), &compiles);
+        auto inner = r.compile;
+        r.compile = [inner] {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          return fake_kernel("c");
-        });
+          return inner();
+        };
+        cache.get(r);
+      }
     });
   for (auto& t : threads) t.join();
   EXPECT_EQ(compiles.load(), 4);
   EXPECT_EQ(cache.stats().memory_hits, 8 * 4 - 4);
+}
+
+TEST(CacheTools, ListPruneClear) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  KernelCache cache(config_for(dir.path));
+  std::vector<fs::path> paths;
+  for (int i = 0; i < 5; ++i) {
+    auto r = request("key" + std::to_string(i), &compiles);
+    cache.get(r);
+    paths.push_back(cache.entry_path(r));
+    // last-used stamps one minute apart, key0 the oldest
+    fs::last_write_time(paths.back(), fs::file_time_type::clock::now() - std::chrono::minutes(10 - i));
+  }
+  std::ofstream(dir.path / "junk-sm_90-0000000000000000.bsjit") << "junk";
+  auto list = list_cache(dir.path);
+  ASSERT_EQ(list.size(), 6u);
+  int valid = 0;
+  for (const auto& e : list) {
+    valid += e.valid;
+    if (e.valid) {
+      EXPECT_EQ(e.label, "forward-bf16-b32-last");
+      EXPECT_EQ(e.layout_hash, "0123");
+    } else {
+      EXPECT_FALSE(e.problem.empty());
+    }
+  }
+  EXPECT_EQ(valid, 5);
+  const std::uint64_t entry = fs::file_size(paths[0]);
+  auto r = prune_cache(dir.path, 3 * entry);  // keeps the 3 most recently used, drops junk
+  EXPECT_EQ(r.removed, 3);
+  EXPECT_EQ(r.bytes_left, 3 * entry);
+  EXPECT_FALSE(fs::exists(paths[0]));
+  EXPECT_FALSE(fs::exists(paths[1]));
+  EXPECT_TRUE(fs::exists(paths[4]));
+  // a disk hit refreshes the last-used stamp: key2 becomes the newest
+  KernelCache(config_for(dir.path)).get(request("key2", &compiles));
+  prune_cache(dir.path, entry);
+  EXPECT_TRUE(fs::exists(paths[2]));
+  EXPECT_FALSE(fs::exists(paths[4]));
+  // by age
+  fs::last_write_time(paths[2], fs::file_time_type::clock::now() - std::chrono::hours(48));
+  EXPECT_EQ(prune_cache(dir.path, 0, std::chrono::hours(24)).removed, 1);
+  cache.get(request("key9", &compiles));
+  EXPECT_GE(clear_cache(dir.path).removed, 1);
+  for (auto& e : fs::directory_iterator(dir.path)) ADD_FAILURE() << "left after clear: " << e.path();
+}
+
+TEST(CacheTools, MaxBytesBoundsTheWritableDirectory) {
+  TempDir dir;
+  CacheConfig c = config_for(dir.path);
+  std::atomic<int> compiles{0};
+  KernelCache probe(c);
+  probe.get(request("probe", &compiles));
+  const auto entry = fs::file_size(probe.entry_path(request("probe", &compiles)));
+  clear_cache(dir.path);
+  c.max_bytes = 2 * entry + entry / 2;
+  KernelCache cache(c);
+  for (int i = 0; i < 6; ++i) cache.get(request("k" + std::to_string(i), &compiles));
+  std::uint64_t total = 0;
+  for (const auto& e : list_cache(dir.path)) total += e.bytes;
+  EXPECT_LE(total, c.max_bytes);
+  EXPECT_GT(total, 0u);
+}
+
+// --- stress: many processes on one directory ---------------------------------------------------
+
+int run_worker(const std::string& args, std::string* out) {
+  FILE* p = popen((std::string(BSJIT_CACHE_WORKER) + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) *out += buf;
+  int s = pclose(p);
+  return WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+}
+
+TEST(CacheStress, EightProcessesFourThreadsOverlappingKeys) {
+  TempDir dir;
+  std::vector<std::thread> procs;
+  std::vector<std::string> outs(8);
+  std::vector<int> codes(8);
+  for (int p = 0; p < 8; ++p)
+    procs.emplace_back([&, p] { codes[p] = run_worker("precompile " + dir.path.string() + " " + std::to_string(p), &outs[p]); });
+  for (auto& t : procs) t.join();
+  int total = 0;
+  for (int p = 0; p < 8; ++p) {
+    EXPECT_EQ(codes[p], 0) << outs[p];
+    int n = -1;
+    EXPECT_EQ(std::sscanf(outs[p].c_str(), "compiles %d", &n), 1) << outs[p];
+    EXPECT_LE(n, 6) << "a kernel compiled twice in one process";
+    total += n;
+  }
+  EXPECT_EQ(total, 6) << "the lock file makes every kernel compile once across all processes";
+  auto list = list_cache(dir.path);
+  EXPECT_EQ(list.size(), 6u);
+  for (const auto& e : list) EXPECT_TRUE(e.valid) << e.path << ": " << e.problem;
+}
+
+TEST(CacheStress, SigkillDuringWritesLeavesNoBadEntry) {
+  TempDir dir;
+  std::mt19937 rng(5);
+  for (int round = 0; round < 12; ++round) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      execl(BSJIT_CACHE_WORKER, BSJIT_CACHE_WORKER, "churn", dir.path.c_str(), std::to_string(round).c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 150));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "worker exited by itself with " << status;
+  }
+  int entries = 0;
+  for (const auto& e : list_cache(dir.path)) {
+    ++entries;
+    EXPECT_TRUE(e.valid) << e.path << ": " << e.problem;
+    EXPECT_EQ(e.lowered_name, "churn_" + e.key) << "an entry holds another key's kernel";
+  }
+  EXPECT_GT(entries, 0);
+  // and every one loads through the cache as the kernel of its own key
+  KernelCache fresh(config_for(dir.path));
+  for (const auto& e : list_cache(dir.path)) {
+    Request r{e.key, "churn", "sm_90", "layout", [] { return runtime::CompiledKernel{}; }};
+    EXPECT_EQ(fresh.get(r, OnMiss::fail)->lowered_name, "churn_" + e.key);
+  }
 }
 
 }  // namespace

@@ -53,13 +53,13 @@ TEST(Cli, PrecompileIntoDirectoryThenFindsItCached) {
                            "/layouts/banded.json -o forward,backward_weight -b 16 -t bf16,f32 -a sm_80,sm_90a";
   auto r = sh(args);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("8 compiled, 0 already cached, 0 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("8 compiled, 0 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
   int entries = 0;
   for (auto& e : fs::directory_iterator(dir.path)) entries += e.path().extension() == ".bsjit";
   EXPECT_EQ(entries, 8);
   r = sh(args);  // a second process finds them all
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("0 compiled, 8 already cached, 0 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("0 compiled, 8 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
 }
 
 TEST(Cli, PrecompileFailuresAreNamedAndExitNonZero) {
@@ -69,7 +69,7 @@ TEST(Cli, PrecompileFailuresAreNamedAndExitNonZero) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("FAILED"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sm_70"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("1 compiled, 0 already cached, 1 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 compiled, 0 already cached, 0 loaded, 1 failed"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BadInputsAreClearErrors) {
@@ -105,5 +105,51 @@ TEST(Cli, InfoReportsNvrtcAndGpuState) {
   std::string why;
   auto g = sh("info --require-gpu");
   EXPECT_EQ(g.status, bsjit::runtime::gpu_available(&why) ? 0 : 2) << g.output;
+}
+}  // namespace
+
+namespace {
+TEST(Cli, ManifestPrecompileThenCacheListVerifyPruneClear) {
+  TempDir dir;
+  auto manifest = dir.path / "kernels.json";
+  {
+    std::ofstream(manifest) << R"({"kernels": [
+      {"layouts": [")" << kExamples << R"(/layouts/banded.json"], "ops": ["forward"], "blocks": [16, 32],
+       "dtypes": ["bf16"], "archs": ["sm_90"]},
+      {"layouts": [")" << kExamples << R"(/layouts/strided_bool_f.npy"], "ops": ["backward_weight"],
+       "blocks": [8], "dtypes": ["f32"], "feature_axes": ["first"], "archs": ["sm_80"]}]})";
+  }
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " precompile -m " + manifest.string() + " -j 2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("3 compiled"), std::string::npos) << r.output;
+  r = sh(cache + " cache list");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("3 entries"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("forward-bf16-b16-last"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("22445325b8b69a99"), std::string::npos) << "layout hash prefix: " << r.output;
+  EXPECT_EQ(sh(cache + " cache verify").status, 0);
+  // damage one entry: verify fails and names it
+  for (auto& e : fs::directory_iterator(dir.path / "c"))
+    if (e.path().extension() == ".bsjit" && e.path().filename().string().rfind("backward_weight", 0) == 0)
+      std::ofstream(e.path(), std::ios::app) << "tail";
+  r = sh(cache + " cache verify");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("BAD:"), std::string::npos) << r.output;
+  r = sh(cache + " cache prune --max-size 1G");
+  EXPECT_NE(r.output.find("pruned 1 files"), std::string::npos) << "the bad entry goes: " << r.output;
+  EXPECT_EQ(sh(cache + " cache verify").status, 0);
+  EXPECT_NE(sh(cache + " cache prune --max-size lots").status, 0);
+  r = sh(cache + " cache clear");
+  EXPECT_NE(r.output.find("cleared"), std::string::npos) << r.output;
+  EXPECT_NE(sh(cache + " cache list").output.find("0 entries"), std::string::npos);
+}
+
+TEST(Cli, WarmupWithoutGpuIsAClearError) {
+  std::string why;
+  if (bsjit::runtime::gpu_available(&why)) GTEST_SKIP() << "a GPU is present; the GPU tests cover warm-up";
+  auto r = sh("--no-disk-cache warmup -l " + kExamples + "/layouts/banded.json");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("needs a GPU"), std::string::npos) << r.output;
 }
 }  // namespace

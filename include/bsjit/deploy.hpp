@@ -1,0 +1,67 @@
+// Putting kernels in place before a service needs them: precompilation on build machines (no GPU
+// needed) and warm-up at service start (load every kernel on every visible GPU, so the first
+// request pays nothing).
+//
+// A manifest names the kernels, as JSON: one group, or {"kernels": [group, ...]}, where a group is
+//   {"layouts": ["w1.npy", "w2.json"],          paths relative to the manifest's directory
+//    "ops": ["forward", "backward_data", "backward_weight"],
+//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90"]}
+// and names every combination of its lists. Missing lists take the defaults below.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bsjit/types.hpp"
+
+namespace bsjit {
+
+struct KernelGroup {
+  std::vector<std::filesystem::path> layouts;
+  std::vector<Op> ops{Op::forward, Op::backward_data, Op::backward_weight};
+  std::vector<int> blocks{32};
+  std::vector<DType> dtypes{DType::bf16};
+  std::vector<FeatureAxis> feature_axes{FeatureAxis::last};
+  std::vector<std::string> archs{"sm_90"};
+};
+
+struct Manifest {
+  std::vector<KernelGroup> groups;
+  static Manifest load(const std::filesystem::path& json_file);
+  std::size_t kernel_count() const;
+};
+
+struct KernelOutcome {
+  std::string what;  // "w1.npy forward bf16 b32 last sm_90" (+ " on GPU 1" for warm-up)
+  enum class Status { compiled, cached, loaded, failed } status = Status::failed;
+  std::string error;
+  double milliseconds = 0;
+};
+
+struct DeployReport {
+  std::vector<KernelOutcome> kernels;
+  std::int64_t compiled = 0, cached = 0, loaded = 0, failed = 0;
+  double seconds = 0;
+};
+
+struct PrecompileOptions {
+  int threads = 0;  // 0: one per core
+  std::function<void(std::size_t done, std::size_t total)> progress;
+};
+
+// Compiles every kernel of the manifest into the cache (cache_config()). Needs no GPU. Failures
+// are reported per kernel, not thrown.
+DeployReport precompile(const Manifest& manifest, const PrecompileOptions& options = {});
+
+// Loads every kernel of the manifest whose arch is a visible GPU's own (sm_XY, or sm_XYa when only
+// that is listed) into that GPU's primary context and resolves its function. With strict (or strict
+// mode in cache_config()) a kernel that is not in the cache fails instead of being compiled.
+DeployReport warmup(const Manifest& manifest, bool strict = false);
+
+// Loads every valid entry of a cache directory whose arch a visible GPU runs, on that GPU.
+DeployReport warmup_directory(const std::filesystem::path& directory);
+
+}  // namespace bsjit

@@ -1,0 +1,301 @@
+// Precompilation and warm-up over a manifest, and warm-up of a cache directory.
+#include "bsjit/deploy.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "bsjit/cache.hpp"
+#include "bsjit/error.hpp"
+#include "bsjit/layout.hpp"
+#include "bsjit/matmul.hpp"
+#include "driver.hpp"
+#include "kernel_registry.hpp"
+#include "module.hpp"
+
+namespace bsjit {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+template <class T, class Parse>
+std::vector<T> list_of(const nlohmann::json& group, const char* name, std::vector<T> fallback, Parse parse) {
+  if (!group.contains(name)) return fallback;
+  const auto& v = group.at(name);
+  if (!v.is_array()) throw Error(fmt::format("manifest: '{}' must be a list", name));
+  std::vector<T> out;
+  for (const auto& item : v) out.push_back(parse(item));
+  return out;
+}
+
+// One kernel of a manifest.
+struct Item {
+  std::size_t layout;  // index into the loaded layouts
+  Op op;
+  MatMulOptions options;
+  std::string what;
+};
+
+struct Expanded {
+  std::vector<fs::path> files;
+  std::vector<std::shared_ptr<Layout>> layouts;  // null where the file failed to load
+  std::vector<std::string> load_errors;
+  std::vector<Item> items;
+};
+
+Expanded expand(const Manifest& m) {
+  Expanded e;
+  std::map<fs::path, std::size_t> index;
+  for (const auto& g : m.groups)
+    for (const auto& file : g.layouts) {
+      if (!index.count(file)) {
+        index[file] = e.files.size();
+        e.files.push_back(file);
+        try {
+          e.layouts.push_back(std::make_shared<Layout>(Layout::load(file)));
+          e.load_errors.emplace_back();
+        } catch (const Error& err) {
+          e.layouts.push_back(nullptr);
+          e.load_errors.push_back(err.what());
+        }
+      }
+      for (Op op : g.ops)
+        for (int b : g.blocks)
+          for (DType dt : g.dtypes)
+            for (FeatureAxis ax : g.feature_axes)
+              for (const auto& arch : g.archs)
+                e.items.push_back({index[file], op, MatMulOptions{b, dt, ax, arch},
+                                   fmt::format("{} {} {} b{} {} {}", file.filename().string(), to_string(op),
+                                               to_string(dt), b, to_string(ax), arch)});
+    }
+  return e;
+}
+
+void count(DeployReport& r, const KernelOutcome& k) {
+  switch (k.status) {
+    case KernelOutcome::Status::compiled: ++r.compiled; break;
+    case KernelOutcome::Status::cached: ++r.cached; break;
+    case KernelOutcome::Status::loaded: ++r.loaded; break;
+    case KernelOutcome::Status::failed: ++r.failed; break;
+  }
+  r.kernels.push_back(k);
+}
+
+// Whether a cubin built for kernel_arch loads on a device of device_arch ("sm_90"): same major;
+// an "a" target only on exactly its own major.minor, a plain one on that minor or a later one.
+bool runs_on(const std::string& kernel_arch, const std::string& device_arch) {
+  static const std::regex re("sm_([0-9]+)([0-9])(a|f)?");
+  std::smatch k, d;
+  if (!std::regex_match(kernel_arch, k, re) || !std::regex_match(device_arch, d, re)) return false;
+  if (k[1] != d[1]) return false;
+  return k[3].matched ? k[2] == d[2] : std::stoi(k[2]) <= std::stoi(d[2]);
+}
+
+struct Device {
+  int ordinal;
+  CUcontext ctx;
+  std::string arch;
+};
+
+std::vector<Device> visible_devices() {
+  std::string why;
+  if (!runtime::gpu_available(&why)) throw Error("bsjit: warm-up needs a GPU: " + why);
+  const auto& d = runtime::driver();
+  int count = 0;
+  BSJIT_CU(d.cuDeviceGetCount(&count));
+  std::vector<Device> out;
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev;
+    CUcontext ctx;
+    BSJIT_CU(d.cuDeviceGet(&dev, i));
+    BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
+    out.push_back({i, ctx, runtime::context_arch(ctx)});
+  }
+  return out;
+}
+
+}  // namespace
+
+Manifest Manifest::load(const fs::path& json_file) {
+  nlohmann::json j;
+  {
+    std::ifstream in(json_file);
+    if (!in) throw Error(fmt::format("cannot open manifest '{}'", json_file.string()));
+    j = nlohmann::json::parse(in, nullptr, false);
+  }
+  if (j.is_discarded() || !j.is_object())
+    throw Error(fmt::format("manifest '{}' is not a JSON object", json_file.string()));
+  const fs::path base = json_file.parent_path();
+  Manifest m;
+  std::vector<nlohmann::json> groups;
+  if (j.contains("kernels")) {
+    if (!j["kernels"].is_array()) throw Error(fmt::format("manifest '{}': 'kernels' must be a list", json_file.string()));
+    for (const auto& g : j["kernels"]) groups.push_back(g);
+  } else {
+    groups.push_back(j);
+  }
+  try {
+    for (const auto& g : groups) {
+      KernelGroup k;
+      if (!g.is_object() || !g.contains("layouts"))
+        throw Error(fmt::format("manifest '{}': every group needs a 'layouts' list", json_file.string()));
+      k.layouts = list_of<fs::path>(g, "layouts", {}, [&](const nlohmann::json& v) {
+        fs::path p = v.get<std::string>();
+        return p.is_absolute() ? p : base / p;
+      });
+      k.ops = list_of<Op>(g, "ops", k.ops, [](const nlohmann::json& v) { return parse_op(v.get<std::string>()); });
+      k.blocks = list_of<int>(g, "blocks", k.blocks, [](const nlohmann::json& v) { return v.get<int>(); });
+      k.dtypes = list_of<DType>(g, "dtypes", k.dtypes, [](const nlohmann::json& v) { return parse_dtype(v.get<std::string>()); });
+      k.feature_axes = list_of<FeatureAxis>(g, "feature_axes", k.feature_axes,
+                                            [](const nlohmann::json& v) { return parse_feature_axis(v.get<std::string>()); });
+      k.archs = list_of<std::string>(g, "archs", k.archs, [](const nlohmann::json& v) { return v.get<std::string>(); });
+      m.groups.push_back(std::move(k));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("manifest '{}': {}", json_file.string(), e.what()));
+  }
+  return m;
+}
+
+std::size_t Manifest::kernel_count() const {
+  std::size_t n = 0;
+  for (const auto& g : groups)
+    n += g.layouts.size() * g.ops.size() * g.blocks.size() * g.dtypes.size() * g.feature_axes.size() * g.archs.size();
+  return n;
+}
+
+DeployReport precompile(const Manifest& manifest, const PrecompileOptions& options) {
+  const auto start = Clock::now();
+  Expanded e = expand(manifest);
+  std::vector<KernelOutcome> outcomes(e.items.size());
+  std::atomic<std::size_t> next{0}, done{0};
+  std::mutex progress_mutex;
+  auto worker = [&] {
+    for (std::size_t i; (i = next++) < e.items.size();) {
+      const Item& item = e.items[i];
+      KernelOutcome& o = outcomes[i];
+      o.what = item.what;
+      auto t = Clock::now();
+      if (!e.layouts[item.layout]) {
+        o.error = e.load_errors[item.layout];
+      } else {
+        try {
+          bool now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch);
+          o.status = now ? KernelOutcome::Status::compiled : KernelOutcome::Status::cached;
+        } catch (const Error& err) {
+          o.error = err.what();
+        }
+      }
+      o.milliseconds = ms_since(t);
+      std::size_t d = ++done;
+      if (options.progress) {
+        std::lock_guard lock(progress_mutex);
+        options.progress(d, e.items.size());
+      }
+    }
+  };
+  unsigned threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(threads, std::max<std::size_t>(1, e.items.size()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  DeployReport r;
+  for (const auto& o : outcomes) count(r, o);
+  r.seconds = ms_since(start) / 1000;
+  return r;
+}
+
+DeployReport warmup(const Manifest& manifest, bool strict) {
+  const auto start = Clock::now();
+  auto devices = visible_devices();
+  Expanded e = expand(manifest);
+  const auto on_miss = (strict || cache_config().strict) ? cache::OnMiss::fail : cache::OnMiss::compile;
+  const auto& d = runtime::driver();
+  DeployReport r;
+  for (const auto& dev : devices) {
+    BSJIT_CU(d.cuCtxSetCurrent(dev.ctx));
+    std::size_t matched = 0;
+    for (const Item& item : e.items) {
+      if (!runs_on(item.options.arch, dev.arch)) continue;
+      ++matched;
+      KernelOutcome o;
+      o.what = fmt::format("{} on GPU {}", item.what, dev.ordinal);
+      auto t = Clock::now();
+      try {
+        if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
+        const Layout& layout = *e.layouts[item.layout];
+        runtime::KernelId id{layout.hash().hex(), {item.op, item.options.block, item.options.dtype,
+                                                   item.options.feature_axis}, item.options.arch};
+        auto p = runtime::KernelRegistry::global().prepare(layout, id, on_miss);
+        runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
+        o.status = KernelOutcome::Status::loaded;
+      } catch (const Error& err) {
+        o.error = err.what();
+      }
+      o.milliseconds = ms_since(t);
+      count(r, o);
+    }
+    if (matched == 0 && !e.items.empty()) {
+      KernelOutcome o;
+      o.what = fmt::format("GPU {} ({})", dev.ordinal, dev.arch);
+      o.error = fmt::format("the manifest has no kernel for {}", dev.arch);
+      count(r, o);
+    }
+  }
+  r.seconds = ms_since(start) / 1000;
+  return r;
+}
+
+DeployReport warmup_directory(const fs::path& directory) {
+  const auto start = Clock::now();
+  auto devices = visible_devices();
+  const auto& d = runtime::driver();
+  DeployReport r;
+  for (const auto& info : list_cache(directory)) {
+    if (!info.valid) {
+      KernelOutcome o;
+      o.what = info.path.filename().string();
+      o.error = info.problem;
+      count(r, o);
+      continue;
+    }
+    std::shared_ptr<runtime::CompiledKernel> kernel;
+    for (const auto& dev : devices) {
+      if (!runs_on(info.arch, dev.arch)) continue;
+      KernelOutcome o;
+      o.what = fmt::format("{} on GPU {}", info.path.filename().string(), dev.ordinal);
+      auto t = Clock::now();
+      try {
+        if (!kernel) {
+          std::ifstream in(info.path, std::ios::binary);
+          std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          std::string why;
+          kernel = cache::KernelCache::deserialize(bytes, info.key, &why);
+          if (!kernel) throw Error(fmt::format("entry became unusable: {}", why));
+          cache::KernelCache::global().insert(info.key, kernel);
+        }
+        BSJIT_CU(d.cuCtxSetCurrent(dev.ctx));
+        runtime::KernelRegistry::global().function(info.key, *kernel, dev.ctx);
+        o.status = KernelOutcome::Status::loaded;
+      } catch (const Error& err) {
+        o.error = err.what();
+      }
+      o.milliseconds = ms_since(t);
+      count(r, o);
+    }
+  }
+  r.seconds = ms_since(start) / 1000;
+  return r;
+}
+
+}  // namespace bsjit

@@ -1,0 +1,58 @@
+// The process-wide registry of kernels ready to launch: generated source and compiled binary per
+// kernel id, and the loaded function per (kernel, context). MatMul objects and warm-up share it, so
+// a kernel warmed up at start costs a later MatMul nothing but a map lookup.
+#pragma once
+
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cache/kernel_cache.hpp"
+#include "generator/matmul_generator.hpp"
+
+namespace bsjit::runtime {
+
+struct KernelId {
+  std::string layout_hash;
+  generator::MatMulSpec spec;
+  std::string arch;
+  auto tie() const {
+    return std::tie(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, arch);
+  }
+  bool operator<(const KernelId& o) const { return tie() < o.tie(); }
+};
+
+struct PreparedKernel {
+  generator::GeneratedSource generated;
+  std::string key;
+  cache::KernelCache::Compiled compiled;
+};
+
+class KernelRegistry {
+ public:
+  // Generates the kernel's source (once per id) and gets its binary from the cache (memory, disk,
+  // or NVRTC unless on_miss is fail). *compiled_now tells whether NVRTC ran in this call.
+  std::shared_ptr<const PreparedKernel> prepare(const Layout& layout, const KernelId& id, cache::OnMiss on_miss,
+                                                bool* compiled_now = nullptr);
+
+  // The kernel's function in ctx, loading its module there the first time. Modules stay loaded for
+  // the life of the process.
+  CUfunction function(const std::string& key, const runtime::CompiledKernel& kernel, CUcontext ctx);
+
+  static KernelRegistry& global();
+
+ private:
+  struct Slot {
+    std::mutex mutex;
+    std::shared_ptr<const PreparedKernel> prepared;
+  };
+  std::mutex mutex_;
+  std::map<KernelId, std::shared_ptr<Slot>> prepared_;
+  std::map<std::pair<std::string, CUcontext>, CUfunction> functions_;
+};
+
+}  // namespace bsjit::runtime
