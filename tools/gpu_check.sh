@@ -13,22 +13,26 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 
 status=()
-start=$(date +%s)
-"$build/tests/matmul_gpu_test" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/gpu_test.log" | tail -40
-status+=("gpu tests: exit ${PIPESTATUS[0]}, $(grep -c '^\[       OK \]\|^\[  PASSED' "$out/gpu_test.log" || true) ok-lines, $(($(date +%s) - start)) s")
+for t in matmul_gpu_test deploy_gpu_test; do
+  start=$(date +%s)
+  "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
+  status+=("$t: exit ${PIPESTATUS[0]}, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ') $(($(date +%s) - start)) s")
+done
 
 start=$(date +%s)
 "$build/tools/bsjit" --no-disk-cache run -l examples/layouts/random_d25.npy -l examples/layouts/banded.json \
   -b 32 -t f32,bf16 -n 300 2>&1 | tee "$out/cli_run.log"
 status+=("bsjit run examples: exit ${PIPESTATUS[0]}, $(($(date +%s) - start)) s")
 
-if [ -x "$build/tools/bsjit_bench" ]; then
-  "$build/tools/bsjit_bench" --json "$out/bench.json" --csv "$out/bench.csv" ${BSJIT_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
-  status+=("bench: exit ${PIPESTATUS[0]}")
+if [ -x "$build/tools/bsjit-bench" ] && [ "${BSJIT_BENCH_ARGS:-}" != "none" ]; then
+  start=$(date +%s)
+  "$build/tools/bsjit-bench" --json "$out/bench.json" --csv "$out/bench.csv" ${BSJIT_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+  status+=("bench: exit ${PIPESTATUS[0]}, $(($(date +%s) - start)) s")
 fi
 
 echo
 echo "== summary =="
-grep '^GPU matmul:' "$out/gpu_test.log" || true
-grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_test.log" | sort | uniq -c | sort -rn | head -20
+grep -h '^GPU matmul:\|^GPU [0-9]:' "$out"/*_test.log || true
+grep -h '^\[  FAILED  \] ' "$out"/*_test.log | head -20 || true
 for s in "${status[@]}"; do echo "$s"; done
+[ -f "$out/bench.log" ] && sed -n '/^== suite W/,$p' "$out/bench.log"

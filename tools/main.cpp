@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <vector>
 
@@ -260,6 +262,16 @@ int main(int argc, char** argv) {
   runc->add_flag("--gate", gated, "random per-block gates");
   runc->add_flag("--accumulate", accumulate, "accumulate into the output (beta = 1)");
   runc->add_option("--seed", seed, "random seed");
+
+  // `bsjit bench ...` runs bsjit-bench beside this binary, so the CLI itself needs no cuBLAS.
+  if (argc > 1 && std::string(argv[1]) == "bench") {
+    std::string self = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "bsjit-bench";
+    argv[1] = self.data();
+    execv(self.c_str(), argv + 1);
+    fmt::print(stderr, "bsjit bench: cannot run {}: {}\n", self, std::strerror(errno));
+    return 1;
+  }
+  app.add_subcommand("bench", "benchmark suites against cuBLAS and cuSPARSE (runs bsjit-bench; see its --help)");
 
   CLI11_PARSE(app, argc, argv);
   try {

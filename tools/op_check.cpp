@@ -4,34 +4,14 @@
 #include <cstring>
 #include <random>
 
+#include "device_buffer.hpp"
 #include "reference.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/module.hpp"
 
 namespace bsjit::check {
-namespace {
 
-struct DeviceBuffer {
-  CUdeviceptr ptr = 0;
-  std::size_t bytes = 0;
-  explicit DeviceBuffer(std::size_t n) : bytes(n) { BSJIT_CU(runtime::driver().cuMemAlloc(&ptr, n ? n : 16)); }
-  ~DeviceBuffer() {
-    if (ptr) runtime::driver().cuMemFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return reinterpret_cast<void*>(ptr); }
-  void upload(const std::vector<std::uint8_t>& host) {
-    if (!host.empty()) BSJIT_CU(runtime::driver().cuMemcpyHtoD(ptr, host.data(), host.size()));
-  }
-  std::vector<std::uint8_t> download() const {
-    std::vector<std::uint8_t> host(bytes);
-    if (bytes) BSJIT_CU(runtime::driver().cuMemcpyDtoH(host.data(), ptr, bytes));
-    return host;
-  }
-};
-
-}  // namespace
+using tools::DeviceBuffer;
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-2; }
 

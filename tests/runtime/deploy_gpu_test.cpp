@@ -1,0 +1,140 @@
+// GPU tests (label "gpu") of deployment: precompile → warm-up (manifest and directory) in fresh
+// processes, strict mode at op time, and one MatMul used on several GPUs from several threads.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "bsjit/bsjit.hpp"
+#include "op_check.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/module.hpp"
+
+namespace bsjit {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The build tree may have been copied to the GPU machine: find the CLI beside this binary and the
+// examples from the working directory when the configured paths are gone.
+fs::path cli() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "tools" / "bsjit"; }
+fs::path examples() { return fs::exists(BSJIT_EXAMPLES) ? fs::path(BSJIT_EXAMPLES) : fs::path("examples"); }
+
+struct Result {
+  int status = -1;
+  std::string output;
+};
+Result sh(const std::string& args) {
+  Result r;
+  FILE* p = popen((cli().string() + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[1024];
+  while (fgets(buf, sizeof buf, p)) r.output += buf;
+  int s = pclose(p);
+  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  return r;
+}
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("bsjit-deploy-test-" + std::to_string(std::random_device{}()));
+  TempDir() {
+    fs::create_directories(path);
+    fs::permissions(path, fs::perms::owner_all);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+class DeployGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    arch_ = runtime::context_arch(runtime::current_context());
+  }
+  std::string arch_;
+};
+
+TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
+  TempDir dir;
+  auto manifest = dir.path / "m.json";
+  std::ofstream(manifest) << fmt::format(
+      R"({{"layouts": ["{}"], "ops": ["forward", "backward_weight"], "blocks": [32, 64], "dtypes": ["bf16"],
+          "archs": ["{}"]}})",
+      (fs::absolute(examples()) / "layouts" / "banded.json").string(), arch_);
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " warmup --strict -m " + manifest.string());
+  EXPECT_EQ(r.status, 1) << "strict warm-up of an empty cache must fail:\n" << r.output;
+  EXPECT_NE(r.output.find("strict cache"), std::string::npos) << r.output;
+  r = sh(cache + " precompile -m " + manifest.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = sh(cache + " warmup --strict -m " + manifest.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("4 loaded, 0 failed"), std::string::npos) << r.output;
+  r = sh(cache + " warmup --dir " + (dir.path / "c").string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("4 loaded, 0 failed"), std::string::npos) << r.output;
+  std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
+}
+
+TEST_F(DeployGpu, StrictModeAtOpTime) {
+  set_cache_directory({});
+  set_strict_cache(true);
+  // a layout no other test uses, so no process-wide memory holds its kernel
+  Layout fresh = Layout::from_coords(3, 5, {{0, 4}, {1, 1}, {2, 0}, {2, 3}});
+  MatMul mm(fresh, {16, DType::f16, FeatureAxis::last, ""});
+  try {
+    check::run_and_check(mm, Op::forward, {40, false, false, 3});
+    ADD_FAILURE() << "expected a strict-cache Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strict cache"), std::string::npos) << e.what();
+  }
+  set_strict_cache(false);
+  mm.precompile(Op::forward, arch_);
+  set_strict_cache(true);
+  auto r = check::run_and_check(mm, Op::forward, {40, false, false, 3});
+  EXPECT_LE(r.relative_error, check::tolerance(DType::f16));
+  set_strict_cache(false);
+}
+
+TEST_F(DeployGpu, OneMatMulOnEveryGpuFromItsOwnThread) {
+  const auto& d = runtime::driver();
+  int count = 0;
+  BSJIT_CU(d.cuDeviceGetCount(&count));
+  if (count < 2) GTEST_SKIP() << "one GPU: the multi-GPU test needs two (device kind nvidia-h200-x2)";
+  Layout layout = Layout::load(examples() / "layouts" / "random_d25.npy");
+  MatMul mm(layout, {32, DType::bf16, FeatureAxis::last, ""});
+  std::vector<check::CheckResult> results(count);
+  std::vector<std::string> errors(count);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < count; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        CUdevice dev;
+        CUcontext ctx;
+        BSJIT_CU(d.cuDeviceGet(&dev, i));
+        BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
+        BSJIT_CU(d.cuCtxSetCurrent(ctx));
+        for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+          auto r = check::run_and_check(mm, op, {1000 + i, false, false, static_cast<std::uint64_t>(i)});
+          results[i].relative_error = std::max(results[i].relative_error, r.relative_error);
+          results[i].unwritten += r.unwritten;
+        }
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < count; ++i) {
+    EXPECT_EQ(errors[i], "") << "GPU " << i;
+    EXPECT_EQ(results[i].unwritten, 0) << "GPU " << i;
+    EXPECT_LE(results[i].relative_error, check::tolerance(DType::bf16)) << "GPU " << i;
+    std::printf("GPU %d: worst relative error %.3g over the three ops\n", i, results[i].relative_error);
+  }
+}
+
+}  // namespace
+}  // namespace bsjit

@@ -1,0 +1,121 @@
+#include "baselines.hpp"
+
+#include <cublas_v2.h>
+#include <cusparse.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "bsjit/error.hpp"
+#include "device_buffer.hpp"
+
+namespace bsjit::bench {
+
+using tools::DeviceBuffer;
+
+double time_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps) {
+  const auto& d = runtime::driver();
+  for (int i = 0; i < warmup; ++i) fn();
+  CUevent e0, e1;
+  BSJIT_CU(d.cuEventCreate(&e0, CU_EVENT_DEFAULT));
+  BSJIT_CU(d.cuEventCreate(&e1, CU_EVENT_DEFAULT));
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    BSJIT_CU(d.cuEventRecord(e0, stream));
+    fn();
+    BSJIT_CU(d.cuEventRecord(e1, stream));
+    BSJIT_CU(d.cuEventSynchronize(e1));
+    float ms = 0;
+    BSJIT_CU(d.cuEventElapsedTime(&ms, e0, e1));
+    times.push_back(ms);
+  }
+  d.cuEventDestroy(e0);
+  d.cuEventDestroy(e1);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double copy_bandwidth(CUstream stream, int reps) {
+  const std::size_t bytes = std::size_t(1) << 31;  // 2 GiB each way: far beyond L2
+  DeviceBuffer a(bytes), b(bytes);
+  BSJIT_CU(runtime::driver().cuMemsetD8(a.ptr, 1, bytes));
+  double ms = time_ms([&] { BSJIT_CU(runtime::driver().cuMemcpyDtoD(b.ptr, a.ptr, bytes)); }, stream, 2, reps);
+  return 2.0 * bytes / (ms * 1e-3);
+}
+
+double cublas_dense_ms(std::int64_t n, std::int64_t c, std::int64_t k, CUstream stream, int reps) {
+  DeviceBuffer x(n * c * 2), w(c * k * 2), y(n * k * 2);
+  BSJIT_CU(runtime::driver().cuMemsetD8(x.ptr, 0x3c, x.bytes));  // bf16 0x3c3c ≈ 0.0115: nonzero, no overflow
+  BSJIT_CU(runtime::driver().cuMemsetD8(w.ptr, 0x3c, w.bytes));
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
+  cublasSetStream(h, reinterpret_cast<cudaStream_t>(stream));
+  const float alpha = 1, beta = 0;
+  // Row-major Y = X·W is column-major Yᵀ[K,N] = Wᵀ[K,C]·Xᵀ[C,N].
+  auto run = [&] {
+    auto s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, k, n, c, &alpha, w.get(), CUDA_R_16BF, k, x.get(), CUDA_R_16BF,
+                          c, &beta, y.get(), CUDA_R_16BF, k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cublasGemmEx failed: {}", static_cast<int>(s)));
+  };
+  double ms = time_ms(run, stream, 5, reps);
+  cublasDestroy(h);
+  return ms;
+}
+
+double cusparse_bell_ms(const Layout& layout, int b, std::int64_t n, const void* x, void* y, CUstream stream,
+                        int reps) {
+  // A = Wᵀ: block row k (an output block column) holds the blocks of layout column k, padded to
+  // the longest column with -1.
+  const std::int64_t C = layout.rows() * b, K = layout.cols() * b;
+  std::vector<std::vector<int>> per_col(layout.cols());
+  for (auto& [r, c] : layout.coords()) per_col[c].push_back(r);
+  std::size_t width = 1;
+  for (auto& v : per_col) width = std::max(width, v.size());
+  std::vector<int> col_ind(layout.cols() * width, -1);
+  for (std::int64_t k = 0; k < layout.cols(); ++k)
+    std::copy(per_col[k].begin(), per_col[k].end(), col_ind.begin() + k * width);
+  DeviceBuffer d_ind(col_ind.size() * 4), d_val(K * width * b * 2);
+  d_ind.upload(col_ind);
+  BSJIT_CU(runtime::driver().cuMemsetD8(d_val.ptr, 0x3c, d_val.bytes));
+  cusparseHandle_t h;
+  if (cusparseCreate(&h) != CUSPARSE_STATUS_SUCCESS) throw Error("cusparseCreate failed");
+  cusparseSetStream(h, reinterpret_cast<cudaStream_t>(stream));
+  double result = -1;
+  for (cudaDataType dt : {CUDA_R_16BF, CUDA_R_16F}) {
+    cusparseSpMatDescr_t A = nullptr;
+    cusparseDnMatDescr_t B = nullptr, Cm = nullptr;
+    // X [n, C] row-major is Xᵀ [C, n] column-major; Y likewise.
+    bool ok = cusparseCreateBlockedEll(&A, K, C, b, width * b, d_ind.get(), d_val.get(), CUSPARSE_INDEX_32I,
+                                       CUSPARSE_INDEX_BASE_ZERO, dt) == CUSPARSE_STATUS_SUCCESS &&
+              cusparseCreateDnMat(&B, C, n, C, const_cast<void*>(x), dt, CUSPARSE_ORDER_COL) == CUSPARSE_STATUS_SUCCESS &&
+              cusparseCreateDnMat(&Cm, K, n, K, y, dt, CUSPARSE_ORDER_COL) == CUSPARSE_STATUS_SUCCESS;
+    const float alpha = 1, beta = 0;
+    std::size_t ws = 0;
+    ok = ok && cusparseSpMM_bufferSize(h, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE, &alpha,
+                                       A, B, &beta, Cm, CUDA_R_32F, CUSPARSE_SPMM_BLOCKED_ELL_ALG1, &ws) ==
+                   CUSPARSE_STATUS_SUCCESS;
+    if (ok) {
+      DeviceBuffer work(ws);
+      auto run = [&] {
+        auto s = cusparseSpMM(h, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE, &alpha, A, B,
+                              &beta, Cm, CUDA_R_32F, CUSPARSE_SPMM_BLOCKED_ELL_ALG1, work.get());
+        if (s != CUSPARSE_STATUS_SUCCESS) throw Error(fmt::format("cusparseSpMM: {}", cusparseGetErrorString(s)));
+      };
+      try {
+        result = time_ms(run, stream, 3, reps);
+      } catch (const Error&) {
+        result = -1;
+      }
+    }
+    if (A) cusparseDestroySpMat(A);
+    if (B) cusparseDestroyDnMat(B);
+    if (Cm) cusparseDestroyDnMat(Cm);
+    if (result > 0) break;
+  }
+  cusparseDestroy(h);
+  return result;
+}
+
+}  // namespace bsjit::bench

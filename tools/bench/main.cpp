@@ -1,0 +1,394 @@
+// bsjit-bench (also `bsjit bench`): the benchmark suites of ../shared/BENCH.md, measured in one
+// process together with their baselines.
+//   --suite W      weight-sparse matmul: N=8192, C=K=4096, bf16, b ∈ {16,32,64,128},
+//                  d ∈ {0.5,0.25,0.1,0.05}, balanced and Bernoulli layouts; the three ops
+//   --suite small  N=64, C=K=16384, b ∈ {32,64}, d=0.1 (bandwidth-bound on W)
+//   --suite jit    cold compile by layout size, disk hit in a fresh cache, host overhead per call
+// Each result is checked once against a double-precision reference on sampled rows or blocks
+// before it is timed; times are medians of CUDA-event timings after warm-up.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "baselines.hpp"
+#include "bsjit/bsjit.hpp"
+#include "cache/kernel_cache.hpp"
+#include "device_buffer.hpp"
+#include "reference.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "runtime/module.hpp"
+
+namespace bsjit::bench {
+namespace {
+
+using tools::DeviceBuffer;
+using Clock = std::chrono::steady_clock;
+
+// --- layouts of suite W ----------------------------------------------------------------------
+
+// Every output block column k (a block row of Wᵀ) holds exactly round(d·rows) blocks at random
+// rows, so cuSPARSE Blocked-ELL needs no padding.
+Layout balanced_layout(std::int64_t rows, std::int64_t cols, double d, std::mt19937_64& rng) {
+  const std::int64_t per = std::max<std::int64_t>(1, std::llround(d * rows));
+  std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+  std::vector<std::int64_t> perm(rows);
+  for (std::int64_t k = 0; k < cols; ++k) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (std::int64_t j = 0; j < per; ++j) coords.emplace_back(perm[j], k);
+  }
+  return Layout::from_coords(rows, cols, coords);
+}
+
+Layout bernoulli_layout(std::int64_t rows, std::int64_t cols, double d, std::mt19937_64& rng) {
+  std::bernoulli_distribution bern(d);
+  std::vector<std::uint8_t> m(rows * cols);
+  for (auto& v : m) v = bern(rng);
+  return Layout::from_dense(rows, cols, m);
+}
+
+// --- data ------------------------------------------------------------------------------------
+
+// Random bf16 in [-1, 1): bits on the host (for upload) and values (for the reference).
+struct HostBf16 {
+  std::vector<std::uint16_t> bits;
+  std::vector<float> values;
+};
+HostBf16 random_bf16(std::size_t count, std::uint64_t seed) {
+  HostBf16 h;
+  h.bits.resize(count);
+  h.values.resize(count);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < count; ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    float f = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (1 << 23)) / (1 << 23);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    h.bits[i] = static_cast<std::uint16_t>(u >> 16);
+    std::uint32_t back = static_cast<std::uint32_t>(h.bits[i]) << 16;
+    std::memcpy(&h.values[i], &back, 4);
+  }
+  return h;
+}
+
+float bf16_value(std::uint16_t b) {
+  std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// --- sampled reference check -----------------------------------------------------------------
+
+// Normwise relative error of op's output on a sample: 16 rows of N (forward, backward-data) or
+// 4 blocks (backward-weight), against a double-precision sum over the layout's blocks.
+double sampled_error(const Layout& L, int b, std::int64_t n, Op op, const HostBf16& x, const HostBf16& w,
+                     const HostBf16& dy, const std::vector<std::uint16_t>& out) {
+  const std::int64_t C = L.rows() * b, K = L.cols() * b;
+  double max_diff = 0, max_ref = 0;
+  auto cmp = [&](double ref, std::uint16_t got) {
+    double g = bf16_value(got);
+    if (!std::isfinite(g)) max_diff = INFINITY;
+    max_diff = std::max(max_diff, std::abs(g - ref));
+    max_ref = std::max(max_ref, std::abs(ref));
+  };
+  std::mt19937_64 rng(7);
+  if (op == Op::backward_weight) {
+    for (int s = 0; s < 4 && L.blocks() > 0; ++s) {
+      std::int64_t blk = rng() % L.blocks();
+      auto [r, c] = L.block_coord(blk);
+      std::vector<double> acc(b * b, 0.0);
+      for (std::int64_t m = 0; m < n; ++m)
+        for (int i = 0; i < b; ++i) {
+          double xv = x.values[m * C + r * b + i];
+          const float* d = &dy.values[m * K + c * b];
+          for (int j = 0; j < b; ++j) acc[i * b + j] += xv * d[j];
+        }
+      for (int e = 0; e < b * b; ++e) cmp(acc[e], out[blk * b * b + e]);
+    }
+  } else {
+    const bool fwd = op == Op::forward;
+    const std::int64_t in = fwd ? C : K, outf = fwd ? K : C;
+    const HostBf16& a = fwd ? x : dy;
+    for (int s = 0; s < 16; ++s) {
+      std::int64_t m = rng() % n;
+      std::vector<double> row(outf, 0.0);
+      for (std::int64_t blk = 0; blk < L.blocks(); ++blk) {
+        auto [r, c] = L.block_coord(blk);
+        const float* wb = &w.values[blk * b * b];
+        for (int i = 0; i < b; ++i)
+          for (int j = 0; j < b; ++j) {
+            if (fwd) row[c * b + j] += static_cast<double>(a.values[m * in + r * b + i]) * wb[i * b + j];
+            else row[r * b + i] += static_cast<double>(a.values[m * in + c * b + j]) * wb[i * b + j];
+          }
+      }
+      for (std::int64_t f = 0; f < outf; ++f) cmp(row[f], out[m * outf + f]);
+    }
+  }
+  return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+// --- suite W ---------------------------------------------------------------------------------
+
+struct Row {
+  std::string layout;
+  int b;
+  double d;
+  std::string op;
+  double ms, tflops, sol, vs_cublas, vs_cusparse, error, floor_ms;
+};
+
+struct Env {
+  CUstream stream;
+  int reps;
+  double copy_bw;  // bytes/s
+};
+
+void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<int>& blocks,
+           const std::vector<double>& densities, const std::vector<std::string>& kinds, std::vector<Row>& rows,
+           bool small) {
+  const std::int64_t C = CK, K = CK;
+  const double t_dense = cublas_dense_ms(N, C, K, env.stream, env.reps);
+  fmt::print("cuBLAS dense bf16 N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", N, C, K, t_dense,
+             2.0 * N * C * K / t_dense / 1e9);
+  HostBf16 x = random_bf16(N * C, 1), dy = random_bf16(N * K, 2);
+  DeviceBuffer dx_in(N * C * 2), ddy(N * K * 2), dy_out(N * K * 2), dx_out(N * C * 2);
+  dx_in.upload(x.bits);
+  ddy.upload(dy.bits);
+  std::mt19937_64 rng(42);
+  for (const auto& kind : kinds)
+    for (int b : blocks)
+      for (double d : densities) {
+        Layout L = kind == "balanced" ? balanced_layout(C / b, K / b, d, rng) : bernoulli_layout(C / b, K / b, d, rng);
+        const double d_eff = static_cast<double>(L.blocks()) / (L.rows() * L.cols());
+        HostBf16 w = random_bf16(L.blocks() * b * b, 3 + b);
+        DeviceBuffer dw_in(w.bits.size() * 2), dw_out(w.bits.size() * 2);
+        dw_in.upload(w.bits);
+        MatMul mm(L, {b, DType::bf16, FeatureAxis::last, ""});
+        const double flops = 2.0 * N * L.blocks() * b * b;
+        const double bytes = 2.0 * (N * C + N * K + L.blocks() * b * b);
+        const double floor_ms = std::max(d_eff * t_dense, bytes / env.copy_bw * 1e3);
+        double t_sparse = cusparse_bell_ms(L, b, N, dx_in.get(), dy_out.get(), env.stream, env.reps);
+        for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+          std::function<void()> fn;
+          DeviceBuffer* out = nullptr;
+          if (op == Op::forward) {
+            fn = [&] { mm.forward(dx_in.get(), dw_in.get(), dy_out.get(), N, env.stream); };
+            out = &dy_out;
+          } else if (op == Op::backward_data) {
+            fn = [&] { mm.backward_data(ddy.get(), dw_in.get(), dx_out.get(), N, env.stream); };
+            out = &dx_out;
+          } else {
+            fn = [&] { mm.backward_weight(dx_in.get(), ddy.get(), dw_out.get(), N, env.stream); };
+            out = &dw_out;
+          }
+          BSJIT_CU(runtime::driver().cuMemsetD8(out->ptr, 0xff, out->bytes));
+          fn();
+          BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
+          double err = sampled_error(L, b, N, op, x, w, dy, out->download<std::uint16_t>());
+          double ms = time_ms(fn, env.stream, 3, env.reps);
+          Row r{kind, b, d, std::string(to_string(op)), ms, flops / ms / 1e9, floor_ms / ms, t_dense / ms,
+                op == Op::forward && t_sparse > 0 ? t_sparse / ms : NAN, err, floor_ms};
+          if (small) r.sol = (L.blocks() * b * b * 2.0 / (ms * 1e-3)) / env.copy_bw;  // fraction of copy bw on W
+          rows.push_back(r);
+          fmt::print("{:8} b{:<3} d{:<5} {:15} {:8.4f} ms {:6.1f} TF/s  {}{:.2f}  x{:.2f} cuBLAS  {}  err {:.1e}{}\n", kind,
+                     b, d, r.op, ms, r.tflops, small ? "W-bw " : "SOL ", r.sol, r.vs_cublas,
+                     std::isnan(r.vs_cusparse) ? std::string("") : fmt::format("x{:.2f} cuSPARSE({:.3f} ms)", r.vs_cusparse, t_sparse),
+                     err, err > 1e-2 ? "  WRONG" : "");
+          std::fflush(stdout);
+        }
+      }
+}
+
+// --- JIT figures -----------------------------------------------------------------------------
+
+// Cold compiles by layout size (memory-only cache, a fresh layout each time). Needs no GPU.
+void run_compile(std::vector<std::pair<std::string, double>>& figures) {
+  std::mt19937_64 rng(11);
+  set_cache_directory({});
+  for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
+      Layout L = bernoulli_layout(side, side, static_cast<double>(blocks) / (side * side), rng);
+      auto t = Clock::now();
+      MatMul(L, {32, DType::bf16, FeatureAxis::last, ""}).precompile(Op::forward, "sm_90");
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    figures.emplace_back(fmt::format("cold compile, {} blocks (median of 3), ms", blocks), ms[1]);
+  }
+}
+
+void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figures) {
+  run_compile(figures);
+  std::mt19937_64 rng(12);
+  // Disk hit as a fresh process sees it: a new cache object reading, verifying, loading, resolving.
+  char tmpl[] = "/tmp/bsjit-bench-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  Layout L = bernoulli_layout(128, 128, 0.1, rng);
+  runtime::KernelId id{L.hash().hex(), {Op::forward, 32, DType::bf16, FeatureAxis::last},
+                       runtime::context_arch(runtime::current_context())};
+  auto g = generator::generate_matmul(L, id.spec);
+  auto key = cache::make_key(cache::key_inputs(g.source, id.arch));
+  cache::Request req{key, g.label, id.arch, id.layout_hash,
+                     [&] { return runtime::compile(g.source, g.name_expression, g.label, id.arch); }};
+  CacheConfig cfg;
+  cfg.directory = dir;
+  cache::KernelCache(cfg).get(req);
+  std::vector<double> hits;
+  CUcontext ctx = runtime::current_context();
+  for (int rep = 0; rep < 20; ++rep) {
+    cache::KernelCache fresh(cfg);
+    auto t = Clock::now();
+    auto k = fresh.get(req, cache::OnMiss::fail);
+    auto loaded = runtime::load(*k, ctx);
+    hits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+    runtime::driver().cuModuleUnload(loaded.module);
+  }
+  std::sort(hits.begin(), hits.end());
+  figures.emplace_back("disk hit in a fresh cache: read, verify, load, resolve (median of 20), ms", hits[10]);
+  std::filesystem::remove_all(dir);
+
+  // Host overhead of one op call (warm) against a bare cuLaunchKernel of the same kernel.
+  MatMul mm(L, {32, DType::bf16, FeatureAxis::last, ""});
+  DeviceBuffer x(128 * 32 * 2 * 64), w(L.blocks() * 32 * 32 * 2 + 16), y(128 * 32 * 2 * 64);
+  mm.forward(x.get(), w.get(), y.get(), 1, env.stream);
+  auto p = runtime::KernelRegistry::global().prepare(L, id, cache::OnMiss::fail);
+  CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
+  const void *xa = x.get(), *wa = w.get();
+  void* ya = y.get();
+  const float* gate = nullptr;
+  int n = 1, acc = 0;
+  void* args[] = {&xa, &wa, &ya, &gate, &n, &acc};
+  const int calls = 20000;
+  auto measure = [&](const std::function<void()>& fn) {
+    std::vector<double> per_call;
+    for (int round = 0; round < 5; ++round) {
+      BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
+      auto t = Clock::now();
+      for (int i = 0; i < calls; ++i) {
+        fn();
+        if (i % 512 == 511) BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));  // keep the queue short
+      }
+      per_call.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count() / calls);
+    }
+    std::sort(per_call.begin(), per_call.end());
+    return per_call[2];
+  };
+  double bare = measure([&] {
+    BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(p->generated.grid_x), 1, 1,
+                                              p->generated.tiles.threads, 1, 1, 0, env.stream, args, nullptr));
+  });
+  double op = measure([&] { mm.forward(xa, wa, ya, 1, env.stream); });
+  figures.emplace_back("bare cuLaunchKernel per call, us", bare);
+  figures.emplace_back("MatMul::forward per call (warm), us", op);
+  figures.emplace_back("host overhead above cuLaunchKernel, us", op - bare);
+}
+
+}  // namespace
+}  // namespace bsjit::bench
+
+int main(int argc, char** argv) {
+  using namespace bsjit;
+  using namespace bsjit::bench;
+  CLI::App app{"bsjit-bench: suites W, small and jit of BENCH.md, with cuBLAS, cuSPARSE and copy baselines"};
+  std::vector<std::string> suites{"W", "small", "jit"};
+  std::vector<int> blocks{16, 32, 64, 128};
+  std::vector<double> densities{0.5, 0.25, 0.1, 0.05};
+  std::vector<std::string> kinds{"balanced", "bernoulli"};
+  std::string json_path, csv_path;
+  int reps = 20;
+  app.add_option("-s,--suite", suites, "W, small, jit, compile (compile needs no GPU)")->delimiter(',');
+  app.add_option("-b,--block", blocks, "suite W block sizes")->delimiter(',');
+  app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
+  app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
+  app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
+  app.add_option("--json", json_path, "write results as JSON");
+  app.add_option("--csv", csv_path, "write results as CSV");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    std::string why;
+    if (!runtime::gpu_available(&why)) {
+      if (suites == std::vector<std::string>{"compile"}) {
+        std::vector<std::pair<std::string, double>> figures;
+        run_compile(figures);
+        for (auto& [k, v] : figures) fmt::print("{:70} {:10.3f}\n", k, v);
+        return 0;
+      }
+      fmt::print(stderr, "bsjit-bench needs a GPU (only --suite compile runs without one): {}\n", why);
+      return 2;
+    }
+    runtime::current_context();
+    set_cache_directory({});
+    Env env;
+    BSJIT_CU(runtime::driver().cuStreamCreate(&env.stream, CU_STREAM_NON_BLOCKING));
+    env.reps = reps;
+    env.copy_bw = copy_bandwidth(env.stream, 10);
+    fmt::print("device-to-device copy: {:.2f} TB/s (read + write)\n", env.copy_bw / 1e12);
+    std::vector<Row> rows, small_rows;
+    std::vector<std::pair<std::string, double>> jit;
+    for (const auto& s : suites) {
+      if (s == "W") run_w(env, 8192, 4096, blocks, densities, kinds, rows, false);
+      else if (s == "small") run_w(env, 64, 16384, {32, 64}, {0.1}, {"balanced"}, small_rows, true);
+      else if (s == "jit") run_jit(env, jit);
+      else if (s == "compile") run_compile(jit);
+      else throw Error("unknown suite " + s);
+    }
+    // Summary last: the table the results file takes.
+    if (!rows.empty()) {
+      fmt::print("\n== suite W (N=8192, C=K=4096, bf16): TFLOP/s on nonzero blocks, SOL fraction ==\n");
+      fmt::print("{:9} {:>4} {:>5} | {:>16} | {:>16} | {:>16} | {:>8}\n", "layout", "b", "d", "forward", "backward_data",
+                 "backward_weight", "fwd/cuSP");
+      for (std::size_t i = 0; i + 2 < rows.size(); i += 3)
+        fmt::print("{:9} {:>4} {:>5} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:8.2f}\n",
+                   rows[i].layout, rows[i].b, rows[i].d, rows[i].tflops, rows[i].sol, rows[i + 1].tflops,
+                   rows[i + 1].sol, rows[i + 2].tflops, rows[i + 2].sol, rows[i].vs_cusparse);
+    }
+    if (!small_rows.empty()) {
+      fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W ==\n");
+      for (const auto& r : small_rows) fmt::print("b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.b, r.op, r.ms, r.sol);
+    }
+    if (!jit.empty()) {
+      fmt::print("\n== JIT figures ==\n");
+      for (auto& [k, v] : jit) fmt::print("{:70} {:10.3f}\n", k, v);
+    }
+    nlohmann::json j;
+    for (auto* set : {&rows, &small_rows})
+      for (const auto& r : *set)
+        j[set == &rows ? "suite_w" : "small"].push_back({{"layout", r.layout}, {"block", r.b}, {"density", r.d},
+                                                          {"op", r.op}, {"ms", r.ms}, {"tflops", r.tflops},
+                                                          {"sol", r.sol}, {"vs_cublas", r.vs_cublas},
+                                                          {"vs_cusparse", std::isnan(r.vs_cusparse) ? 0.0 : r.vs_cusparse},
+                                                          {"error", r.error}, {"floor_ms", r.floor_ms}});
+    for (auto& [k, v] : jit) j["jit"][k] = v;
+    j["copy_tbps"] = env.copy_bw / 1e12;
+    if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";
+    if (!csv_path.empty()) {
+      std::ofstream csv(csv_path);
+      csv << "suite,layout,block,density,op,ms,tflops,sol,vs_cublas,vs_cusparse,error\n";
+      for (auto* set : {&rows, &small_rows})
+        for (const auto& r : *set)
+          csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e}\n", set == &rows ? "W" : "small",
+                             r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol, r.vs_cublas, r.vs_cusparse, r.error);
+    }
+    bool wrong = false;
+    for (auto* set : {&rows, &small_rows})
+      for (const auto& r : *set) wrong |= !(r.error <= 1e-2);
+    return wrong ? 1 : 0;
+  } catch (const Error& e) {
+    fmt::print(stderr, "bsjit-bench: {}\n", e.what());
+    return 1;
+  }
+}
