@@ -1,9 +1,9 @@
-// On-disk entry, format version 2 (changing any of it requires bumping kFormatVersion):
+// On-disk entry, format version 3 (changing any of it requires bumping kFormatVersion):
 //   8 bytes   magic "BSJITKC\0"
 //   4 bytes   format version, little-endian uint32
 //   4 bytes   header length H, little-endian uint32
-//   H bytes   JSON header: key, label, arch, layout_hash, lowered_name, options, cubin_size,
-//             cubin_xxh64 (hex)
+//   H bytes   JSON header: key, label, arch, layout_hash, lowered_name, options, shared_bytes,
+//             cubin_size, cubin_xxh64 (hex)
 //   cubin_size bytes of cubin
 // File name: <label>-<arch>-<first 16 key digits>.bsjit. Entries are written to a unique temporary
 // file in the same directory, fsync'ed and renamed into place, so a reader sees nothing or a whole
@@ -131,6 +131,7 @@ std::string KernelCache::serialize(const Request& r, const runtime::CompiledKern
   h["layout_hash"] = r.layout_hash;
   h["lowered_name"] = k.lowered_name;
   h["options"] = k.options;
+  h["shared_bytes"] = k.shared_bytes;
   h["cubin_size"] = k.cubin.size();
   h["cubin_xxh64"] = checksum(k.cubin);
   std::string header = h.dump();
@@ -167,6 +168,7 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     e.options = h.at("options").get<std::vector<std::string>>();
     e.cubin_size = h.at("cubin_size").get<std::uint64_t>();
     e.cubin_xxh64 = h.at("cubin_xxh64").get<std::string>();
+    e.shared_bytes = h.at("shared_bytes").get<int>();
     if (header) *header = e;
     if (!expected_key.empty() && e.key != expected_key) return fail("foreign: the entry holds another key");
     if (bytes.size() != 16 + header_size + e.cubin_size)
@@ -177,6 +179,7 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     k->lowered_name = e.lowered_name;
     k->arch = e.arch;
     k->options = e.options;
+    k->shared_bytes = e.shared_bytes;
     return k;
   } catch (const nlohmann::json::exception& ex) {
     return fail(std::string("malformed header: ") + ex.what());

@@ -18,7 +18,7 @@ namespace bsjit::cache {
 
 // Version of the on-disk entry format (kernel_cache.cpp) and of what goes into the key. Changing
 // either requires bumping it; the golden files in tests/data catch a forgotten bump.
-constexpr int kFormatVersion = 2;
+constexpr int kFormatVersion = 3;
 
 // Everything that shapes the binary.
 struct KeyInputs {
@@ -40,6 +40,7 @@ struct EntryHeader {
   std::vector<std::string> options;
   std::uint64_t cubin_size = 0;
   std::string cubin_xxh64;
+  int shared_bytes = 0;
 };
 
 struct Request {

@@ -26,6 +26,9 @@ struct TileConfig {
   bool tensor_cores = false;
   int warps_m = 1, warps_n = 1;  // tensor cores: warp grid
   int tm = 1, tn = 1;            // FMA path: elements per thread along M and N
+  bool pipelined = false;        // cp.async multi-stage pipeline with ldmatrix (16-bit, feature axis last)
+  int stages = 1;
+  int shared_bytes = 0;          // dynamic shared memory per CTA (pipelined kernels)
 };
 
 TileConfig choose_tiles(const MatMulSpec& spec);
@@ -38,6 +41,7 @@ struct GeneratedSource {
   std::int64_t grid_x = 0;      // CTAs along x: output block columns (dsd) or blocks (sdd)
   std::int64_t rows_per_cta = 0;  // grid y = ceil(N / rows_per_cta); 0: grid y is 1
   std::int64_t in_features = 0, out_features = 0;
+  int shared_bytes = 0;  // dynamic shared memory to launch with
 };
 
 // Block sizes with a kernel.

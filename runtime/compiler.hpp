@@ -14,6 +14,7 @@ struct CompiledKernel {
   std::string arch;          // "sm_90a"
   std::vector<std::string> options;
   std::string log;
+  int shared_bytes = 0;  // dynamic shared memory the kernel is launched with (set by the generator's plan)
 };
 
 // "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...: throws Error for anything NVRTC cannot target

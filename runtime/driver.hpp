@@ -36,6 +36,7 @@ namespace bsjit::runtime {
   X(cuMemcpyHtoD)                  \
   X(cuMemcpyDtoH)                  \
   X(cuMemcpyDtoD)                  \
+  X(cuMemcpyDtoDAsync)             \
   X(cuMemsetD8)                    \
   X(cuPointerGetAttribute)         \
   X(cuStreamCreate)                \

@@ -22,7 +22,11 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   p->key = cache::make_key(cache::key_inputs(p->generated.source, id.arch));
   const auto& g = p->generated;
   cache::Request request{p->key, g.label, id.arch, id.layout_hash,
-                         [&] { return compile(g.source, g.name_expression, g.label, id.arch); }};
+                         [&] {
+                           auto k = compile(g.source, g.name_expression, g.label, id.arch);
+                           k.shared_bytes = g.shared_bytes;
+                           return k;
+                         }};
   p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
   slot->prepared = p;
   return p;

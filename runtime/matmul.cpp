@@ -80,6 +80,7 @@ struct MatMul::Impl {
     const generator::GeneratedSource& g = l.prepared->generated;
     runtime::LaunchShape shape;
     shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
+    shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
     shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
     if (g.rows_per_cta > 0) {
       std::int64_t gy = (n + g.rows_per_cta - 1) / g.rows_per_cta;

@@ -59,6 +59,8 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
   LoadedKernel k;
   CUresult r = d.cuModuleLoadData(&k.module, kernel.cubin.data());
   if (r == CUDA_SUCCESS) r = d.cuModuleGetFunction(&k.function, k.module, kernel.lowered_name.c_str());
+  if (r == CUDA_SUCCESS && kernel.shared_bytes > 48 * 1024)  // above 48 KB needs an explicit opt-in
+    r = d.cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel.shared_bytes);
   if (prev != ctx) d.cuCtxSetCurrent(prev);
   if (r != CUDA_SUCCESS) {
     const char* name = "unknown";
@@ -74,7 +76,7 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
 
 void launch(CUfunction function, const LaunchShape& s, CUstream stream, void** args) {
   const Driver& d = driver();
-  BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, 0, stream, args, nullptr));
+  BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, s.shared_bytes, stream, args, nullptr));
   if (sync_launches()) BSJIT_CU(d.cuStreamSynchronize(stream));
 }
 

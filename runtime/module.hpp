@@ -27,7 +27,7 @@ struct LoadedKernel {
 LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx);
 
 struct LaunchShape {
-  std::uint32_t grid_x = 1, grid_y = 1, threads = 1;
+  std::uint32_t grid_x = 1, grid_y = 1, threads = 1, shared_bytes = 0;
 };
 void launch(CUfunction function, const LaunchShape& shape, CUstream stream, void** args);
 

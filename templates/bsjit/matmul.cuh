@@ -7,12 +7,17 @@
 //   blockIdx.x. It walks that column's lookup table, (input block, W block) pairs, and for each
 //   pair accumulates A[m0.., input block] · W_block (or W_blockᵀ), BK reduction indices at a time.
 //
+// dsd_pipelined_kernel, sdd_pipelined_kernel: the same products for 16-bit inputs with the feature
+//   axis last, through a multi-stage cp.async pipeline and ldmatrix (pipeline.cuh). The tile walk is
+//   flattened into steps (LUT entry, BK slice), so the pipeline runs across block boundaries.
+//
 // sdd_kernel (sparse = dense · dense): backward-weight dW = Xᵀ·dY on the nonzero blocks only.
 //   One CTA computes one b × b block (row c, column k): Xᵀ[c block, :] · dY[:, k block], reducing
 //   over N, BK rows of N at a time.
 #pragma once
 
 #include "bsjit/common.cuh"
+#include "bsjit/pipeline.cuh"
 #include "bsjit/tile.cuh"
 
 namespace bsjit {
@@ -123,6 +128,135 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   T* out = dw + static_cast<long long>(block) * b * b;
   tile.epilogue([&](int r, int c, float v) { store_output(out + r * b + c, v * g, accumulate); });
+}
+
+// Shared-memory plan of the pipelined kernels. The generator computes the same numbers (and the
+// kernels static_assert that they agree), because the host launches with that much dynamic memory.
+template <class Cfg>
+struct DsdPipelinedPlan {
+  static constexpr int kSA = Cfg::kBK + kPad;  // As[BM][BK]: X rows, K-major
+  // forward: Bs[BK][b] (W rows, MN-major); backward-data: Bs[b][BK] (W rows are Wᵀ's columns, K-major)
+  static constexpr bool kBKMajor = Cfg::kTransW;
+  static constexpr int kSB = kBKMajor ? Cfg::kBK + kPad : Cfg::kBlock + kPad;
+  static constexpr int kAStage = Cfg::kBM * kSA;
+  static constexpr int kBStage = kBKMajor ? Cfg::kBlock * kSB : Cfg::kBK * kSB;
+  static constexpr int kSharedBytes = Cfg::kStages * (kAStage + kBStage) * 2;
+};
+
+template <class Cfg>
+struct SddPipelinedPlan {
+  static constexpr int kS = Cfg::kBlock + kPad;  // As[BK][b] = X rows, Bs[BK][b] = dY rows: both MN-major
+  static constexpr int kStage = Cfg::kBK * kS;
+  static constexpr int kSharedBytes = Cfg::kStages * 2 * kStage * 2;
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    dsd_pipelined_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
+                         typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate) {
+  using T = typename Cfg::T;
+  using Plan = DsdPipelinedPlan<Cfg>;
+  constexpr int b = Cfg::kBlock, kSteps = b / Cfg::kBK;
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b, "16-bit, feature axis last, BN = b");
+  static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  static_assert(Cfg::kStages >= 2 && b % Cfg::kBK == 0, "pipeline shape");
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* As = reinterpret_cast<T*>(smem);
+  T* Bs = As + Cfg::kStages * Plan::kAStage;
+
+  const int col = blockIdx.x;
+  const long long m0 = static_cast<long long>(blockIdx.y) * Cfg::kBM;
+  const int begin = Cfg::lut_offsets()[col], end = Cfg::lut_offsets()[col + 1];
+  const int total = (end - begin) * kSteps;
+
+  auto load = [&](int step) {
+    const int stage = step % Cfg::kStages, e = begin + step / kSteps, k0 = (step % kSteps) * Cfg::kBK;
+    const T* x = a + m0 * Cfg::kInDim + static_cast<long long>(Cfg::lut()[2 * e]) * b + k0;
+    copy_tile_async<Cfg::kBM, Cfg::kBK, Plan::kSA, Cfg::kThreads>(
+        As + stage * Plan::kAStage, [&](int r) { return x + r * Cfg::kInDim; }, [&](int r) { return m0 + r < n; });
+    const T* wb = w + static_cast<long long>(Cfg::lut()[2 * e + 1]) * b * b;
+    if (Plan::kBKMajor)
+      copy_tile_async<b, Cfg::kBK, Plan::kSB, Cfg::kThreads>(
+          Bs + stage * Plan::kBStage, [&](int r) { return wb + r * b + k0; }, [](int) { return true; });
+    else
+      copy_tile_async<Cfg::kBK, b, Plan::kSB, Cfg::kThreads>(
+          Bs + stage * Plan::kBStage, [&](int r) { return wb + (k0 + r) * b; }, [](int) { return true; });
+  };
+
+  WarpMma<Cfg, true, Plan::kBKMajor, Plan::kSA, Plan::kSB> mma;
+  mma.clear();
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < total) load(s);
+    cp_async_commit();
+  }
+  for (int step = 0; step < total; ++step) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // stage `step` has landed for every thread; stage step-1 is free to refill
+    if (step + Cfg::kStages - 1 < total) load(step + Cfg::kStages - 1);
+    cp_async_commit();
+    const float g = gate != nullptr ? gate[Cfg::lut()[2 * (begin + step / kSteps) + 1]] : 1.0f;
+    const int stage = step % Cfg::kStages;
+    if (g != 0.0f) mma.step(As + stage * Plan::kAStage, Bs + stage * Plan::kBStage, g);
+  }
+  cp_async_wait<0>();
+
+  mma.epilogue([&](int r, int c, float v0, float v1) {
+    const long long m = m0 + r;
+    if (m >= n) return;
+    store_pair(out + m * Cfg::kOutDim + static_cast<long long>(col) * b + c, v0, v1, accumulate);
+  });
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    sdd_pipelined_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
+                         typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate) {
+  using T = typename Cfg::T;
+  using Plan = SddPipelinedPlan<Cfg>;
+  constexpr int b = Cfg::kBlock;
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBM == b && Cfg::kBN == b, "16-bit, feature last, b × b");
+  static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* As = reinterpret_cast<T*>(smem);
+  T* Bs = As + Cfg::kStages * Plan::kStage;
+
+  const int block = blockIdx.x;
+  const long long c_base = static_cast<long long>(Cfg::coords()[2 * block]) * b;
+  const long long k_base = static_cast<long long>(Cfg::coords()[2 * block + 1]) * b;
+  const float g = gate != nullptr ? gate[block] : 1.0f;
+  const int total = g != 0.0f ? (n + Cfg::kBK - 1) / Cfg::kBK : 0;
+
+  auto load = [&](int step) {
+    const int stage = step % Cfg::kStages;
+    const long long n0 = static_cast<long long>(step) * Cfg::kBK;
+    const T* xs = x + n0 * Cfg::kInDim + c_base;
+    const T* ds = dy + n0 * Cfg::kOutDim + k_base;
+    copy_tile_async<Cfg::kBK, b, Plan::kS, Cfg::kThreads>(
+        As + stage * Plan::kStage, [&](int r) { return xs + r * Cfg::kInDim; }, [&](int r) { return n0 + r < n; });
+    copy_tile_async<Cfg::kBK, b, Plan::kS, Cfg::kThreads>(
+        Bs + stage * Plan::kStage, [&](int r) { return ds + r * Cfg::kOutDim; }, [&](int r) { return n0 + r < n; });
+  };
+
+  WarpMma<Cfg, false, false, Plan::kS, Plan::kS> mma;
+  mma.clear();
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < total) load(s);
+    cp_async_commit();
+  }
+  for (int step = 0; step < total; ++step) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    if (step + Cfg::kStages - 1 < total) load(step + Cfg::kStages - 1);
+    cp_async_commit();
+    const int stage = step % Cfg::kStages;
+    mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, 1.0f);
+  }
+  cp_async_wait<0>();
+
+  T* out = dw + static_cast<long long>(block) * b * b;
+  mma.epilogue([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });
 }
 
 }  // namespace kernels

@@ -47,6 +47,7 @@ runtime::CompiledKernel fake_kernel(const std::string& tag) {
   k.lowered_name = "_Z6kernel" + tag;
   k.arch = "sm_90";
   k.options = runtime::compile_options("sm_90");
+  k.shared_bytes = 50000;
   return k;
 }
 
@@ -108,6 +109,7 @@ TEST(CacheFormat, HeaderRoundTrip) {
   EXPECT_EQ(back->lowered_name, k.lowered_name);
   EXPECT_EQ(back->arch, k.arch);
   EXPECT_EQ(back->options, k.options);
+  EXPECT_EQ(back->shared_bytes, k.shared_bytes);
   EXPECT_EQ(h.label, "forward-bf16-b32-last");
   EXPECT_EQ(h.layout_hash, "0123");
   EXPECT_EQ(h.cubin_size, 300u);
@@ -144,6 +146,7 @@ TEST(CacheFormat, MatchesGoldenFile) {
   k.lowered_name = "_Z10dsd_kernelIN16bsjit_generated6ConfigEEvPKT_";
   k.arch = "sm_90a";
   k.options = {"--gpu-architecture=sm_90a", "-std=c++17"};
+  k.shared_bytes = 75776;
   Request r{"0123456789abcdef0123456789abcdef", "forward-bf16-b32-last", "sm_90a", "ffeeddccbbaa99887766554433221100", {}};
   const std::string bytes = KernelCache::serialize(r, k);
   const fs::path golden = fs::path(BSJIT_TEST_DATA) / ("cache_entry_v" + std::to_string(kFormatVersion) + ".bin");

@@ -106,6 +106,14 @@ TEST(Generator, TileConfigsAreConsistent) {
         EXPECT_GE(t.stride, t.bk);
         EXPECT_LE((t.bm + t.bn) * t.stride * static_cast<int>(dtype_size(dt)), 48 * 1024);
         EXPECT_TRUE(t.threads >= 32 && t.threads <= 1024 && t.threads % 32 == 0);
+        if (t.pipelined) {
+          EXPECT_EQ((t.bn / t.warps_n) % 16, 0) << "B fragments are loaded in pairs of n8 tiles";
+          EXPECT_GE(t.stages, 2);
+          EXPECT_GT(t.shared_bytes, 0);
+          EXPECT_LE(t.shared_bytes, 160 * 1024) << "must fit sm_80's opt-in limit";
+        }
+        for (FeatureAxis ax : {FeatureAxis::last, FeatureAxis::first})
+          EXPECT_EQ(choose_tiles({op, b, dt, ax}).pipelined, t.tensor_cores && ax == FeatureAxis::last);
         if (t.tensor_cores) {
           EXPECT_EQ(t.warps_m * t.warps_n * 32, t.threads);
           EXPECT_EQ((t.bm / t.warps_m) % 16, 0);

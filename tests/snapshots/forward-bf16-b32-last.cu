@@ -21,13 +21,12 @@ struct Config {
   static constexpr bool kTensorCores = true;
   static constexpr int kWarpsM = 4, kWarpsN = 1;
   static constexpr int kTM = 1, kTN = 1;
+  static constexpr int kStages = 4, kSharedBytes = 51200;
   static constexpr bool kFeatureLast = true;
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 96, kOutDim = 128;
   __device__ static const int* lut_offsets() { return kLutOffsets; }
   __device__ static const int* lut() { return kLut; }
 };
-
-static_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "static shared memory is 48 KB");
 
 }  // namespace bsjit_generated

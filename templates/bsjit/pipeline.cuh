@@ -1,0 +1,159 @@
+// Multi-stage shared-memory pipeline on the tensor cores (sm_80+): 16-byte cp.async copies of the
+// next STAGES-1 tiles fly while the current one feeds mma.sync through ldmatrix.
+//
+// Operand tiles in shared memory are either "K-major" (As[m][k], Bs[n][k]: the reduction index is
+// contiguous) or "MN-major" (As[k][m], Bs[k][n]); ldmatrix reads the first as stored and the second
+// with .trans, so both come from global memory in whatever order is contiguous there. Rows are
+// padded by 8 elements (16 bytes): the 8 rows one ldmatrix phase reads then fall in distinct
+// 16-byte bank groups for every tile width used here.
+#pragma once
+
+#include "bsjit/common.cuh"
+
+namespace bsjit {
+namespace kernels {
+
+constexpr int kPad = 8;  // elements of row padding for 16-bit tiles
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared, bypassing L1; zero-filled when !valid (src must still be a legal address).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// Two 16-bit values packed in 32 bits, each multiplied by s (gated matmul).
+template <class T>
+__device__ __forceinline__ unsigned scale_pair(unsigned v, float s);
+template <>
+__device__ __forceinline__ unsigned scale_pair<bfloat16_t>(unsigned v, float s) {
+  float lo = __uint_as_float(v << 16) * s, hi = __uint_as_float(v & 0xffff0000u) * s;
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ unsigned scale_pair<half_t>(unsigned v, float s) {
+  float lo = to_float(half_t{static_cast<unsigned short>(v & 0xffff)}) * s;
+  float hi = to_float(half_t{static_cast<unsigned short>(v >> 16)}) * s;
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Copies a ROWS × COLS tile of 16-bit elements, 16 bytes per cp.async, into dst (row stride
+// STRIDE). row(r) gives the global address of row r's first element; valid(r) false zero-fills it.
+template <int ROWS, int COLS, int STRIDE, int THREADS, class T, class Row, class Valid>
+__device__ __forceinline__ void copy_tile_async(T* dst, Row row, Valid valid) {
+  static_assert(COLS % 8 == 0, "rows are copied 8 elements (16 bytes) at a time");
+  constexpr int kChunksPerRow = COLS / 8, kChunks = ROWS * kChunksPerRow;
+#pragma unroll
+  for (int i = threadIdx.x; i < kChunks; i += THREADS) {
+    const int r = i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
+    const bool ok = valid(r);
+    cp_async_16(dst + r * STRIDE + c, row(ok ? r : 0) + c, ok);
+  }
+}
+
+// Warp-level tensor-core tile: the CTA's warps form WARPS_M × WARPS_N, each owning WM × WN of the
+// BM × BN accumulator. A_K_MAJOR / B_K_MAJOR say how the stage tiles are stored (see above); SA and
+// SB are their row strides in elements.
+template <class Cfg, bool A_K_MAJOR, bool B_K_MAJOR, int SA, int SB>
+struct WarpMma {
+  using T = typename Cfg::T;
+  static constexpr int kWM = Cfg::kBM / Cfg::kWarpsM, kWN = Cfg::kBN / Cfg::kWarpsN;
+  static constexpr int kMI = kWM / 16, kNI = kWN / 8;
+  static_assert(Cfg::kWarpsM * Cfg::kWarpsN * 32 == Cfg::kThreads, "warp grid must cover the CTA");
+  static_assert(kWM % 16 == 0 && kWN % 16 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
+  static_assert(Cfg::kBK % 16 == 0, "k step is 16");
+
+  float acc[kMI][kNI][4];
+
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int j = 0; j < kNI; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+  }
+
+  // acc += A·B over one BK stage; B scaled by s when s != 1.
+  __device__ __forceinline__ void step(const T* As, const T* Bs, float s) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
+    const int q = lane / 8, r8 = lane % 8;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK; kk += 16) {
+      unsigned a[kMI][4], b[kNI][2];
+#pragma unroll
+      for (int i = 0; i < kMI; ++i) {
+        if (A_K_MAJOR) ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * SA + kk + (lane / 16) * 8);
+        else ldmatrix_x4_trans(a[i], As + (kk + r8 + (q / 2) * 8) * SA + wm + i * 16 + (q % 2) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < kNI; j += 2) {
+        unsigned r[4];
+        if (B_K_MAJOR) ldmatrix_x4(r, Bs + (wn + j * 8 + r8 + (q / 2) * 8) * SB + kk + (q % 2) * 8);
+        else ldmatrix_x4_trans(r, Bs + (kk + r8 + (q % 2) * 8) * SB + wn + j * 8 + (q / 2) * 8);
+        b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+      }
+      if (s != 1.0f) {
+#pragma unroll
+        for (int j = 0; j < kNI; ++j) b[j][0] = scale_pair<T>(b[j][0], s), b[j][1] = scale_pair<T>(b[j][1], s);
+      }
+#pragma unroll
+      for (int i = 0; i < kMI; ++i)
+#pragma unroll
+        for (int j = 0; j < kNI; ++j) Mma16816<T>::run(acc[i][j], a[i], b[j]);
+    }
+  }
+
+  // store(row, col, v0, v1): the two adjacent columns col, col+1 of row, for every pair this thread holds.
+  template <class Store>
+  __device__ __forceinline__ void epilogue(Store store) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int j = 0; j < kNI; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          store(wm + i * 16 + g + h * 8, wn + j * 8 + 2 * t, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+  }
+};
+
+// Writes two adjacent outputs as one 32-bit store; with accumulate adds the old pair first.
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, float v0, float v1, int accumulate) {
+  if (accumulate) {
+    v0 += to_float(p[0]);
+    v1 += to_float(p[1]);
+  }
+  T pair[2] = {from_float<T>(v0), from_float<T>(v1)};
+  *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(pair);
+}
+
+}  // namespace kernels
+}  // namespace bsjit
