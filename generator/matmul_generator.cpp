@@ -61,39 +61,93 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 // - Tensor cores (mma.sync m16n8k16) for fp16/bf16 at b ≥ 16; fp32 stays exact on the FMA pipes,
 //   and b = 8 is below the m16 tile.
 //
-// Pipelined kernels (16-bit, feature axis last, b ≥ 16): 4 stages of cp.async tiles. The first
-// version without them (scalar loads, one stage) measured 20-58 TFLOP/s on suite W; see
-// docs/PERFORMANCE.md for what each change bought.
-// - dsd: BM = 128 rows, BN = b, BK = 32 (16 at b = 16); warps 4×1 for b ≤ 32 (warp tile 32 × b), 2×2
-//   above (64 × b/2).
-// - sdd: the b × b block on 2×2 warps (one warp at b = 16), BK = 32 rows of N per stage.
+// Pipelined kernels (16-bit, feature axis last, b ≥ 16): cp.async tiles 3 or 4 stages deep. The
+// first version without them (scalar loads, one stage) measured 20-58 TFLOP/s on suite W; the
+// pipeline took that to 50-282. Shapes below are the winners of `bsjit-bench --suite sweep` on the
+// H200 (docs/PERFORMANCE.md, 2026-11-29), N = 8192, C = K = 4096, d = 0.5 and 0.1:
+// - dsd, b ≥ 64: BM = 128, BK = 64, 2×2 warps, 3 stages: 268 TFLOP/s at b = 128 against 242 with
+//   BK = 32 and 4 stages (half the barriers per FLOP); 8 warps or BM = 256 were slower (186-248).
+// - dsd, b ≤ 32: BM = 256 on 8 warps (8×1), 3 stages: each W tile feeds twice the rows; 131 against
+//   120 TFLOP/s at b = 32, d = 0.5, and 53 against 50 at b = 16.
+// - sdd: 2×2 warps, BK = 64, 3 stages (313 against 284 TFLOP/s at b = 128, d = 0.5); b = 16 on one
+//   warp, BK = 32, 4 stages.
+namespace {
+
+// Completes a pipelined shape from (bm, bk, warps, stages) and checks what the templates assert.
+TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
+  const int b = spec.block;
+  const bool sdd = spec.op == Op::backward_weight;
+  t.tensor_cores = t.pipelined = true;
+  if (sdd) t.bm = b;
+  t.bn = b;
+  t.threads = 32 * t.warps_m * t.warps_n;
+  t.stride = t.bk + 8;
+  const int a_stage = sdd ? t.bk * (b + 8) : t.bm * (t.bk + 8);
+  const int b_stage = sdd ? t.bk * (b + 8) : spec.op == Op::backward_data ? b * (t.bk + 8) : t.bk * (b + 8);
+  t.shared_bytes = t.stages * (a_stage + b_stage) * 2;
+  const bool ok = t.bm % (16 * t.warps_m) == 0 && b % (16 * t.warps_n) == 0 && t.bk % 16 == 0 &&
+                  (sdd || b % t.bk == 0) && t.stages >= 2 && t.threads <= 512 && t.shared_bytes <= 160 * 1024;
+  if (!ok)
+    throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), b));
+  return t;
+}
+
+TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages) {
+  TileConfig t;
+  t.bm = bm, t.bk = bk, t.warps_m = wm, t.warps_n = wn, t.stages = stages;
+  return t;
+}
+
+}  // namespace
+
+std::string tiles_tag(const TileConfig& t) {
+  return fmt::format("bm{}-bk{}-w{}x{}-s{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages);
+}
+
+std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
+  MatMulSpec plain = spec;
+  plain.tiles.reset();
+  std::vector<TileConfig> out{choose_tiles(plain)};
+  if (!out[0].pipelined) return out;
+  const int b = spec.block, bk = b == 16 ? 16 : 32;
+  std::vector<TileConfig> shapes;
+  if (spec.op == Op::backward_weight) {
+    shapes = {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
+              pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)};
+  } else {
+    const int wn8 = b >= 64 ? 4 : 1, wm8 = 8 / wn8;  // 8 warps
+    const int wn4 = b >= 64 ? 2 : 1, wm4 = 4 / wn4;  // 4 warps
+    shapes = {pipelined_shape(128, bk, wm4, wn4, 4), pipelined_shape(128, std::min(b, 64), wm4, wn4, 3),
+              pipelined_shape(128, bk, wm8, wn8, 4),
+              pipelined_shape(256, bk, wm8, wn8, 3),          pipelined_shape(256, std::min(b, 64), wm8, wn8, 3),
+              pipelined_shape(64, bk, b >= 64 ? 1 : 4, b >= 64 ? 4 : 1, 4)};
+  }
+  for (const auto& s : shapes) {
+    try {
+      TileConfig t = finish_pipelined(spec, s);
+      bool seen = false;
+      for (const auto& o : out) seen |= tiles_tag(o) == tiles_tag(t);
+      if (!seen) out.push_back(t);
+    } catch (const Error&) {
+      // not valid at this block size
+    }
+  }
+  return out;
+}
+
 TileConfig choose_tiles(const MatMulSpec& spec) {
   const int b = spec.block;
   if (!supported_block(b)) throw Error(fmt::format("block size {} is not supported; expected 8, 16, 32, 64 or 128", b));
   TileConfig t;
   t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
   if (t.tensor_cores && spec.feature_axis == FeatureAxis::last) {
-    t.pipelined = true;
-    t.stages = 4;
-    if (spec.op != Op::backward_weight) {
-      t.bm = 128;
-      t.bn = b;
-      t.bk = b == 16 ? 16 : 32;
-      t.warps_m = b <= 32 ? 4 : 2;
-      t.warps_n = 4 / t.warps_m;
-      const int a_stage = t.bm * (t.bk + 8);
-      const int b_stage = spec.op == Op::backward_data ? b * (t.bk + 8) : t.bk * (b + 8);
-      t.shared_bytes = t.stages * (a_stage + b_stage) * 2;
-    } else {
-      t.bm = t.bn = b;
-      t.bk = 32;
-      t.warps_m = t.warps_n = b == 16 ? 1 : 2;
-      t.shared_bytes = t.stages * 2 * t.bk * (b + 8) * 2;
-    }
-    t.threads = 32 * t.warps_m * t.warps_n;
-    t.stride = t.bk + 8;
-    return t;
+    if (spec.tiles) return finish_pipelined(spec, *spec.tiles);
+    if (spec.op != Op::backward_weight)
+      return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
+                                            : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
+    return finish_pipelined(spec, b == 16 ? pipelined_shape(b, 32, 1, 1, 4) : pipelined_shape(b, 64, 2, 2, 3));
   }
+  if (spec.tiles) throw Error("explicit tile shapes are only for the pipelined kernels (16-bit, feature axis last)");
   if (spec.op != Op::backward_weight) {
     t.bn = b;
     t.bk = std::min(b, 32);
@@ -135,6 +189,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   g.in_features = spec.op == Op::backward_data ? K : C;
   g.out_features = spec.op == Op::backward_data ? C : K;
   g.label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), b, to_string(spec.feature_axis));
+  if (spec.tiles) g.label += "-" + tiles_tag(t);
 
   std::string tables;
   if (sdd) {

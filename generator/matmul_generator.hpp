@@ -3,19 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bsjit/layout.hpp"
 #include "bsjit/types.hpp"
 
 namespace bsjit::generator {
-
-struct MatMulSpec {
-  Op op = Op::forward;
-  int block = 32;
-  DType dtype = DType::f32;
-  FeatureAxis feature_axis = FeatureAxis::last;
-};
 
 // How one CTA is organised. The host launches with exactly these numbers and the template checks
 // them with static_asserts, so host and device cannot disagree.
@@ -31,7 +26,23 @@ struct TileConfig {
   int shared_bytes = 0;          // dynamic shared memory per CTA (pipelined kernels)
 };
 
+struct MatMulSpec {
+  Op op = Op::forward;
+  int block = 32;
+  DType dtype = DType::f32;
+  FeatureAxis feature_axis = FeatureAxis::last;
+  // A pipelined tile shape to use instead of the heuristic (tuning): bm, bk, warps_m, warps_n and
+  // stages are taken, the rest derived. Only for specs whose heuristic choice is pipelined.
+  std::optional<TileConfig> tiles;
+};
+
 TileConfig choose_tiles(const MatMulSpec& spec);
+
+// The pipelined tile shapes worth trying for spec (the heuristic's first), for autotuning.
+std::vector<TileConfig> tile_candidates(const MatMulSpec& spec);
+
+// "bm128-bk32-w2x2-s4": names a pipelined tile shape in kernel labels and ids.
+std::string tiles_tag(const TileConfig& t);
 
 struct GeneratedSource {
   std::string source;           // complete translation unit

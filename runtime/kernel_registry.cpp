@@ -1,5 +1,8 @@
 #include "kernel_registry.hpp"
 
+#include <fmt/format.h>
+
+#include "bsjit/error.hpp"
 #include "module.hpp"
 
 namespace bsjit::runtime {
@@ -30,6 +33,23 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
   slot->prepared = p;
   return p;
+}
+
+LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {
+  constexpr std::int64_t kMaxGridY = 65535;
+  const auto& g = kernel.generated;
+  LaunchShape shape;
+  shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
+  shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
+  shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
+  if (g.rows_per_cta > 0) {
+    const std::int64_t gy = (n + g.rows_per_cta - 1) / g.rows_per_cta;
+    if (gy > kMaxGridY)
+      throw Error(fmt::format("bsjit: {}: n = {} needs {} row tiles; at most {} are supported (n ≤ {})", to_string(op),
+                              n, gy, kMaxGridY, kMaxGridY * g.rows_per_cta));
+    shape.grid_y = static_cast<std::uint32_t>(gy);
+  }
+  return shape;
 }
 
 CUfunction KernelRegistry::function(const std::string& key, const CompiledKernel& kernel, CUcontext ctx) {

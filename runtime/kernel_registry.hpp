@@ -13,6 +13,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "generator/matmul_generator.hpp"
+#include "module.hpp"
 
 namespace bsjit::runtime {
 
@@ -20,10 +21,11 @@ struct KernelId {
   std::string layout_hash;
   generator::MatMulSpec spec;
   std::string arch;
-  auto tie() const {
-    return std::tie(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, arch);
+  auto key() const {
+    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, arch,
+                           spec.tiles ? generator::tiles_tag(*spec.tiles) : std::string());
   }
-  bool operator<(const KernelId& o) const { return tie() < o.tie(); }
+  bool operator<(const KernelId& o) const { return key() < o.key(); }
 };
 
 struct PreparedKernel {
@@ -31,6 +33,10 @@ struct PreparedKernel {
   std::string key;
   cache::KernelCache::Compiled compiled;
 };
+
+// Grid, block and shared memory of a launch of kernel over n rows. Throws Error when n needs more
+// row tiles than a grid holds.
+LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n);
 
 class KernelRegistry {
  public:

@@ -18,7 +18,6 @@ namespace bsjit {
 namespace {
 
 constexpr int kOps = 3;
-constexpr std::uint32_t kMaxGridY = 65535;
 
 void check_pointer(const void* p, const char* what, Op op) {
   if (p == nullptr) throw Error(fmt::format("bsjit: {}: {} is a null pointer; expected a device pointer", to_string(op), what));
@@ -77,18 +76,7 @@ struct MatMul::Impl {
                               static_cast<const void*>(o.gate)));
     CUcontext ctx = runtime::current_context();
     Launchable l = launchable(op, ctx);
-    const generator::GeneratedSource& g = l.prepared->generated;
-    runtime::LaunchShape shape;
-    shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
-    shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
-    shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
-    if (g.rows_per_cta > 0) {
-      std::int64_t gy = (n + g.rows_per_cta - 1) / g.rows_per_cta;
-      if (gy > kMaxGridY)
-        throw Error(fmt::format("bsjit: {}: n = {} needs {} row tiles; at most {} are supported (n ≤ {})",
-                                to_string(op), n, gy, kMaxGridY, kMaxGridY * g.rows_per_cta));
-      shape.grid_y = static_cast<std::uint32_t>(gy);
-    }
+    const runtime::LaunchShape shape = runtime::launch_shape(*l.prepared, op, n);
     if (shape.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
     int n32 = static_cast<int>(n), accumulate = o.accumulate ? 1 : 0;
     const float* gate = o.gate;

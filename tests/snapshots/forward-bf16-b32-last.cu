@@ -16,12 +16,12 @@ __device__ const int kLut[] = {
 struct Config {
   using T = bsjit::kernels::bfloat16_t;
   static constexpr int kBlock = 32;
-  static constexpr int kBM = 128, kBN = 32, kBK = 32, kStride = 40;
-  static constexpr int kThreads = 128;
+  static constexpr int kBM = 256, kBN = 32, kBK = 32, kStride = 40;
+  static constexpr int kThreads = 256;
   static constexpr bool kTensorCores = true;
-  static constexpr int kWarpsM = 4, kWarpsN = 1;
+  static constexpr int kWarpsM = 8, kWarpsN = 1;
   static constexpr int kTM = 1, kTN = 1;
-  static constexpr int kStages = 4, kSharedBytes = 51200;
+  static constexpr int kStages = 3, kSharedBytes = 69120;
   static constexpr bool kFeatureLast = true;
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 96, kOutDim = 128;

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <atomic>
 #include <thread>
 
 #include "baselines.hpp"
@@ -211,6 +212,72 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
       }
 }
 
+// --- tile sweep ------------------------------------------------------------------------------
+
+// Every tile candidate of each op for the given cases: checked once, timed, best marked. What the
+// autotuner will choose from; the results decide the heuristic's defaults.
+void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<int>& blocks,
+               const std::vector<double>& densities, nlohmann::json& out) {
+  const std::int64_t C = CK, K = CK;
+  HostBf16 x = random_bf16(N * C, 1), dy = random_bf16(N * K, 2);
+  DeviceBuffer dx_in(N * C * 2), ddy(N * K * 2), dy_out(N * K * 2), dx_out(N * C * 2);
+  dx_in.upload(x.bits);
+  ddy.upload(dy.bits);
+  std::mt19937_64 rng(42);
+  CUcontext ctx = runtime::current_context();
+  const std::string arch = runtime::context_arch(ctx);
+  for (int b : blocks)
+    for (double d : densities) {
+      Layout L = balanced_layout(C / b, K / b, d, rng);
+      HostBf16 w = random_bf16(L.blocks() * b * b, 3 + b);
+      DeviceBuffer dw_in(w.bits.size() * 2), dw_out(w.bits.size() * 2);
+      dw_in.upload(w.bits);
+      const double flops = 2.0 * N * L.blocks() * b * b;
+      // compile every candidate of the three ops in parallel first
+      std::vector<runtime::KernelId> ids;
+      for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+        generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+        for (const auto& t : generator::tile_candidates(spec)) {
+          spec.tiles = t;
+          ids.push_back({L.hash().hex(), spec, arch});
+        }
+      }
+      std::vector<std::thread> pool;
+      std::atomic<std::size_t> next{0};
+      for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); ++i)
+        pool.emplace_back([&] {
+          for (std::size_t j; (j = next++) < ids.size();) runtime::KernelRegistry::global().prepare(L, ids[j], cache::OnMiss::compile);
+        });
+      for (auto& t : pool) t.join();
+      for (const auto& id : ids) {
+        const Op op = id.spec.op;
+        auto p = runtime::KernelRegistry::global().prepare(L, id, cache::OnMiss::fail);
+        CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
+        const void* a = op == Op::backward_data ? ddy.get() : dx_in.get();
+        const void* bb = op == Op::backward_weight ? ddy.get() : dw_in.get();
+        DeviceBuffer& o = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
+        void* outp = o.get();
+        const float* gate = nullptr;
+        int n32 = static_cast<int>(N), acc = 0;
+        void* args[] = {&a, &bb, &outp, &gate, &n32, &acc};
+        auto shape = runtime::launch_shape(*p, op, N);
+        auto fn = [&] { runtime::launch(f, shape, env.stream, args); };
+        BSJIT_CU(runtime::driver().cuMemsetD8(o.ptr, 0xff, o.bytes));
+        fn();
+        BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
+        double err = sampled_error(L, b, N, op, x, w, dy, o.download<std::uint16_t>());
+        double ms = time_ms(fn, env.stream, 3, env.reps);
+        std::string tag = generator::tiles_tag(*id.spec.tiles);
+        fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  err {:.1e}{}\n", b, d,
+                   to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, err,
+                   err > 1e-2 ? "  WRONG" : "");
+        std::fflush(stdout);
+        out.push_back({{"block", b}, {"density", d}, {"op", to_string(op)}, {"tiles", tag}, {"ms", ms},
+                       {"tflops", flops / ms / 1e9}, {"error", err}});
+      }
+    }
+}
+
 // --- JIT figures -----------------------------------------------------------------------------
 
 // Cold compiles by layout size (memory-only cache, a fresh layout each time). Needs no GPU.
@@ -317,7 +384,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> kinds{"balanced", "bernoulli"};
   std::string json_path, csv_path;
   int reps = 20;
-  app.add_option("-s,--suite", suites, "W, small, jit, compile (compile needs no GPU)")->delimiter(',');
+  app.add_option("-s,--suite", suites, "W, small, jit, sweep (tile candidates), compile (needs no GPU)")->delimiter(',');
   app.add_option("-b,--block", blocks, "suite W block sizes")->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
@@ -351,6 +418,11 @@ int main(int argc, char** argv) {
       else if (s == "small") run_w(env, 64, 16384, {32, 64}, {0.1}, {"balanced"}, small_rows, true);
       else if (s == "jit") run_jit(env, jit);
       else if (s == "compile") run_compile(jit);
+      else if (s == "sweep") {
+        nlohmann::json sweep;
+        run_sweep(env, 8192, 4096, blocks, densities, sweep);
+        if (!json_path.empty()) std::ofstream(json_path + ".sweep.json") << sweep.dump(1) << "\n";
+      }
       else throw Error("unknown suite " + s);
     }
     // Summary last: the table the results file takes.
