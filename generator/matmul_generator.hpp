@@ -38,6 +38,13 @@ struct MatMulSpec {
 
 TileConfig choose_tiles(const MatMulSpec& spec);
 
+// Rows of N at or below which forward and backward-data run their small-batch variant.
+constexpr std::int64_t kSmallBatchRows = 128;
+
+// The kernels an op needs: [0] for any N; [1], where it exists, for N ≤ kSmallBatchRows (a shorter
+// row tile, so a small batch does not load and multiply rows of zeros).
+std::vector<MatMulSpec> variants(const MatMulSpec& spec);
+
 // The pipelined tile shapes worth trying for spec (the heuristic's first), for autotuning.
 std::vector<TileConfig> tile_candidates(const MatMulSpec& spec);
 

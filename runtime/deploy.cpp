@@ -234,10 +234,12 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
       try {
         if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
         const Layout& layout = *e.layouts[item.layout];
-        runtime::KernelId id{layout.hash().hex(), {item.op, item.options.block, item.options.dtype,
-                                                   item.options.feature_axis}, item.options.arch};
-        auto p = runtime::KernelRegistry::global().prepare(layout, id, on_miss);
-        runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
+        const std::string hash = layout.hash().hex();
+        for (const auto& spec : generator::variants(
+                 {item.op, item.options.block, item.options.dtype, item.options.feature_axis})) {
+          auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
+          runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
+        }
         o.status = KernelOutcome::Status::loaded;
       } catch (const Error& err) {
         o.error = err.what();

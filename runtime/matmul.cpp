@@ -41,25 +41,34 @@ struct MatMul::Impl {
     std::shared_ptr<const runtime::PreparedKernel> prepared;
   };
   std::mutex mutex;  // guards launchables
-  std::map<CUcontext, std::array<Launchable, kOps>> launchables;
+  // per context: [op][variant] (generator::variants: 0 for any N, 1 for small N)
+  std::map<CUcontext, std::array<std::array<Launchable, 2>, kOps>> launchables;
 
-  runtime::KernelId id(Op op, const std::string& arch) const {
-    return {layout_hash, {op, options.block, options.dtype, options.feature_axis}, arch};
+  std::vector<generator::MatMulSpec> specs(Op op) const {
+    return generator::variants({op, options.block, options.dtype, options.feature_axis});
+  }
+  runtime::KernelId id(const generator::MatMulSpec& spec, const std::string& arch) const {
+    return {layout_hash, spec, arch};
+  }
+  // Which variant runs n rows.
+  int variant(Op op, std::int64_t n) const {
+    return op != Op::backward_weight && n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
   }
 
-  Launchable launchable(Op op, CUcontext ctx) {
+  Launchable launchable(Op op, int v, CUcontext ctx) {
     {
       std::lock_guard lock(mutex);
       auto it = launchables.find(ctx);
-      if (it != launchables.end() && it->second[static_cast<int>(op)].function) return it->second[static_cast<int>(op)];
+      if (it != launchables.end() && it->second[static_cast<int>(op)][v].function)
+        return it->second[static_cast<int>(op)][v];
     }
     std::string arch = options.arch.empty() ? runtime::context_arch(ctx) : options.arch;
     auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
     Launchable l;
-    l.prepared = runtime::KernelRegistry::global().prepare(layout, id(op, arch), on_miss);  // outside our lock
+    l.prepared = runtime::KernelRegistry::global().prepare(layout, id(specs(op)[v], arch), on_miss);  // unlocked
     l.function = runtime::KernelRegistry::global().function(l.prepared->key, *l.prepared->compiled, ctx);
     std::lock_guard lock(mutex);
-    launchables[ctx][static_cast<int>(op)] = l;
+    launchables[ctx][static_cast<int>(op)][v] = l;
     return l;
   }
 
@@ -75,7 +84,7 @@ struct MatMul::Impl {
       throw Error(fmt::format("bsjit: {}: gate pointer {} is not 4-byte aligned", to_string(op),
                               static_cast<const void*>(o.gate)));
     CUcontext ctx = runtime::current_context();
-    Launchable l = launchable(op, ctx);
+    Launchable l = launchable(op, variant(op, n), ctx);
     const runtime::LaunchShape shape = runtime::launch_shape(*l.prepared, op, n);
     if (shape.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
     int n32 = static_cast<int>(n), accumulate = o.accumulate ? 1 : 0;
@@ -113,12 +122,19 @@ void MatMul::backward_weight(const void* x, const void* dy, void* dw, std::int64
 }
 
 bool MatMul::precompile(Op op, const std::string& arch) const {
-  bool compiled_now = false;
-  runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(op, arch), cache::OnMiss::compile, &compiled_now);
-  return compiled_now;
+  bool any = false;
+  for (const auto& spec : impl_->specs(op)) {
+    bool now = false;
+    runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(spec, arch), cache::OnMiss::compile, &now);
+    any |= now;
+  }
+  return any;
 }
 
-void MatMul::prepare(Op op) const { impl_->launchable(op, runtime::current_context()); }
+void MatMul::prepare(Op op) const {
+  CUcontext ctx = runtime::current_context();
+  for (int v = 0; v < static_cast<int>(impl_->specs(op).size()); ++v) impl_->launchable(op, v, ctx);
+}
 
 std::string MatMul::generated_source(Op op) const {
   return generator::generate_matmul(impl_->layout, {op, impl_->options.block, impl_->options.dtype,

@@ -76,7 +76,7 @@ TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
   EXPECT_NE(r.output.find("4 loaded, 0 failed"), std::string::npos) << r.output;
   r = sh(cache + " warmup --dir " + (dir.path / "c").string());
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("4 loaded, 0 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("6 loaded, 0 failed"), std::string::npos) << "forwards have two variants: " << r.output;
   std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
 }
 
