@@ -338,6 +338,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   MatMul mm(tiny, {32, DType::bf16, FeatureAxis::last, ""});
   DeviceBuffer x(4096), w(4096), y(4096);
   mm.forward(x.get(), w.get(), y.get(), 1, env.stream);
+  id.spec = generator::variants(id.spec).back();  // n = 1 runs the small-batch variant where there is one
   auto p = runtime::KernelRegistry::global().prepare(tiny, id, cache::OnMiss::fail);
   CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
   const void *xa = x.get(), *wa = w.get();
