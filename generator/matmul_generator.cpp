@@ -68,7 +68,8 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 // - dsd, b ≥ 64: BM = 128, BK = 64, 2×2 warps, 3 stages: 268 TFLOP/s at b = 128 against 242 with
 //   BK = 32 and 4 stages (half the barriers per FLOP); 8 warps or BM = 256 were slower (186-248).
 // - dsd, b ≤ 32: BM = 256 on 8 warps (8×1), 3 stages: each W tile feeds twice the rows; 131 against
-//   120 TFLOP/s at b = 32, d = 0.5, and 53 against 50 at b = 16.
+//   120 TFLOP/s at b = 32, d = 0.5, and 53 against 50 at b = 16. Grouping 2-8 whole blocks per stage
+//   (group > 1) was predicted to help by cutting barriers per FLOP and measured 13-60% slower.
 // - sdd: 2×2 warps, BK = 64, 3 stages (313 against 284 TFLOP/s at b = 128, d = 0.5); b = 16 on one
 //   warp, BK = 32, 4 stages.
 namespace {
@@ -85,16 +86,18 @@ TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
   const int a_stage = sdd ? t.bk * (b + 8) : t.bm * (t.bk + 8);
   const int b_stage = sdd ? t.bk * (b + 8) : spec.op == Op::backward_data ? b * (t.bk + 8) : t.bk * (b + 8);
   t.shared_bytes = t.stages * (a_stage + b_stage) * 2;
-  const bool ok = t.bm % (16 * t.warps_m) == 0 && b % (16 * t.warps_n) == 0 && t.bk % 16 == 0 &&
-                  (sdd || b % t.bk == 0) && t.stages >= 2 && t.threads <= 512 && t.shared_bytes <= 160 * 1024;
+  if (sdd) t.group = 1;
+  const bool grouping_ok = t.group == 1 ? (sdd || b % t.bk == 0) : t.bk == t.group * b;
+  const bool ok = t.bm % (16 * t.warps_m) == 0 && b % (16 * t.warps_n) == 0 && t.bk % 16 == 0 && grouping_ok &&
+                  t.stages >= 2 && t.threads <= 512 && t.shared_bytes <= 160 * 1024;
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), b));
   return t;
 }
 
-TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages) {
+TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages, int group = 1) {
   TileConfig t;
-  t.bm = bm, t.bk = bk, t.warps_m = wm, t.warps_n = wn, t.stages = stages;
+  t.bm = bm, t.bk = bk, t.warps_m = wm, t.warps_n = wn, t.stages = stages, t.group = group;
   return t;
 }
 
@@ -113,7 +116,8 @@ std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
 }
 
 std::string tiles_tag(const TileConfig& t) {
-  return fmt::format("bm{}-bk{}-w{}x{}-s{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages);
+  return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
+                     t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
 
 std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
@@ -133,6 +137,10 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
               pipelined_shape(128, bk, wm8, wn8, 4),
               pipelined_shape(256, bk, wm8, wn8, 3),          pipelined_shape(256, std::min(b, 64), wm8, wn8, 3),
               pipelined_shape(64, bk, b >= 64 ? 1 : 4, b >= 64 ? 4 : 1, 4)};
+    // Whole blocks, several per stage (more mma per barrier). Measured slower on the H200
+    // (b = 32, d = 0.5: 114 TFLOP/s with 2 blocks per stage, 63 with 4, against 131 for one), so
+    // not the default; kept as a candidate to re-measure as the kernels change.
+    if (b <= 32) shapes.push_back(pipelined_shape(128, 64, 8, 1, 3, 64 / b));
   }
   for (const auto& s : shapes) {
     try {
@@ -267,7 +275,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       "  static constexpr bool kTensorCores = {tc};\n"
       "  static constexpr int kWarpsM = {wm}, kWarpsN = {wn};\n"
       "  static constexpr int kTM = {tm}, kTN = {tn};\n"
-      "  static constexpr int kStages = {stages}, kSharedBytes = {smem};\n"
+      "  static constexpr int kStages = {stages}, kSharedBytes = {smem}, kGroup = {group};\n"
       "  static constexpr bool kFeatureLast = {last};\n"
       "  static constexpr bool kTransW = {trans};\n"
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
@@ -281,7 +289,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       fmt::arg("type", device_type(spec.dtype)), fmt::arg("b", b), fmt::arg("bm", t.bm), fmt::arg("bn", t.bn),
       fmt::arg("bk", t.bk), fmt::arg("stride", t.stride), fmt::arg("threads", t.threads),
       fmt::arg("tc", t.tensor_cores ? "true" : "false"), fmt::arg("wm", t.warps_m), fmt::arg("wn", t.warps_n),
-      fmt::arg("tm", t.tm), fmt::arg("tn", t.tn), fmt::arg("stages", t.stages), fmt::arg("smem", t.shared_bytes),
+      fmt::arg("tm", t.tm), fmt::arg("tn", t.tn), fmt::arg("stages", t.stages), fmt::arg("smem", t.shared_bytes), fmt::arg("group", t.group),
       fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("accessors", accessors),

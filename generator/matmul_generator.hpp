@@ -23,6 +23,7 @@ struct TileConfig {
   int tm = 1, tn = 1;            // FMA path: elements per thread along M and N
   bool pipelined = false;        // cp.async multi-stage pipeline with ldmatrix (16-bit, feature axis last)
   int stages = 1;
+  int group = 1;                 // dsd: LUT entries per pipeline stage (then bk = group · block)
   int shared_bytes = 0;          // dynamic shared memory per CTA (pipelined kernels)
 };
 

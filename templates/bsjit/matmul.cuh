@@ -156,10 +156,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                          typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate) {
   using T = typename Cfg::T;
   using Plan = DsdPipelinedPlan<Cfg>;
-  constexpr int b = Cfg::kBlock, kSteps = b / Cfg::kBK;
+  // A stage holds kGroup slices of kSlice reduction indices each: one LUT entry's whole block per
+  // slice when kGroup > 1 (small blocks: more work per barrier), else kSlice = BK ≤ b.
+  constexpr int b = Cfg::kBlock, kSlice = Cfg::kBK / Cfg::kGroup, kSlicesPerEntry = b / kSlice;
   static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b, "16-bit, feature axis last, BN = b");
   static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
-  static_assert(Cfg::kStages >= 2 && b % Cfg::kBK == 0, "pipeline shape");
+  static_assert(Cfg::kStages >= 2 && b % kSlice == 0 && kSlice % 16 == 0, "pipeline shape");
+  static_assert(Cfg::kGroup == 1 || kSlice == b, "grouped stages take whole blocks");
   extern __shared__ __align__(128) unsigned char smem[];
   T* As = reinterpret_cast<T*>(smem);
   T* Bs = As + Cfg::kStages * Plan::kAStage;
@@ -167,20 +170,34 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int col = blockIdx.x;
   const long long m0 = static_cast<long long>(blockIdx.y) * Cfg::kBM;
   const int begin = Cfg::lut_offsets()[col], end = Cfg::lut_offsets()[col + 1];
-  const int total = (end - begin) * kSteps;
+  const int slices = (end - begin) * kSlicesPerEntry;
+  const int total = (slices + Cfg::kGroup - 1) / Cfg::kGroup;
 
   auto load = [&](int step) {
-    const int stage = step % Cfg::kStages, e = begin + step / kSteps, k0 = (step % kSteps) * Cfg::kBK;
-    const T* x = a + m0 * Cfg::kInDim + static_cast<long long>(Cfg::lut()[2 * e]) * b + k0;
-    copy_tile_async<Cfg::kBM, Cfg::kBK, Plan::kSA, Cfg::kThreads>(
-        As + stage * Plan::kAStage, [&](int r) { return x + r * Cfg::kInDim; }, [&](int r) { return m0 + r < n; });
-    const T* wb = w + static_cast<long long>(Cfg::lut()[2 * e + 1]) * b * b;
-    if (Plan::kBKMajor)
-      copy_tile_async<b, Cfg::kBK, Plan::kSB, Cfg::kThreads>(
-          Bs + stage * Plan::kBStage, [&](int r) { return wb + r * b + k0; }, [](int) { return true; });
-    else
-      copy_tile_async<Cfg::kBK, b, Plan::kSB, Cfg::kThreads>(
-          Bs + stage * Plan::kBStage, [&](int r) { return wb + (k0 + r) * b; }, [](int) { return true; });
+    const int stage = step % Cfg::kStages;
+#pragma unroll
+    for (int g = 0; g < Cfg::kGroup; ++g) {
+      const int t = step * Cfg::kGroup + g;
+      const bool live = t < slices;  // a group past the column's last block loads zeros
+      const int e = begin + (live ? t / kSlicesPerEntry : 0), k0 = (t % kSlicesPerEntry) * kSlice;
+      const T* x = a + m0 * Cfg::kInDim + static_cast<long long>(Cfg::lut()[2 * e]) * b + k0;
+      copy_tile_async<Cfg::kBM, kSlice, Plan::kSA, Cfg::kThreads>(
+          As + stage * Plan::kAStage + g * kSlice, [&](int r) { return x + r * Cfg::kInDim; },
+          [&](int r) { return live && m0 + r < n; });
+      const T* wb = w + static_cast<long long>(Cfg::lut()[2 * e + 1]) * b * b;
+      if (Plan::kBKMajor)
+        copy_tile_async<b, kSlice, Plan::kSB, Cfg::kThreads>(
+            Bs + stage * Plan::kBStage + g * kSlice, [&](int r) { return wb + r * b + k0; }, [&](int) { return live; });
+      else
+        copy_tile_async<kSlice, b, Plan::kSB, Cfg::kThreads>(
+            Bs + stage * Plan::kBStage + g * kSlice * Plan::kSB, [&](int r) { return wb + (k0 + r) * b; },
+            [&](int) { return live; });
+    }
+  };
+  // Gate of the LUT entry feeding reduction index kk of a stage (1 past the last entry: zeros anyway).
+  auto scale_of = [&](int step, int kk) {
+    const int t = step * Cfg::kGroup + kk / kSlice;
+    return (gate == nullptr || t >= slices) ? 1.0f : gate[Cfg::lut()[2 * (begin + t / kSlicesPerEntry) + 1]];
   };
 
   WarpMma<Cfg, true, Plan::kBKMajor, Plan::kSA, Plan::kSB> mma;
@@ -195,9 +212,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     __syncthreads();  // stage `step` has landed for every thread; stage step-1 is free to refill
     if (step + Cfg::kStages - 1 < total) load(step + Cfg::kStages - 1);
     cp_async_commit();
-    const float g = gate != nullptr ? gate[Cfg::lut()[2 * (begin + step / kSteps) + 1]] : 1.0f;
     const int stage = step % Cfg::kStages;
-    if (g != 0.0f) mma.step(As + stage * Plan::kAStage, Bs + stage * Plan::kBStage, g);
+    mma.step(As + stage * Plan::kAStage, Bs + stage * Plan::kBStage, [&](int kk) { return scale_of(step, kk); });
   }
   cp_async_wait<0>();
 
@@ -251,7 +267,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (step + Cfg::kStages - 1 < total) load(step + Cfg::kStages - 1);
     cp_async_commit();
     const int stage = step % Cfg::kStages;
-    mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, 1.0f);
+    mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, [](int) { return 1.0f; });
   }
   cp_async_wait<0>();
 

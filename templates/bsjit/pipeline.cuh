@@ -97,13 +97,17 @@ struct WarpMma {
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
   }
 
-  // acc += A·B over one BK stage; B scaled by s when s != 1.
-  __device__ __forceinline__ void step(const T* As, const T* Bs, float s) {
+  // acc += A·B over one BK stage; the B values of reduction indices kk..kk+15 scaled by scale(kk)
+  // (gated matmul): 0 skips them, 1 leaves them as loaded.
+  template <class Scale>
+  __device__ __forceinline__ void step(const T* As, const T* Bs, Scale scale) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
     const int q = lane / 8, r8 = lane % 8;
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBK; kk += 16) {
+      const float s = scale(kk);
+      if (s == 0.0f) continue;  // uniform across the CTA
       unsigned a[kMI][4], b[kNI][2];
 #pragma unroll
       for (int i = 0; i < kMI; ++i) {

@@ -70,6 +70,41 @@ TEST(Compiler, EveryTemplateForEveryArch) {
   EXPECT_EQ(cases.size(), 135u);
 }
 
+// Every tile shape the autotuner and the sweep may pick compiles (what the templates'
+// static_asserts allow and the generator offers must agree).
+TEST(Compiler, EveryTileCandidateCompiles) {
+  Layout layout = small_random_layout(9);
+  std::vector<generator::MatMulSpec> specs;
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {16, 32, 64, 128}) {
+      generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+      for (const auto& t : generator::tile_candidates(spec)) {
+        spec.tiles = t;
+        specs.push_back(spec);
+      }
+      for (const auto& v : generator::variants({op, b, DType::f16, FeatureAxis::last})) specs.push_back(v);
+    }
+  std::vector<std::future<std::string>> pending;
+  std::vector<std::string> failures;
+  auto run = [&](generator::MatMulSpec spec) -> std::string {
+    try {
+      auto g = generator::generate_matmul(layout, spec);
+      runtime::compile(g.source, g.name_expression, g.label, "sm_90");
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  };
+  for (std::size_t next = 0; next < specs.size() || !pending.empty();) {
+    while (next < specs.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, run, specs[next++]));
+    auto r = pending.front().get();
+    pending.erase(pending.begin());
+    if (!r.empty()) failures.push_back(r);
+  }
+  for (auto& f : failures) ADD_FAILURE() << f;
+  EXPECT_GT(specs.size(), 60u);
+}
+
 TEST(Compiler, CompileErrorCarriesLogOptionsAndSourcePath) {
   try {
     runtime::compile("#include \"bsjit/matmul.cuh\"\nthis is not cuda;\n", "bsjit::kernels::zero<float>", "broken",
