@@ -184,8 +184,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     t.bm = t.bn = b;
     t.bk = 32;
     if (t.tensor_cores) {
-      t.warps_m = b == 16 ? 1 : 2;  // b=16: 16×8 warp tiles, 2 warps
-      t.warps_n = 2;
+      t.warps_m = t.warps_n = b == 16 ? 1 : 2;  // b=16: one warp, 16×16
       t.threads = 32 * t.warps_m * t.warps_n;
     } else {
       t.threads = std::clamp(b * b / 16, 32, 128);

@@ -202,20 +202,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   WarpMma<Cfg, true, Plan::kBKMajor, Plan::kSA, Plan::kSB> mma;
   mma.clear();
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < total) load(s);
-    cp_async_commit();
-  }
-  for (int step = 0; step < total; ++step) {
-    cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();  // stage `step` has landed for every thread; stage step-1 is free to refill
-    if (step + Cfg::kStages - 1 < total) load(step + Cfg::kStages - 1);
-    cp_async_commit();
+  run_pipeline<Cfg::kStages>(total, load, [&](int step) {
     const int stage = step % Cfg::kStages;
     mma.step(As + stage * Plan::kAStage, Bs + stage * Plan::kBStage, [&](int kk) { return scale_of(step, kk); });
-  }
-  cp_async_wait<0>();
+  });
 
   mma.epilogue([&](int r, int c, float v0, float v1) {
     const long long m = m0 + r;
@@ -256,20 +246,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   WarpMma<Cfg, false, false, Plan::kS, Plan::kS> mma;
   mma.clear();
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < total) load(s);
-    cp_async_commit();
-  }
-  for (int step = 0; step < total; ++step) {
-    cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();
-    if (step + Cfg::kStages - 1 < total) load(step + Cfg::kStages - 1);
-    cp_async_commit();
+  run_pipeline<Cfg::kStages>(total, load, [&](int step) {
     const int stage = step % Cfg::kStages;
     mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, [](int) { return 1.0f; });
-  }
-  cp_async_wait<0>();
+  });
 
   T* out = dw + static_cast<long long>(block) * b * b;
   mma.epilogue([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });

@@ -148,6 +148,26 @@ struct WarpMma {
   }
 };
 
+// Drives a STAGES-deep pipeline over `total` stages: load(step) issues the copies of stage `step`
+// (into buffer step % STAGES), compute(step) consumes it once it has landed for every thread.
+template <int STAGES, class Load, class Compute>
+__device__ __forceinline__ void run_pipeline(int total, Load load, Compute compute) {
+  static_assert(STAGES >= 2, "a pipeline needs two stages");
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < total) load(s);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (int step = 0; step < total; ++step) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage `step` has landed for every thread; stage step-1 is free to refill
+    if (step + STAGES - 1 < total) load(step + STAGES - 1);
+    cp_async_commit();
+    compute(step);
+  }
+  cp_async_wait<0>();
+}
+
 // Writes two adjacent outputs as one 32-bit store; with accumulate adds the old pair first.
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, float v0, float v1, int accumulate) {

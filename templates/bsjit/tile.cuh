@@ -6,6 +6,7 @@
 #pragma once
 
 #include "bsjit/common.cuh"
+#include "bsjit/pipeline.cuh"
 
 namespace bsjit {
 namespace kernels {
@@ -37,71 +38,22 @@ __device__ __forceinline__ void scale_tile(T* tile, float s) {
 template <class Cfg, bool TENSOR_CORES = Cfg::kTensorCores>
 struct TileAccumulator;
 
-// Tensor cores: the CTA's warps form a WARPS_M × WARPS_N grid, each warp owns a WM × WN tile made
-// of (WM/16) × (WN/8) m16n8k16 products.
+// Tensor cores: the pipelined kernels' warp tile (pipeline.cuh) on these single-stage K-major tiles.
 template <class Cfg>
 struct TileAccumulator<Cfg, true> {
-  using T = typename Cfg::T;
-  static constexpr int kWM = Cfg::kBM / Cfg::kWarpsM;
-  static constexpr int kWN = Cfg::kBN / Cfg::kWarpsN;
-  static constexpr int kMI = kWM / 16;
-  static constexpr int kNI = kWN / 8;
-  static_assert(Cfg::kWarpsM * Cfg::kWarpsN * 32 == Cfg::kThreads, "warp grid must cover the CTA");
-  static_assert(kWM % 16 == 0 && kWN % 8 == 0, "warp tile must be whole m16n8 tiles");
-  static_assert(Cfg::kBK % 16 == 0, "tensor-core k step is 16");
-  static_assert(Cfg::kStride % 2 == 0, "fragments are 32-bit loads of two 16-bit values");
+  WarpMma<Cfg, true, true, Cfg::kStride, Cfg::kStride> mma;
 
-  float acc[kMI][kNI][4];
-
-  __device__ __forceinline__ void clear() {
-#pragma unroll
-    for (int i = 0; i < kMI; ++i)
-#pragma unroll
-      for (int j = 0; j < kNI; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+  __device__ __forceinline__ void clear() { mma.clear(); }
+  __device__ __forceinline__ void accumulate(const typename Cfg::T* As, const typename Cfg::T* Bs) {
+    mma.step(As, Bs, [](int) { return 1.0f; });
   }
-
-  __device__ __forceinline__ void accumulate(const T* As, const T* Bs) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kBK; kk += 16) {
-      unsigned a[kMI][4], b[kNI][2];
-#pragma unroll
-      for (int i = 0; i < kMI; ++i) {
-        const T* p = As + (wm + i * 16 + g) * Cfg::kStride + kk + 2 * t;
-        a[i][0] = *reinterpret_cast<const unsigned*>(p);
-        a[i][1] = *reinterpret_cast<const unsigned*>(p + 8 * Cfg::kStride);
-        a[i][2] = *reinterpret_cast<const unsigned*>(p + 8);
-        a[i][3] = *reinterpret_cast<const unsigned*>(p + 8 * Cfg::kStride + 8);
-      }
-#pragma unroll
-      for (int j = 0; j < kNI; ++j) {
-        const T* p = Bs + (wn + j * 8 + g) * Cfg::kStride + kk + 2 * t;
-        b[j][0] = *reinterpret_cast<const unsigned*>(p);
-        b[j][1] = *reinterpret_cast<const unsigned*>(p + 8);
-      }
-#pragma unroll
-      for (int i = 0; i < kMI; ++i)
-#pragma unroll
-        for (int j = 0; j < kNI; ++j) Mma16816<T>::run(acc[i][j], a[i], b[j]);
-    }
-  }
-
   // Calls store(row, col, value) for every element this thread holds.
   template <class Store>
   __device__ __forceinline__ void epilogue(Store store) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < kMI; ++i)
-#pragma unroll
-      for (int j = 0; j < kNI; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) store(wm + i * 16 + g + (e / 2) * 8, wn + j * 8 + 2 * t + e % 2, acc[i][j][e]);
+    mma.epilogue([&](int r, int c, float v0, float v1) {
+      store(r, c, v0);
+      store(r, c + 1, v1);
+    });
   }
 };
 

@@ -117,7 +117,7 @@ TEST(Generator, TileConfigsAreConsistent) {
         if (t.tensor_cores) {
           EXPECT_EQ(t.warps_m * t.warps_n * 32, t.threads);
           EXPECT_EQ((t.bm / t.warps_m) % 16, 0);
-          EXPECT_EQ((t.bn / t.warps_n) % 8, 0);
+          EXPECT_EQ((t.bn / t.warps_n) % 16, 0) << "warp tiles load B fragments in pairs of n8 tiles";
           EXPECT_EQ(t.bk % 16, 0);
         } else {
           const int threads_n = t.bn / t.tn;
