@@ -5,6 +5,7 @@
 //   H bytes   JSON header: key, label, arch, layout_hash, lowered_name, options, shared_bytes,
 //             cubin_size, cubin_xxh64 (hex)
 //   cubin_size bytes of cubin
+// Tuning records (<label>-<arch>-<key prefix>.tune) are JSON: {"key": ..., "tiles": {...}}.
 // File name: <label>-<arch>-<first 16 key digits>.bsjit. Entries are written to a unique temporary
 // file in the same directory, fsync'ed and renamed into place, so a reader sees nothing or a whole
 // entry; a crash leaves at most a temporary file, which prune and clear remove. The file's mtime is
@@ -40,7 +41,8 @@ namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'B', 'S', 'J', 'I', 'T', 'K', 'C', '\0'};
 constexpr const char* kEntryExt = ".bsjit";
 constexpr const char* kLockExt = ".lock";
-constexpr const char* kTmpMark = ".bsjit.tmp.";
+constexpr const char* kTmpMark = ".tmp.";
+constexpr const char* kTuneExt = ".tune";
 
 void put_u32(std::string& s, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -81,7 +83,11 @@ std::uint64_t parse_size_or_throw(const std::string& text) {
 }
 
 bool is_entry(const fs::path& p) { return p.extension() == kEntryExt; }
-bool is_tmp(const fs::path& p) { return p.filename().string().find(kTmpMark) != std::string::npos; }
+bool is_tmp(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return name.find(kTmpMark) != std::string::npos &&
+         (name.find(".bsjit.tmp.") != std::string::npos || name.find(".tune.tmp.") != std::string::npos);
+}
 
 // The lock file serialising compiles of one key across processes. flock is released by close,
 // also when the process dies.
@@ -302,10 +308,7 @@ KernelCache::Compiled KernelCache::load_from_layers(const Request& r, bool quiet
   return nullptr;
 }
 
-void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
-  fs::path path = entry_path(r);
-  if (path.empty()) return;
-  std::string bytes = serialize(r, k);
+bool KernelCache::write_atomically(const fs::path& path, const std::string& bytes) {
   std::random_device rd;
   fs::path tmp = path;
   tmp += fmt::format(".tmp.{}.{:08x}", ::getpid(), rd());
@@ -319,7 +322,7 @@ void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   }
   if (ok) ok = ::fsync(fd) == 0;
   if (fd >= 0) ok = (::close(fd) == 0) && ok;
-  if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;  // atomic; losing a race to an equal entry is fine
+  if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;  // atomic; losing a race to an equal file is fine
   if (!ok) {
     int err = errno;
     ::unlink(tmp.c_str());
@@ -329,14 +332,60 @@ void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
       spdlog::warn("bsjit: cannot write to cache directory '{}' ({}); new kernels are kept in memory only",
                    config_.directory.string(), std::strerror(err));
     }
-    return;
   }
+  return ok;
+}
+
+void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
+  fs::path path = entry_path(r);
+  if (path.empty() || !write_atomically(path, serialize(r, k))) return;
   std::uint64_t max_bytes;
   {
     std::lock_guard lock(mutex_);
     max_bytes = config_.max_bytes;
   }
   if (max_bytes > 0) prune_cache(path.parent_path(), max_bytes);
+}
+
+std::string KernelCache::find_tuning(const std::string& key) {
+  std::vector<fs::path> layers;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = tunings_.find(key); it != tunings_.end()) return it->second;
+    layers = readable_;
+  }
+  const std::string suffix = fmt::format("-{}{}", key.substr(0, 16), kTuneExt);
+  for (const auto& dir : layers) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      bool ok = false;
+      std::string text = read_all(e.path(), &ok);
+      auto j = nlohmann::json::parse(text, nullptr, false);
+      if (!ok || j.is_discarded() || !j.is_object() || j.value("key", "") != key || !insecure_reason(e.path()).empty()) {
+        spdlog::warn("bsjit: tuning record '{}' is unusable; ignored", e.path().string());
+        continue;
+      }
+      std::lock_guard lock(mutex_);
+      return tunings_[key] = text;
+    }
+  }
+  return "";
+}
+
+void KernelCache::store_tuning(const std::string& key, const std::string& stem, const std::string& json) {
+  {
+    std::lock_guard lock(mutex_);
+    tunings_[key] = json;
+  }
+  fs::path dir;
+  {
+    std::lock_guard lock(mutex_);
+    if (!writable_) return;
+    dir = config_.directory;
+  }
+  write_atomically(dir / fmt::format("{}-{}{}", stem, key.substr(0, 16), kTuneExt), json);
 }
 
 KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* compiled_now) {
@@ -534,7 +583,8 @@ PruneResult clear_cache(const fs::path& directory) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(directory, ec)) {
     const auto& p = e.path();
-    if (cache::is_entry(p) || cache::is_tmp(p) || p.extension() == cache::kLockExt) remove_counted(p, r);
+    if (cache::is_entry(p) || cache::is_tmp(p) || p.extension() == cache::kLockExt || p.extension() == cache::kTuneExt)
+      remove_counted(p, r);
   }
   if (ec) throw Error(fmt::format("cannot clear cache directory '{}': {}", directory.string(), ec.message()));
   return r;

@@ -69,6 +69,11 @@ class KernelCache {
   // cache is an Error. *compiled_now tells whether this call compiled it.
   Compiled get(const Request& request, OnMiss on_miss = OnMiss::compile, bool* compiled_now = nullptr);
 
+  // Tuning records: small JSON documents stored beside the kernels (<stem>-<key>.tune), searched in
+  // the same layers. find_tuning returns "" when there is none.
+  std::string find_tuning(const std::string& key);
+  void store_tuning(const std::string& key, const std::string& stem, const std::string& json);
+
   // Puts a kernel read elsewhere (warm-up of a cache directory) into memory under key.
   void insert(const std::string& key, Compiled kernel);
 
@@ -96,9 +101,13 @@ class KernelCache {
   Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
   Compiled load_from_layers(const Request& request, bool quiet);
   void store(const Request& request, const runtime::CompiledKernel& kernel);
+  // Writes bytes to path through a unique temporary file, fsync and rename; false on failure
+  // (after one warning, writes to the directory stop).
+  bool write_atomically(const std::filesystem::path& path, const std::string& bytes);
 
   mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
+  std::unordered_map<std::string, std::string> tunings_;  // key → record, once found or stored
   CacheConfig config_;
   bool writable_ = false;                         // the writable directory exists, is trusted and writable
   std::vector<std::filesystem::path> readable_;  // trusted layers, writable first

@@ -235,8 +235,10 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
         const Layout& layout = *e.layouts[item.layout];
         const std::string hash = layout.hash().hex();
-        for (const auto& spec : generator::variants(
-                 {item.op, item.options.block, item.options.dtype, item.options.feature_axis})) {
+        const auto specs =
+            generator::variants({item.op, item.options.block, item.options.dtype, item.options.feature_axis});
+        for (int v = 0; v < static_cast<int>(specs.size()); ++v) {
+          const auto spec = runtime::tuned_spec(hash, specs[v], item.options.arch, v);
           auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
           runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
         }

@@ -1,8 +1,14 @@
 #include "kernel_registry.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <nlohmann/json.hpp>
 
 #include "bsjit/error.hpp"
+#include "generator/templates.hpp"
 #include "module.hpp"
 
 namespace bsjit::runtime {
@@ -33,6 +39,58 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
   slot->prepared = p;
   return p;
+}
+
+std::string tuning_key(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch,
+                       int variant) {
+  // Templates and format version in the key: a record from another bsjit is never applied.
+  std::string material = fmt::format("bsjit-tuning {} {} {} {} {} {} {} {} {}", cache::kFormatVersion,
+                                     generator::templates_hash(), layout_hash, to_string(spec.op), spec.block,
+                                     to_string(spec.dtype), to_string(spec.feature_axis), arch, variant);
+  XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+namespace {
+std::string tuning_stem(const generator::MatMulSpec& spec, const std::string& arch, int variant) {
+  return fmt::format("{}-{}-b{}-{}-{}-{}", to_string(spec.op), to_string(spec.dtype), spec.block,
+                     to_string(spec.feature_axis), arch, variant == 0 ? "any-n" : "small-n");
+}
+}  // namespace
+
+generator::MatMulSpec tuned_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
+                                 int variant) {
+  const std::string record = cache::KernelCache::global().find_tuning(tuning_key(layout_hash, spec, arch, variant));
+  if (record.empty()) return spec;
+  try {
+    auto j = nlohmann::json::parse(record).at("tiles");
+    generator::TileConfig t;
+    t.bm = j.at("bm").get<int>();
+    t.bk = j.at("bk").get<int>();
+    t.warps_m = j.at("warps_m").get<int>();
+    t.warps_n = j.at("warps_n").get<int>();
+    t.stages = j.at("stages").get<int>();
+    t.group = j.at("group").get<int>();
+    generator::MatMulSpec tuned = spec;
+    tuned.tiles = t;
+    generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
+    return tuned;
+  } catch (const std::exception& e) {
+    spdlog::warn("bsjit: tuning record for {} is unusable ({}); using the default tile shape",
+                 tuning_stem(spec, arch, variant), e.what());
+    return spec;
+  }
+}
+
+void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch, int variant,
+                  const generator::TileConfig& t) {
+  const std::string key = tuning_key(layout_hash, spec, arch, variant);
+  nlohmann::json j;
+  j["key"] = key;
+  j["layout_hash"] = layout_hash;
+  j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
+                {"group", t.group}, {"tag", generator::tiles_tag(t)}};
+  cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 
 LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {

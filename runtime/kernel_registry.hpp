@@ -38,6 +38,16 @@ struct PreparedKernel {
 // row tiles than a grid holds.
 LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n);
 
+// Tuning records: which tile shape a (layout, op, block, dtype, feature axis, arch) uses at a batch
+// class (generator::variants index). tuning_key names the record; tuned_spec applies it, returning
+// spec unchanged when there is none (or it is not valid for spec).
+std::string tuning_key(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch,
+                       int variant);
+generator::MatMulSpec tuned_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
+                                 int variant);
+void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch, int variant,
+                  const generator::TileConfig& tiles);
+
 class KernelRegistry {
  public:
   // Generates the kernel's source (once per id) and gets its binary from the cache (memory, disk,

@@ -7,11 +7,14 @@
 #include <array>
 #include <climits>
 #include <map>
+#include <atomic>
 #include <mutex>
+#include <thread>
 
 #include "bsjit/error.hpp"
 #include "generator/matmul_generator.hpp"
 #include "kernel_registry.hpp"
+#include "driver.hpp"
 #include "module.hpp"
 
 namespace bsjit {
@@ -50,6 +53,12 @@ struct MatMul::Impl {
   runtime::KernelId id(const generator::MatMulSpec& spec, const std::string& arch) const {
     return {layout_hash, spec, arch};
   }
+  // The spec of op's variant v for arch: the tuned tile shape where a tuning record exists.
+  generator::MatMulSpec spec_for(Op op, int v, const std::string& arch) const {
+    return runtime::tuned_spec(layout_hash, specs(op)[v], arch, v);
+  }
+  std::string arch_for(CUcontext ctx) const { return options.arch.empty() ? runtime::context_arch(ctx) : options.arch; }
+
   // Which variant runs n rows.
   int variant(Op op, std::int64_t n) const {
     return op != Op::backward_weight && n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
@@ -62,10 +71,10 @@ struct MatMul::Impl {
       if (it != launchables.end() && it->second[static_cast<int>(op)][v].function)
         return it->second[static_cast<int>(op)][v];
     }
-    std::string arch = options.arch.empty() ? runtime::context_arch(ctx) : options.arch;
+    const std::string arch = arch_for(ctx);
     auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
     Launchable l;
-    l.prepared = runtime::KernelRegistry::global().prepare(layout, id(specs(op)[v], arch), on_miss);  // unlocked
+    l.prepared = runtime::KernelRegistry::global().prepare(layout, id(spec_for(op, v, arch), arch), on_miss);  // unlocked
     l.function = runtime::KernelRegistry::global().function(l.prepared->key, *l.prepared->compiled, ctx);
     std::lock_guard lock(mutex);
     launchables[ctx][static_cast<int>(op)][v] = l;
@@ -123,12 +132,86 @@ void MatMul::backward_weight(const void* x, const void* dy, void* dw, std::int64
 
 bool MatMul::precompile(Op op, const std::string& arch) const {
   bool any = false;
-  for (const auto& spec : impl_->specs(op)) {
+  for (int v = 0; v < static_cast<int>(impl_->specs(op).size()); ++v) {
     bool now = false;
-    runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(spec, arch), cache::OnMiss::compile, &now);
+    runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(impl_->spec_for(op, v, arch), arch),
+                                              cache::OnMiss::compile, &now);
     any |= now;
   }
   return any;
+}
+
+TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
+  if (n <= 0 || n > INT_MAX)
+    throw Error(fmt::format("bsjit: autotune: n = {} is out of range; expected 1 ≤ n ≤ {}", n, INT_MAX));
+  CUcontext ctx = runtime::current_context();
+  const std::string arch = impl_->arch_for(ctx);
+  const int v = impl_->variant(op, n);
+  const generator::MatMulSpec base = impl_->specs(op)[v];
+  // candidates: this variant's own shape first, then every shape the generator offers
+  std::vector<generator::MatMulSpec> candidates{base};
+  if (generator::choose_tiles(base).pipelined) {
+    candidates.front().tiles = generator::choose_tiles(base);
+    for (const auto& t : generator::tile_candidates(base)) {
+      generator::MatMulSpec c = base;
+      c.tiles = t;
+      bool seen = false;
+      for (const auto& o : candidates) seen |= generator::tiles_tag(*o.tiles) == generator::tiles_tag(t);
+      if (!seen) candidates.push_back(c);
+    }
+  }
+  // compile them all at once, on every core
+  std::vector<std::shared_ptr<const runtime::PreparedKernel>> prepared(candidates.size());
+  {
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> pool;
+    std::vector<std::string> errors(candidates.size());
+    for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t)
+      pool.emplace_back([&] {
+        for (std::size_t i; (i = next++) < candidates.size();) try {
+            prepared[i] = runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(candidates[i], arch),
+                                                                    cache::OnMiss::compile);
+          } catch (const std::exception& e) {
+            errors[i] = e.what();
+          }
+      });
+    for (auto& t : pool) t.join();
+    for (const auto& e : errors)
+      if (!e.empty()) throw Error("bsjit: autotune: " + e);
+  }
+  // scratch operands of the sizes the op reads and writes at n rows (values do not matter for time)
+  const std::int64_t C = in_features(), K = out_features(), W = weight_elements();
+  const std::size_t es = dtype_size(impl_->options.dtype);
+  const std::int64_t sizes[kOps][3] = {{n * C, W, n * K}, {n * K, W, n * C}, {n * C, n * K, W}};
+  const auto& sz = sizes[static_cast<int>(op)];
+  runtime::DeviceMemory a(sz[0] * es), b(sz[1] * es), out(sz[2] * es);
+  const auto& d = runtime::driver();
+  BSJIT_CU(d.cuMemsetD8(a.ptr, 0x3c, sz[0] * es));
+  BSJIT_CU(d.cuMemsetD8(b.ptr, 0x3c, sz[1] * es));
+  TuneResult result;
+  double best = 0;
+  std::size_t best_i = 0;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    CUfunction f = runtime::KernelRegistry::global().function(prepared[i]->key, *prepared[i]->compiled, ctx);
+    const void *pa = a.get(), *pb = b.get();
+    void* po = out.get();
+    const float* gate = nullptr;
+    int n32 = static_cast<int>(n), accumulate = 0;
+    void* args[] = {&pa, &pb, &po, &gate, &n32, &accumulate};
+    const auto shape = runtime::launch_shape(*prepared[i], op, n);
+    const CUstream s = reinterpret_cast<CUstream>(stream);
+    double ms = runtime::median_ms([&] { runtime::launch(f, shape, s, args); }, s, 2, 10);
+    std::string tag = candidates[i].tiles ? generator::tiles_tag(*candidates[i].tiles) : "default";
+    result.milliseconds.emplace_back(tag, ms);
+    if (i == 0 || ms < best) best = ms, best_i = i;
+  }
+  result.chosen = result.milliseconds[best_i].first;
+  if (candidates[best_i].tiles) {
+    runtime::store_tuning(impl_->layout_hash, base, arch, v, *candidates[best_i].tiles);
+    std::lock_guard lock(impl_->mutex);  // the next call resolves the tuned shape
+    for (auto& [c, per_op] : impl_->launchables) per_op[static_cast<int>(op)][v] = {};
+  }
+  return result;
 }
 
 void MatMul::prepare(Op op) const {

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "bsjit/error.hpp"
 #include "driver.hpp"
@@ -78,6 +80,33 @@ void launch(CUfunction function, const LaunchShape& s, CUstream stream, void** a
   const Driver& d = driver();
   BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, s.shared_bytes, stream, args, nullptr));
   if (sync_launches()) BSJIT_CU(d.cuStreamSynchronize(stream));
+}
+
+double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps) {
+  const Driver& d = driver();
+  for (int i = 0; i < warmup; ++i) fn();
+  CUevent e0, e1;
+  BSJIT_CU(d.cuEventCreate(&e0, CU_EVENT_DEFAULT));
+  BSJIT_CU(d.cuEventCreate(&e1, CU_EVENT_DEFAULT));
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    BSJIT_CU(d.cuEventRecord(e0, stream));
+    fn();
+    BSJIT_CU(d.cuEventRecord(e1, stream));
+    BSJIT_CU(d.cuEventSynchronize(e1));
+    float ms = 0;
+    BSJIT_CU(d.cuEventElapsedTime(&ms, e0, e1));
+    times.push_back(ms);
+  }
+  d.cuEventDestroy(e0);
+  d.cuEventDestroy(e1);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+DeviceMemory::DeviceMemory(std::size_t bytes) { BSJIT_CU(driver().cuMemAlloc(&ptr, bytes ? bytes : 16)); }
+DeviceMemory::~DeviceMemory() {
+  if (ptr) driver().cuMemFree(ptr);
 }
 
 }  // namespace bsjit::runtime

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,5 +31,18 @@ struct LaunchShape {
   std::uint32_t grid_x = 1, grid_y = 1, threads = 1, shared_bytes = 0;
 };
 void launch(CUfunction function, const LaunchShape& shape, CUstream stream, void** args);
+
+// Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
+double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);
+
+// A device allocation in the current context, freed on destruction.
+struct DeviceMemory {
+  CUdeviceptr ptr = 0;
+  explicit DeviceMemory(std::size_t bytes);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+};
 
 }  // namespace bsjit::runtime

@@ -4,6 +4,7 @@
 //   bsjit precompile (-m MANIFEST | -l FILE...)   compile kernels into the cache, no GPU needed
 //   bsjit warmup (-m MANIFEST | --dir DIR)       load kernels on every GPU, with load times
 //   bsjit cache list|verify|prune|clear          look after a cache directory
+//   bsjit tune -l FILE -n N             time every tile shape, keep the fastest in the cache
 //   bsjit run -l FILE                   run ops on the GPU and check them against the CPU reference
 #include <CLI/CLI.hpp>
 #include <fmt/chrono.h>
@@ -179,6 +180,31 @@ int cache_cmd(const std::string& action, std::string dir, const std::string& max
   return 0;
 }
 
+int tune(const KernelSelection& s, std::int64_t n) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) {
+    fmt::print(stderr, "bsjit tune: no GPU: {}\n", why);
+    return 2;
+  }
+  for (const auto& g : s.to_manifest().groups)
+    for (const auto& file : g.layouts) {
+      Layout layout = Layout::load(file);
+      for (int block : g.blocks)
+        for (DType dt : g.dtypes)
+          for (FeatureAxis axis : g.feature_axes) {
+            MatMul mm(layout, {block, dt, axis, ""});
+            for (Op op : g.ops) {
+              TuneResult r = mm.autotune(op, n);
+              fmt::print("{} {} b{} {} {} n={}: chose {}\n", file.string(), to_string(op), block, to_string(dt),
+                         to_string(axis), n, r.chosen);
+              for (const auto& [tag, ms] : r.milliseconds) fmt::print("    {:24} {:9.4f} ms\n", tag, ms);
+            }
+          }
+    }
+  fmt::print("tuning records kept in {}\n", cache_directory().empty() ? "(memory only)" : cache_directory().string());
+  return 0;
+}
+
 int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, std::uint64_t seed) {
   std::string why;
   if (!runtime::gpu_available(&why)) {
@@ -251,6 +277,14 @@ int main(int argc, char** argv) {
   cache->add_option("--max-size", max_size, "prune: keep at most this many bytes (e.g. 2G), least recently used go");
   cache->add_option("--max-age-days", max_age_days, "prune: remove entries unused for this many days");
 
+  KernelSelection tune_sel;
+  tune_sel.archs = {};
+  std::int64_t tune_n = 8192;
+  auto* tunec = app.add_subcommand("tune", "time every tile shape on this GPU and keep the fastest in the cache");
+  add_selection(tunec, tune_sel, false);
+  tunec->add_option("-n,--rows", tune_n, "rows N to tune for (choices are kept per batch class: N <= 128, or above)")
+      ->check(CLI::PositiveNumber);
+
   KernelSelection run_sel;
   run_sel.archs = {};
   std::int64_t n = 1000;
@@ -283,6 +317,7 @@ int main(int argc, char** argv) {
     if (*warm) return warmup_cmd(warm_sel, warm_dir, strict);
     if (*cache) return cache_cmd(cache_action, cache_target, max_size, max_age_days);
     if (*runc) return run(run_sel, n, gated, accumulate, seed);
+    if (*tunec) return tune(tune_sel, tune_n);
   } catch (const bsjit::Error& e) {
     fmt::print(stderr, "bsjit: error: {}\n", e.what());
     return 1;

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bsjit/layout.hpp"
 #include "bsjit/types.hpp"
@@ -32,6 +34,12 @@ struct MatMulOptions {
 struct OpOptions {
   bool accumulate = false;      // out += result (beta = 1) instead of out = result
   const float* gate = nullptr;  // device array [layout.blocks()]: W block i scaled by gate[i]; 0 skips it
+};
+
+// What MatMul::autotune measured and chose.
+struct TuneResult {
+  std::string chosen;  // tile shape, e.g. "bm128-bk64-w2x2-s3"
+  std::vector<std::pair<std::string, double>> milliseconds;  // every candidate's median time
 };
 
 class MatMul {
@@ -51,6 +59,13 @@ class MatMul {
   // Compiles op's kernel for arch into the cache without touching a GPU (build machines).
   // Returns true when it was compiled now, false when the cache already held it.
   bool precompile(Op op, const std::string& arch) const;
+
+  // Times every tile shape bsjit can use for op at n rows on the current GPU (on scratch inputs of
+  // that size, on stream), keeps the fastest for this layout, block, dtype and feature axis at this
+  // batch class (n ≤ 128, or above), and stores the choice in the cache beside the kernels: later
+  // calls, and later processes sharing the cache, use it without tuning. Ops whose kernel has a
+  // single shape (fp32, feature axis first, block 8) report that shape.
+  TuneResult autotune(Op op, std::int64_t n, Stream stream = nullptr) const;
 
   // Gets op's kernel ready in the current context (compiled or loaded from the cache, module
   // loaded), so the first call pays nothing. Throws in strict mode when the cache lacks it.

@@ -322,6 +322,23 @@ TEST(KernelCache, ConcurrentRequestsForOneKeyCompileOnce) {
   EXPECT_EQ(cache.stats().memory_hits, 8 * 4 - 4);
 }
 
+TEST(KernelCache, TuningRecordsPersistAcrossProcessesAndLayers) {
+  TempDir shipped, local;
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  KernelCache(config_for(shipped.path)).store_tuning(key, "forward-bf16-b32-last-sm_90-any-n", R"({"key": ")" + key + R"(", "x": 1})");
+  EXPECT_TRUE(fs::exists(shipped.path / "forward-bf16-b32-last-sm_90-any-n-0123456789abcdef.tune"));
+  CacheConfig c = config_for(local.path);
+  c.read_only = {shipped.path};
+  KernelCache layered(c);  // a later process with the shipped directory as a read-only layer
+  EXPECT_NE(layered.find_tuning(key).find("\"x\": 1"), std::string::npos);
+  EXPECT_EQ(layered.find_tuning("ffffffffffffffff0123456789abcdef"), "");
+  // a record whose key does not match its name is ignored
+  std::ofstream(local.path / "x-sm_90-aaaaaaaaaaaaaaaa.tune") << R"({"key": "something else"})";
+  EXPECT_EQ(KernelCache(config_for(local.path)).find_tuning("aaaaaaaaaaaaaaaa0000000000000000"), "");
+  EXPECT_GE(clear_cache(shipped.path).removed, 1);
+  EXPECT_FALSE(fs::exists(shipped.path / "forward-bf16-b32-last-sm_90-any-n-0123456789abcdef.tune"));
+}
+
 TEST(CacheTools, ListPruneClear) {
   TempDir dir;
   std::atomic<int> compiles{0};

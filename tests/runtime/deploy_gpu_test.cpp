@@ -28,9 +28,9 @@ struct Result {
   int status = -1;
   std::string output;
 };
-Result sh(const std::string& args) {
+Result sh(const std::string& args, const std::string& env = "") {
   Result r;
-  FILE* p = popen((cli().string() + " " + args + " 2>&1").c_str(), "r");
+  FILE* p = popen((env + " " + cli().string() + " " + args + " 2>&1").c_str(), "r");
   if (!p) return r;
   char buf[1024];
   while (fgets(buf, sizeof buf, p)) r.output += buf;
@@ -82,6 +82,30 @@ TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 6 * gpus)), std::string::npos) << r.output;
   std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
+}
+
+// bsjit tune in one process; a later process in strict mode, with every untuned kernel removed from
+// the cache, runs and checks the op: it found the tuning record and the tuned kernel.
+TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
+  TempDir dir;
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  const std::string kernel = "-l " + (fs::absolute(examples()) / "layouts" / "random_d25.npy").string() +
+                             " -o forward,backward_weight -b 64 -t bf16";
+  auto r = sh(cache + " tune -n 2048 " + kernel);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("chose bm"), std::string::npos) << r.output;
+  std::printf("%s", r.output.c_str());
+  int records = 0, removed = 0;
+  for (auto& e : fs::directory_iterator(dir.path / "c")) {
+    records += e.path().extension() == ".tune";
+    if (e.path().extension() == ".bsjit" && e.path().filename().string().find("-bm") == std::string::npos)
+      removed += fs::remove(e.path());
+  }
+  EXPECT_EQ(records, 2);
+  EXPECT_GE(removed, 2);
+  r = sh(cache + " run -n 2048 " + kernel, "BSJIT_STRICT_CACHE=1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
 }
 
 TEST_F(DeployGpu, StrictModeAtOpTime) {

@@ -7,6 +7,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/kernel_registry.hpp"
 
 namespace bsjit {
 namespace {
@@ -66,6 +67,36 @@ TEST(MatMulApi, ShapesAndPrecompileWithoutGpu) {
   EXPECT_TRUE(same.precompile(Op::backward_weight, "sm_90"));     // another arch: another kernel
   EXPECT_EQ(cache_stats().compiles, before.compiles + 2);
   EXPECT_THROW(mm.precompile(Op::forward, "sm_61"), Error);
+}
+
+// A tuning record (what MatMul::autotune stores on a GPU machine) changes the kernel that
+// precompile builds and that later calls use; a record that does not fit is ignored.
+TEST(MatMulApi, TuningRecordsChooseTheTileShape) {
+  auto dir = std::filesystem::temp_directory_path() / ("bsjit-tune-test-" + std::to_string(std::random_device{}()));
+  set_cache_directory(dir);
+  const Layout layout = Layout::from_coords(4, 4, {{0, 0}, {1, 1}, {2, 3}});
+  const generator::MatMulSpec spec{Op::forward, 64, DType::bf16, FeatureAxis::last};
+  const std::string hash = layout.hash().hex();
+  EXPECT_FALSE(runtime::tuned_spec(hash, spec, "sm_90", 0).tiles);
+  auto candidates = generator::tile_candidates(spec);
+  ASSERT_GE(candidates.size(), 2u);
+  runtime::store_tuning(hash, spec, "sm_90", 0, candidates[1]);
+  auto tuned = runtime::tuned_spec(hash, spec, "sm_90", 0);
+  ASSERT_TRUE(tuned.tiles);
+  EXPECT_EQ(generator::tiles_tag(*tuned.tiles), generator::tiles_tag(candidates[1]));
+  EXPECT_FALSE(runtime::tuned_spec(hash, spec, "sm_80", 0).tiles) << "records are per arch";
+  EXPECT_FALSE(runtime::tuned_spec(hash, spec, "sm_90", 1).tiles) << "records are per batch class";
+  MatMul(layout, {64, DType::bf16, FeatureAxis::last, ""}).precompile(Op::forward, "sm_90");
+  bool tuned_entry = false;
+  for (const auto& e : list_cache(dir))
+    tuned_entry |= e.label == "forward-bf16-b64-last-" + generator::tiles_tag(candidates[1]);
+  EXPECT_TRUE(tuned_entry) << "precompile builds the tuned shape";
+  // a shape that cannot serve this spec (block 32's record applied to block 64) is ignored
+  const generator::MatMulSpec other{Op::forward, 16, DType::bf16, FeatureAxis::last};
+  runtime::store_tuning(hash, other, "sm_90", 0, candidates[1]);
+  EXPECT_FALSE(runtime::tuned_spec(hash, other, "sm_90", 0).tiles);
+  set_cache_directory({});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MatMulApi, DefaultCacheDirectoryFollowsEnvironment) {

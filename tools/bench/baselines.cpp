@@ -10,31 +10,14 @@
 
 #include "bsjit/error.hpp"
 #include "device_buffer.hpp"
+#include "runtime/module.hpp"
 
 namespace bsjit::bench {
 
 using tools::DeviceBuffer;
 
 double time_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps) {
-  const auto& d = runtime::driver();
-  for (int i = 0; i < warmup; ++i) fn();
-  CUevent e0, e1;
-  BSJIT_CU(d.cuEventCreate(&e0, CU_EVENT_DEFAULT));
-  BSJIT_CU(d.cuEventCreate(&e1, CU_EVENT_DEFAULT));
-  std::vector<float> times;
-  for (int i = 0; i < reps; ++i) {
-    BSJIT_CU(d.cuEventRecord(e0, stream));
-    fn();
-    BSJIT_CU(d.cuEventRecord(e1, stream));
-    BSJIT_CU(d.cuEventSynchronize(e1));
-    float ms = 0;
-    BSJIT_CU(d.cuEventElapsedTime(&ms, e0, e1));
-    times.push_back(ms);
-  }
-  d.cuEventDestroy(e0);
-  d.cuEventDestroy(e1);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return runtime::median_ms(fn, stream, warmup, reps);
 }
 
 double copy_bandwidth(CUstream stream, int reps) {
