@@ -204,7 +204,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   mma.clear();
   run_pipeline<Cfg::kStages>(total, load, [&](int step) {
     const int stage = step % Cfg::kStages;
-    mma.step(As + stage * Plan::kAStage, Bs + stage * Plan::kBStage, [&](int kk) { return scale_of(step, kk); });
+    const T* as = As + stage * Plan::kAStage;
+    const T* bs = Bs + stage * Plan::kBStage;
+    if (Cfg::kGroup > 1) {
+      mma.step_sliced(as, bs, [&](int kk) { return scale_of(step, kk); });
+    } else {
+      const float g = scale_of(step, 0);  // one block per stage: one gate; 0 skips the block's work
+      if (g != 0.0f) mma.step(as, bs, g);
+    }
   });
 
   mma.epilogue([&](int r, int c, float v0, float v1) {
@@ -248,7 +255,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   mma.clear();
   run_pipeline<Cfg::kStages>(total, load, [&](int step) {
     const int stage = step % Cfg::kStages;
-    mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, [](int) { return 1.0f; });
+    mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, 1.0f);
   });
 
   T* out = dw + static_cast<long long>(block) * b * b;

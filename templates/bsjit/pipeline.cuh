@@ -97,39 +97,49 @@ struct WarpMma {
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
   }
 
-  // acc += A·B over one BK stage; the B values of reduction indices kk..kk+15 scaled by scale(kk)
-  // (gated matmul): 0 skips them, 1 leaves them as loaded.
+  // acc += A·B over one BK stage, B scaled by s when s != 1 (gated matmul).
+  __device__ __forceinline__ void step(const T* As, const T* Bs, float s) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK; kk += 16) slice(As, Bs, kk, s);
+  }
+
+  // The same with a scale per 16 reduction indices, scale(kk): 0 skips them (stages that hold
+  // several blocks, each with its own gate).
   template <class Scale>
-  __device__ __forceinline__ void step(const T* As, const T* Bs, Scale scale) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
-    const int q = lane / 8, r8 = lane % 8;
+  __device__ __forceinline__ void step_sliced(const T* As, const T* Bs, Scale scale) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBK; kk += 16) {
       const float s = scale(kk);
-      if (s == 0.0f) continue;  // uniform across the CTA
-      unsigned a[kMI][4], b[kNI][2];
-#pragma unroll
-      for (int i = 0; i < kMI; ++i) {
-        if (A_K_MAJOR) ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * SA + kk + (lane / 16) * 8);
-        else ldmatrix_x4_trans(a[i], As + (kk + r8 + (q / 2) * 8) * SA + wm + i * 16 + (q % 2) * 8);
-      }
-#pragma unroll
-      for (int j = 0; j < kNI; j += 2) {
-        unsigned r[4];
-        if (B_K_MAJOR) ldmatrix_x4(r, Bs + (wn + j * 8 + r8 + (q / 2) * 8) * SB + kk + (q % 2) * 8);
-        else ldmatrix_x4_trans(r, Bs + (kk + r8 + (q % 2) * 8) * SB + wn + j * 8 + (q / 2) * 8);
-        b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-      }
-      if (s != 1.0f) {
-#pragma unroll
-        for (int j = 0; j < kNI; ++j) b[j][0] = scale_pair<T>(b[j][0], s), b[j][1] = scale_pair<T>(b[j][1], s);
-      }
-#pragma unroll
-      for (int i = 0; i < kMI; ++i)
-#pragma unroll
-        for (int j = 0; j < kNI; ++j) Mma16816<T>::run(acc[i][j], a[i], b[j]);
+      if (s != 0.0f) slice(As, Bs, kk, s);  // uniform across the CTA
     }
+  }
+
+  // acc += A[:, kk..kk+15] · B[kk..kk+15, :], B scaled by s when s != 1.
+  __device__ __forceinline__ void slice(const T* As, const T* Bs, int kk, float s) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
+    const int q = lane / 8, r8 = lane % 8;
+    unsigned a[kMI][4], b[kNI][2];
+#pragma unroll
+    for (int i = 0; i < kMI; ++i) {
+      if (A_K_MAJOR) ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * SA + kk + (lane / 16) * 8);
+      else ldmatrix_x4_trans(a[i], As + (kk + r8 + (q / 2) * 8) * SA + wm + i * 16 + (q % 2) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < kNI; j += 2) {
+      unsigned r[4];
+      if (B_K_MAJOR) ldmatrix_x4(r, Bs + (wn + j * 8 + r8 + (q / 2) * 8) * SB + kk + (q % 2) * 8);
+      else ldmatrix_x4_trans(r, Bs + (kk + r8 + (q % 2) * 8) * SB + wn + j * 8 + (q / 2) * 8);
+      b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+    }
+    if (s != 1.0f) {
+#pragma unroll
+      for (int j = 0; j < kNI; ++j) b[j][0] = scale_pair<T>(b[j][0], s), b[j][1] = scale_pair<T>(b[j][1], s);
+    }
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int j = 0; j < kNI; ++j) Mma16816<T>::run(acc[i][j], a[i], b[j]);
   }
 
   // store(row, col, v0, v1): the two adjacent columns col, col+1 of row, for every pair this thread holds.
