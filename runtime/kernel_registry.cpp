@@ -13,6 +13,16 @@
 
 namespace bsjit::runtime {
 
+cache::Request cache_request(const generator::GeneratedSource& g, const std::string& key, const std::string& arch,
+                             const std::string& layout_hash) {
+  // g is captured by reference: the request lives no longer than the call it is made for
+  return {key, g.label, arch, layout_hash, [&g, arch] {
+            auto k = compile(g.source, g.name_expression, g.label, arch);
+            k.shared_bytes = g.shared_bytes;
+            return k;
+          }};
+}
+
 std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layout, const KernelId& id,
                                                               cache::OnMiss on_miss, bool* compiled_now) {
   if (compiled_now) *compiled_now = false;
@@ -29,13 +39,7 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   auto p = std::make_shared<PreparedKernel>();
   p->generated = generator::generate_matmul(layout, id.spec);
   p->key = cache::make_key(cache::key_inputs(p->generated.source, id.arch));
-  const auto& g = p->generated;
-  cache::Request request{p->key, g.label, id.arch, id.layout_hash,
-                         [&] {
-                           auto k = compile(g.source, g.name_expression, g.label, id.arch);
-                           k.shared_bytes = g.shared_bytes;
-                           return k;
-                         }};
+  const cache::Request request = cache_request(p->generated, p->key, id.arch, id.layout_hash);
   p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
   slot->prepared = p;
   return p;

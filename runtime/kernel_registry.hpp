@@ -34,6 +34,10 @@ struct PreparedKernel {
   cache::KernelCache::Compiled compiled;
 };
 
+// The cache request for a generated kernel: compiles it for arch with NVRTC on a miss.
+cache::Request cache_request(const generator::GeneratedSource& g, const std::string& key, const std::string& arch,
+                             const std::string& layout_hash);
+
 // Grid, block and shared memory of a launch of kernel over n rows. Throws Error when n needs more
 // row tiles than a grid holds.
 LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n);

@@ -32,11 +32,15 @@ void check_pointer(const void* p, const char* what, Op op) {
 }  // namespace
 
 struct MatMul::Impl {
-  Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)), layout_hash(layout.hash().hex()) {}
+  Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)), layout_hash(layout.hash().hex()) {
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+      op_specs[static_cast<int>(op)] = generator::variants({op, options.block, options.dtype, options.feature_axis});
+  }
 
   Layout layout;
   MatMulOptions options;
   std::string layout_hash;
+  std::array<std::vector<generator::MatMulSpec>, kOps> op_specs;  // generator::variants of each op
 
   // What a launch needs, per context and op: filled on the first call in a context.
   struct Launchable {
@@ -47,9 +51,7 @@ struct MatMul::Impl {
   // per context: [op][variant] (generator::variants: 0 for any N, 1 for small N)
   std::map<CUcontext, std::array<std::array<Launchable, 2>, kOps>> launchables;
 
-  std::vector<generator::MatMulSpec> specs(Op op) const {
-    return generator::variants({op, options.block, options.dtype, options.feature_axis});
-  }
+  const std::vector<generator::MatMulSpec>& specs(Op op) const { return op_specs[static_cast<int>(op)]; }
   runtime::KernelId id(const generator::MatMulSpec& spec, const std::string& arch) const {
     return {layout_hash, spec, arch};
   }

@@ -180,10 +180,13 @@ int cache_cmd(const std::string& action, std::string dir, const std::string& max
   return 0;
 }
 
-int tune(const KernelSelection& s, std::int64_t n) {
+// Calls fn(file, mm, op) for every op of the selection, each layout × block × dtype × axis as one
+// MatMul. Returns 2 (with a message) when there is no GPU to run on.
+template <class Fn>
+int for_each_gpu_op(const KernelSelection& s, const char* command, Fn fn) {
   std::string why;
   if (!runtime::gpu_available(&why)) {
-    fmt::print(stderr, "bsjit tune: no GPU: {}\n", why);
+    fmt::print(stderr, "bsjit {}: no GPU: {}\n", command, why);
     return 2;
   }
   for (const auto& g : s.to_manifest().groups)
@@ -193,43 +196,40 @@ int tune(const KernelSelection& s, std::int64_t n) {
         for (DType dt : g.dtypes)
           for (FeatureAxis axis : g.feature_axes) {
             MatMul mm(layout, {block, dt, axis, ""});
-            for (Op op : g.ops) {
-              TuneResult r = mm.autotune(op, n);
-              fmt::print("{} {} b{} {} {} n={}: chose {}\n", file.string(), to_string(op), block, to_string(dt),
-                         to_string(axis), n, r.chosen);
-              for (const auto& [tag, ms] : r.milliseconds) fmt::print("    {:24} {:9.4f} ms\n", tag, ms);
-            }
+            for (Op op : g.ops) fn(file, mm, op);
           }
     }
-  fmt::print("tuning records kept in {}\n", cache_directory().empty() ? "(memory only)" : cache_directory().string());
   return 0;
 }
 
+std::string describe(const std::filesystem::path& file, const MatMul& mm, Op op, std::int64_t n) {
+  const auto& o = mm.options();
+  return fmt::format("{} {} b{} {} {} n={}", file.string(), to_string(op), o.block, to_string(o.dtype),
+                     to_string(o.feature_axis), n);
+}
+
+int tune(const KernelSelection& s, std::int64_t n) {
+  int status = for_each_gpu_op(s, "tune", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
+    TuneResult r = mm.autotune(op, n);
+    fmt::print("{}: chose {}\n", describe(file, mm, op, n), r.chosen);
+    for (const auto& [tag, ms] : r.milliseconds) fmt::print("    {:24} {:9.4f} ms\n", tag, ms);
+  });
+  if (status == 0)
+    fmt::print("tuning records kept in {}\n", cache_directory().empty() ? "(memory only)" : cache_directory().string());
+  return status;
+}
+
 int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, std::uint64_t seed) {
-  std::string why;
-  if (!runtime::gpu_available(&why)) {
-    fmt::print(stderr, "bsjit run: no GPU: {}\n", why);
-    return 2;
-  }
   int bad = 0;
-  for (const auto& g : s.to_manifest().groups)
-    for (const auto& file : g.layouts) {
-      Layout layout = Layout::load(file);
-      for (int block : g.blocks)
-        for (DType dt : g.dtypes)
-          for (FeatureAxis axis : g.feature_axes) {
-            MatMul mm(layout, {block, dt, axis, ""});
-            for (Op op : g.ops) {
-              auto r = check::run_and_check(mm, op, {n, accumulate, gated, seed});
-              bool ok = r.relative_error <= check::tolerance(dt) && r.unwritten == 0;
-              bad += ok ? 0 : 1;
-              fmt::print("{:4} {} {} b{} {} {} n={}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten\n",
-                         ok ? "ok" : "FAIL", file.string(), to_string(op), block, to_string(dt), to_string(axis), n,
-                         r.relative_error, check::tolerance(dt), r.outputs, r.unwritten);
-            }
-          }
-    }
-  return bad ? 1 : 0;
+  int status = for_each_gpu_op(s, "run", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
+    const DType dt = mm.options().dtype;
+    auto r = check::run_and_check(mm, op, {n, accumulate, gated, seed});
+    bool ok = r.relative_error <= check::tolerance(dt) && r.unwritten == 0;
+    bad += ok ? 0 : 1;
+    fmt::print("{:4} {}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten\n", ok ? "ok" : "FAIL",
+               describe(file, mm, op, n), r.relative_error, check::tolerance(dt), r.outputs, r.unwritten);
+  });
+  return status ? status : (bad ? 1 : 0);
 }
 
 }  // namespace

@@ -311,11 +311,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
                        runtime::context_arch(runtime::current_context())};
   auto g = generator::generate_matmul(L, id.spec);
   auto key = cache::make_key(cache::key_inputs(g.source, id.arch));
-  cache::Request req{key, g.label, id.arch, id.layout_hash, [&] {
-                       auto k = runtime::compile(g.source, g.name_expression, g.label, id.arch);
-                       k.shared_bytes = g.shared_bytes;
-                       return k;
-                     }};
+  const cache::Request req = runtime::cache_request(g, key, id.arch, id.layout_hash);
   CacheConfig cfg;
   cfg.directory = dir;
   cache::KernelCache(cfg).get(req);
