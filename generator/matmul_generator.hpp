@@ -58,7 +58,9 @@ struct GeneratedSource {
   std::string label;            // readable, for file names and logs: "forward-bf16-b32-last"
   TileConfig tiles;
   std::int64_t grid_x = 0;      // CTAs along x: output block columns (dsd) or blocks (sdd)
-  std::int64_t rows_per_cta = 0;  // grid y = ceil(N / rows_per_cta); 0: grid y is 1
+  std::int64_t rows_per_cta = 0;  // grid y = ceil(N / rows_per_cta); 0: grid y is `splits`
+  int splits = 1;                 // backward-weight: CTAs per block, each reducing a part of N
+  std::int64_t workspace_bytes = 0;  // device scratch the launch needs (split partials); 0: none
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
 };

@@ -104,6 +104,7 @@ LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {
   shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
   shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
   shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
+  shape.grid_y = static_cast<std::uint32_t>(g.splits);
   if (g.rows_per_cta > 0) {
     const std::int64_t gy = (n + g.rows_per_cta - 1) / g.rows_per_cta;
     if (gy > kMaxGridY)

@@ -47,7 +47,24 @@ struct MatMul::Impl {
     CUfunction function = nullptr;
     std::shared_ptr<const runtime::PreparedKernel> prepared;
   };
-  std::mutex mutex;  // guards launchables
+  std::mutex mutex;  // guards launchables and workspaces
+  // Split-N scratch per (context, stream): launches on one stream run in order, so they can share it.
+  std::map<std::pair<CUcontext, CUstream>, std::unique_ptr<runtime::DeviceMemory>> workspaces;
+  std::map<std::pair<CUcontext, CUstream>, std::int64_t> workspace_sizes;
+
+  float* workspace(CUcontext ctx, CUstream stream, std::int64_t bytes) {
+    std::lock_guard lock(mutex);
+    auto& w = workspaces[{ctx, stream}];
+    auto& size = workspace_sizes[{ctx, stream}];
+    if (!w || size < bytes) {
+      if (w) BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));  // the old one may still be in use
+      w = std::make_unique<runtime::DeviceMemory>(bytes);
+      BSJIT_CU(runtime::driver().cuMemsetD8(w->ptr, 0, bytes));  // arrival counters start at 0
+      size = bytes;
+    }
+    return static_cast<float*>(w->get());
+  }
+
   // per context: [op][variant] (generator::variants: 0 for any N, 1 for small N)
   std::map<CUcontext, std::array<std::array<Launchable, 2>, kOps>> launchables;
 
@@ -98,10 +115,11 @@ struct MatMul::Impl {
     Launchable l = launchable(op, variant(op, n), ctx);
     const runtime::LaunchShape shape = runtime::launch_shape(*l.prepared, op, n);
     if (shape.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
-    int n32 = static_cast<int>(n), accumulate = o.accumulate ? 1 : 0;
-    const float* gate = o.gate;
-    void* args[] = {&a, &b, &out, &gate, &n32, &accumulate};
-    runtime::launch(l.function, shape, reinterpret_cast<CUstream>(stream), args);
+    const CUstream s = reinterpret_cast<CUstream>(stream);
+    runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
+    if (l.prepared->generated.workspace_bytes > 0)
+      args.workspace = workspace(ctx, s, l.prepared->generated.workspace_bytes);
+    runtime::launch(l.function, shape, s, args);
   }
 };
 
@@ -195,13 +213,11 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   std::size_t best_i = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     CUfunction f = runtime::KernelRegistry::global().function(prepared[i]->key, *prepared[i]->compiled, ctx);
-    const void *pa = a.get(), *pb = b.get();
-    void* po = out.get();
-    const float* gate = nullptr;
-    int n32 = static_cast<int>(n), accumulate = 0;
-    void* args[] = {&pa, &pb, &po, &gate, &n32, &accumulate};
-    const auto shape = runtime::launch_shape(*prepared[i], op, n);
     const CUstream s = reinterpret_cast<CUstream>(stream);
+    runtime::KernelArgs args{a.get(), b.get(), out.get(), nullptr, static_cast<int>(n), 0, nullptr};
+    if (prepared[i]->generated.workspace_bytes > 0)
+      args.workspace = impl_->workspace(ctx, s, prepared[i]->generated.workspace_bytes);
+    const auto shape = runtime::launch_shape(*prepared[i], op, n);
     double ms = runtime::median_ms([&] { runtime::launch(f, shape, s, args); }, s, 2, 10);
     std::string tag = candidates[i].tiles ? generator::tiles_tag(*candidates[i].tiles) : "default";
     result.milliseconds.emplace_back(tag, ms);

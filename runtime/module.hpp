@@ -30,7 +30,18 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx);
 struct LaunchShape {
   std::uint32_t grid_x = 1, grid_y = 1, threads = 1, shared_bytes = 0;
 };
-void launch(CUfunction function, const LaunchShape& shape, CUstream stream, void** args);
+// The parameters every bsjit kernel takes, in order.
+struct KernelArgs {
+  const void* a = nullptr;  // X (forward, backward-weight) or dY (backward-data)
+  const void* b = nullptr;  // W, or dY (backward-weight)
+  void* out = nullptr;
+  const float* gate = nullptr;
+  int n = 0;
+  int accumulate = 0;
+  float* workspace = nullptr;  // split partials (GeneratedSource::workspace_bytes, zeroed once)
+};
+
+void launch(CUfunction function, const LaunchShape& shape, CUstream stream, KernelArgs& args);
 
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
 double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);

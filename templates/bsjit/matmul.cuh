@@ -39,7 +39,8 @@ __device__ __forceinline__ void store_output(T* p, float v, int accumulate) {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     dsd_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
-               typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate) {
+               typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate,
+               float* __restrict__ workspace) {
   using T = typename Cfg::T;
   constexpr int b = Cfg::kBlock;
   static_assert(Cfg::kBN == b, "one CTA covers one output block column");
@@ -93,7 +94,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     sdd_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
-               typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate) {
+               typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
+               float* __restrict__ workspace) {
   using T = typename Cfg::T;
   constexpr int b = Cfg::kBlock;
   static_assert(Cfg::kBM == b && Cfg::kBN == b, "one CTA covers one b × b block");
@@ -143,6 +145,13 @@ struct DsdPipelinedPlan {
   static constexpr int kSharedBytes = Cfg::kStages * (kAStage + kBStage) * 2;
 };
 
+// A float written by another CTA of this launch: read from L2, past this SM's L1.
+__device__ __forceinline__ float load_global_cg(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+  return v;
+}
+
 template <class Cfg>
 struct SddPipelinedPlan {
   static constexpr int kS = Cfg::kBlock + kPad;  // As[BK][b] = X rows, Bs[BK][b] = dY rows: both MN-major
@@ -153,7 +162,8 @@ struct SddPipelinedPlan {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     dsd_pipelined_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
-                         typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate) {
+                         typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate,
+               float* __restrict__ workspace) {
   using T = typename Cfg::T;
   using Plan = DsdPipelinedPlan<Cfg>;
   // A stage holds kGroup slices of kSlice reduction indices each: one LUT entry's whole block per
@@ -224,7 +234,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     sdd_pipelined_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
-                         typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate) {
+                         typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
+               float* __restrict__ workspace) {
   using T = typename Cfg::T;
   using Plan = SddPipelinedPlan<Cfg>;
   constexpr int b = Cfg::kBlock;
@@ -238,17 +249,23 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const long long c_base = static_cast<long long>(Cfg::coords()[2 * block]) * b;
   const long long k_base = static_cast<long long>(Cfg::coords()[2 * block + 1]) * b;
   const float g = gate != nullptr ? gate[block] : 1.0f;
-  const int total = g != 0.0f ? (n + Cfg::kBK - 1) / Cfg::kBK : 0;
+  // Split over N (kSplits CTAs per block, blockIdx.y = split) when the layout has too few blocks to
+  // fill the GPU; each split reduces a chunk of whole BK-row steps.
+  const long long chunk = (n + static_cast<long long>(Cfg::kSplits) * Cfg::kBK - 1) /
+                          (static_cast<long long>(Cfg::kSplits) * Cfg::kBK) * Cfg::kBK;
+  const long long n_begin = blockIdx.y * chunk;
+  const long long n_end = n_begin + chunk < n ? n_begin + chunk : n;
+  const int total = (g != 0.0f && n_end > n_begin) ? static_cast<int>((n_end - n_begin + Cfg::kBK - 1) / Cfg::kBK) : 0;
 
   auto load = [&](int step) {
     const int stage = step % Cfg::kStages;
-    const long long n0 = static_cast<long long>(step) * Cfg::kBK;
+    const long long n0 = n_begin + static_cast<long long>(step) * Cfg::kBK;
     const T* xs = x + n0 * Cfg::kInDim + c_base;
     const T* ds = dy + n0 * Cfg::kOutDim + k_base;
     copy_tile_async<Cfg::kBK, b, Plan::kS, Cfg::kThreads>(
-        As + stage * Plan::kStage, [&](int r) { return xs + r * Cfg::kInDim; }, [&](int r) { return n0 + r < n; });
+        As + stage * Plan::kStage, [&](int r) { return xs + r * Cfg::kInDim; }, [&](int r) { return n0 + r < n_end; });
     copy_tile_async<Cfg::kBK, b, Plan::kS, Cfg::kThreads>(
-        Bs + stage * Plan::kStage, [&](int r) { return ds + r * Cfg::kOutDim; }, [&](int r) { return n0 + r < n; });
+        Bs + stage * Plan::kStage, [&](int r) { return ds + r * Cfg::kOutDim; }, [&](int r) { return n0 + r < n_end; });
   };
 
   WarpMma<Cfg, false, false, Plan::kS, Plan::kS> mma;
@@ -259,7 +276,38 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   });
 
   T* out = dw + static_cast<long long>(block) * b * b;
-  mma.epilogue([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });
+  if (Cfg::kSplits == 1) {
+    mma.epilogue([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });
+    return;
+  }
+  // Each split writes its fp32 partial; the last split of the block to finish adds them in split
+  // order (deterministic) and writes dW. workspace: [kSplits][blocks][b][b] partials, then one
+  // arrival counter per block, which the last split sets back to 0 for the next launch.
+  const long long plane = static_cast<long long>(gridDim.x) * b * b;
+  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(block) * b * b;
+  mma.epilogue([&](int r, int c, float v0, float v1) {
+    mine[r * b + c] = v0;
+    mine[r * b + c + 1] = v1;
+  });
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  unsigned* counters = reinterpret_cast<unsigned*>(workspace + Cfg::kSplits * plane);
+  if (threadIdx.x == 0) last = atomicAdd(&counters[block], 1u) == Cfg::kSplits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* base = workspace + static_cast<long long>(block) * b * b;
+  mma.epilogue([&](int r, int c, float, float) {
+    float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll 1
+    for (int s = 0; s < Cfg::kSplits; ++s) {
+      v0 += load_global_cg(base + s * plane + r * b + c);
+      v1 += load_global_cg(base + s * plane + r * b + c + 1);
+    }
+    store_pair(out + r * b + c, v0 * g, v1 * g, accumulate);
+  });
+  if (threadIdx.x == 0) counters[block] = 0;
 }
 
 }  // namespace kernels

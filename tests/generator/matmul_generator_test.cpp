@@ -128,6 +128,27 @@ TEST(Generator, TileConfigsAreConsistent) {
   EXPECT_THROW(choose_tiles({Op::forward, 24, DType::f32, FeatureAxis::last}), Error);
 }
 
+// Backward-weight splits N across CTAs when the layout has too few blocks to fill the GPU, and
+// asks for the workspace its partials and arrival counters need.
+TEST(Generator, BackwardWeightSplitsFewBlocks) {
+  const MatMulSpec dw{Op::backward_weight, 128, DType::bf16, FeatureAxis::last};
+  auto few = generate_matmul(Layout::from_coords(8, 8, {{0, 0}, {3, 5}, {7, 7}}), dw);
+  EXPECT_EQ(few.splits, 8);
+  EXPECT_EQ(few.workspace_bytes, (8LL * 128 * 128 + 1) * 4 * 3);
+  EXPECT_NE(few.source.find("kSplits = 8"), std::string::npos);
+  std::vector<std::uint8_t> full(32 * 32, 1);
+  auto many = generate_matmul(Layout::from_dense(32, 32, full), dw);  // 1024 blocks: no split
+  EXPECT_EQ(many.splits, 1);
+  EXPECT_EQ(many.workspace_bytes, 0);
+  std::vector<std::uint8_t> tenth(32 * 32, 0);
+  for (int i = 0; i < 102; ++i) tenth[i * 10] = 1;  // suite W's b=128, d=0.1 count: 3 splits
+  EXPECT_EQ(generate_matmul(Layout::from_dense(32, 32, tenth), dw).splits, 3);
+  auto generic = generate_matmul(Layout::from_coords(8, 8, {{0, 0}}), {Op::backward_weight, 16, DType::f32, FeatureAxis::last});
+  EXPECT_EQ(generic.splits, 1) << "only the pipelined kernel splits";
+  auto fwd = generate_matmul(Layout::from_coords(8, 8, {{0, 0}}), {Op::forward, 128, DType::bf16, FeatureAxis::last});
+  EXPECT_EQ(fwd.workspace_bytes, 0);
+}
+
 TEST(Generator, SourceNamesWhatItIs) {
   Layout layout = Layout::from_dense(2, 2, {1, 0, 0, 1});
   auto g = generate_matmul(layout, {Op::backward_data, 64, DType::f16, FeatureAxis::first});

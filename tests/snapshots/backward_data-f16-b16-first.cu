@@ -21,7 +21,7 @@ struct Config {
   static constexpr bool kTensorCores = true;
   static constexpr int kWarpsM = 4, kWarpsN = 1;
   static constexpr int kTM = 1, kTN = 1;
-  static constexpr int kStages = 1, kSharedBytes = 0, kGroup = 1;
+  static constexpr int kStages = 1, kSharedBytes = 0, kGroup = 1, kSplits = 1;
   static constexpr bool kFeatureLast = false;
   static constexpr bool kTransW = true;
   static constexpr long long kInDim = 64, kOutDim = 48;

@@ -17,7 +17,7 @@ struct Config {
   static constexpr bool kTensorCores = false;
   static constexpr int kWarpsM = 1, kWarpsN = 1;
   static constexpr int kTM = 1, kTN = 2;
-  static constexpr int kStages = 1, kSharedBytes = 0, kGroup = 1;
+  static constexpr int kStages = 1, kSharedBytes = 0, kGroup = 1, kSplits = 1;
   static constexpr bool kFeatureLast = true;
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 24, kOutDim = 32;

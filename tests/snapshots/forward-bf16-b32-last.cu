@@ -21,7 +21,7 @@ struct Config {
   static constexpr bool kTensorCores = true;
   static constexpr int kWarpsM = 8, kWarpsN = 1;
   static constexpr int kTM = 1, kTN = 1;
-  static constexpr int kStages = 3, kSharedBytes = 69120, kGroup = 1;
+  static constexpr int kStages = 3, kSharedBytes = 69120, kGroup = 1, kSplits = 1;
   static constexpr bool kFeatureLast = true;
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 96, kOutDim = 128;

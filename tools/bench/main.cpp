@@ -253,13 +253,16 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
         const Op op = id.spec.op;
         auto p = runtime::KernelRegistry::global().prepare(L, id, cache::OnMiss::fail);
         CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
-        const void* a = op == Op::backward_data ? ddy.get() : dx_in.get();
-        const void* bb = op == Op::backward_weight ? ddy.get() : dw_in.get();
         DeviceBuffer& o = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
-        void* outp = o.get();
-        const float* gate = nullptr;
-        int n32 = static_cast<int>(N), acc = 0;
-        void* args[] = {&a, &bb, &outp, &gate, &n32, &acc};
+        runtime::KernelArgs args{op == Op::backward_data ? ddy.get() : dx_in.get(),
+                                 op == Op::backward_weight ? ddy.get() : dw_in.get(), o.get(), nullptr,
+                                 static_cast<int>(N), 0, nullptr};
+        std::unique_ptr<DeviceBuffer> ws;
+        if (p->generated.workspace_bytes > 0) {
+          ws = std::make_unique<DeviceBuffer>(p->generated.workspace_bytes);
+          BSJIT_CU(runtime::driver().cuMemsetD8(ws->ptr, 0, ws->bytes));
+          args.workspace = static_cast<float*>(ws->get());
+        }
         auto shape = runtime::launch_shape(*p, op, N);
         auto fn = [&] { runtime::launch(f, shape, env.stream, args); };
         BSJIT_CU(runtime::driver().cuMemsetD8(o.ptr, 0xff, o.bytes));
@@ -341,9 +344,8 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
   const void *xa = x.get(), *wa = w.get();
   void* ya = y.get();
-  const float* gate = nullptr;
-  int n = 1, acc = 0;
-  void* args[] = {&xa, &wa, &ya, &gate, &n, &acc};
+  runtime::KernelArgs args{xa, wa, ya, nullptr, 1, 0, nullptr};
+  void* raw_args[] = {&args.a, &args.b, &args.out, &args.gate, &args.n, &args.accumulate, &args.workspace};
   const int calls = 20000;
   auto measure = [&](const std::function<void()>& fn) {
     std::vector<double> per_call;
@@ -362,7 +364,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   double bare = measure([&] {
     BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(p->generated.grid_x), 1, 1,
                                               p->generated.tiles.threads, 1, 1, p->generated.shared_bytes,
-                                              env.stream, args, nullptr));
+                                              env.stream, raw_args, nullptr));
   });
   double op = measure([&] { mm.forward(xa, wa, ya, 1, env.stream); });
   figures.emplace_back("bare cuLaunchKernel per call, us", bare);
