@@ -218,13 +218,20 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
     for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
     g.grid_x = layout.blocks();
     g.rows_per_cta = 0;
-    // Split N when the layout has too few blocks to fill the GPU: aim at two waves of CTAs on a
-    // 132-SM H100/H200 (at d = 0.1, b = 128 suite W has 102 blocks: one CTA per block left a
-    // third of the SMs idle and ran backward-weight at 172 TFLOP/s against 313 at d = 0.5).
-    // The last split of each block adds the partials in split order: deterministic.
-    if (t.pipelined && layout.blocks() > 0) {
-      constexpr std::int64_t kTargetCtas = 264;
-      g.splits = static_cast<int>(std::clamp<std::int64_t>((kTargetCtas + layout.blocks() - 1) / layout.blocks(), 1, 8));
+    // Split N when the layout has too few blocks to fill the GPU, up to one wave of CTAs (the
+    // SMs of an H100/H200, 132, times the CTAs one SM holds at this shared-memory size), and only
+    // for shapes small enough that 4 or more share an SM: one such CTA leaves its SM idle much of
+    // the time. Measured on the H200, suite W, backward-weight (TFLOP/s, unsplit → split):
+    //   b = 64, d = 0.05, 205 blocks, 4 CTAs/SM, 2 splits: 107 → 137-140
+    //   b = 128, d = 0.1, 102 blocks, 2 CTAs/SM: 172 → 158 (2 splits), 128 (3 splits)
+    //   b = 128, d = 0.05, 51 blocks: 116 → 127 (5 splits), 89 (6); Bernoulli layouts lost 8-11%
+    // so the big b = 128 tile, which nearly fills an SM alone, is not split. The last split of
+    // each block adds the partials in split order: deterministic.
+    constexpr std::int64_t kSms = 132, kSharedPerSm = 227 * 1024;
+    const std::int64_t per_sm =
+        t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
+    if (t.pipelined && layout.blocks() > 0 && per_sm >= 4) {
+      g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / layout.blocks(), 1, 8));
       if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * b * b + 1) * 4 * layout.blocks();
     }
     tables = fmt::format(
