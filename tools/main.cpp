@@ -1,6 +1,7 @@
 // bsjit: the command-line tool.
 //   bsjit info                          versions, cache directory, visible GPUs
 //   bsjit inspect FILE...               layout statistics and hash
+//   bsjit make-layout PATTERN -o FILE   attention block masks (causal, window, bigbird, ...)
 //   bsjit precompile (-m MANIFEST | -l FILE...)   compile kernels into the cache, no GPU needed
 //   bsjit warmup (-m MANIFEST | --dir DIR)       load kernels on every GPU, with load times
 //   bsjit cache list|verify|prune|clear          look after a cache directory
@@ -124,6 +125,34 @@ int inspect(const std::vector<std::string>& files) {
                s.mean_blocks_per_row, s.empty_rows, s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col,
                s.empty_cols);
   }
+  return 0;
+}
+
+struct PatternArgs {
+  std::string pattern, output;
+  std::int64_t blocks = 0, window = 1, global = 1, stride = 1, chunk = 1, summary = 1, random = 0;
+  std::uint64_t seed = 1;
+  bool bidirectional = false;
+};
+
+int make_layout(const PatternArgs& a) {
+  const bool causal = !a.bidirectional;
+  Layout l = [&] {
+    if (a.pattern == "causal") return layouts::causal(a.blocks);
+    if (a.pattern == "window") return layouts::sliding_window(a.blocks, a.window, causal);
+    if (a.pattern == "window+global")
+      return layouts::unite(layouts::sliding_window(a.blocks, a.window, causal),
+                            layouts::global_tokens(a.blocks, a.global, causal, a.bidirectional));
+    if (a.pattern == "strided") return layouts::strided(a.blocks, a.stride);
+    if (a.pattern == "fixed") return layouts::fixed(a.blocks, a.chunk, a.summary);
+    if (a.pattern == "bigbird") return layouts::bigbird(a.blocks, a.window, a.global, a.random, a.seed);
+    throw Error(fmt::format("unknown pattern '{}'", a.pattern));
+  }();
+  const std::filesystem::path out = a.output;
+  if (out.extension() == ".npy") l.save_npy(out);
+  else if (out.extension() == ".json") l.save_json(out);
+  else throw Error(fmt::format("output '{}': expected a .npy or .json file name", a.output));
+  fmt::print("{}: [{}, {}] blocks, {} nonzero, hash {}\n", a.output, l.rows(), l.cols(), l.blocks(), l.hash().hex());
   return 0;
 }
 
@@ -251,6 +280,22 @@ int main(int argc, char** argv) {
   auto* ins = app.add_subcommand("inspect", "print a layout file's statistics and hash");
   ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required()->check(CLI::ExistingFile);
 
+  PatternArgs pat;
+  auto* mk = app.add_subcommand("make-layout", "write an attention block mask (query blocks × key blocks) to a file");
+  mk->add_option("pattern", pat.pattern, "causal, window, window+global, strided, fixed or bigbird")
+      ->required()
+      ->check(CLI::IsMember({"causal", "window", "window+global", "strided", "fixed", "bigbird"}));
+  mk->add_option("-o,--output", pat.output, "output file (.npy or .json)")->required();
+  mk->add_option("--blocks", pat.blocks, "query (and key) blocks: sequence length / block size")->required();
+  mk->add_option("--window", pat.window, "window, in blocks");
+  mk->add_option("--global", pat.global, "global key blocks (first ones)");
+  mk->add_option("--stride", pat.stride, "strided: stride in blocks");
+  mk->add_option("--chunk", pat.chunk, "fixed: chunk in blocks");
+  mk->add_option("--summary", pat.summary, "fixed: summary blocks per chunk");
+  mk->add_option("--random", pat.random, "bigbird: random key blocks per query row");
+  mk->add_option("--seed", pat.seed, "bigbird: random seed");
+  mk->add_flag("--bidirectional", pat.bidirectional, "window, window+global: not causal");
+
   KernelSelection pre_sel;
   int threads = 0;
   bool verbose = false;
@@ -313,6 +358,7 @@ int main(int argc, char** argv) {
     else if (!cache_dir.empty()) set_cache_directory(cache_dir);
     if (*inf) return info(require_gpu);
     if (*ins) return inspect(inspect_files);
+    if (*mk) return make_layout(pat);
     if (*pre) return precompile_cmd(pre_sel, threads, verbose);
     if (*warm) return warmup_cmd(warm_sel, warm_dir, strict);
     if (*cache) return cache_cmd(cache_action, cache_target, max_size, max_age_days);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "bsjit/layout.hpp"
 #include "runtime/driver.hpp"
 
 namespace {
@@ -151,5 +152,24 @@ TEST(Cli, WarmupWithoutGpuIsAClearError) {
   auto r = sh("--no-disk-cache warmup -l " + kExamples + "/layouts/banded.json");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("needs a GPU"), std::string::npos) << r.output;
+}
+}  // namespace
+
+namespace {
+TEST(Cli, MakeLayoutWritesAttentionMasks) {
+  TempDir dir;
+  // suite A's window + global mask: S = 8192 at block 128, window 1024, first 256 keys global
+  auto out = dir.path / "wg.npy";
+  auto r = sh("make-layout window+global --blocks 64 --window 8 --global 2 -o " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto l = bsjit::Layout::load(out);
+  EXPECT_EQ(l.rows(), 64);
+  EXPECT_TRUE(l.at(63, 0) && l.at(63, 1) && l.at(63, 56) && l.at(63, 63));
+  EXPECT_FALSE(l.at(63, 2) || l.at(0, 1));
+  r = sh("make-layout causal --blocks 8 -o " + (dir.path / "c.json").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(bsjit::Layout::load(dir.path / "c.json").blocks(), 36);
+  EXPECT_NE(sh("make-layout window --blocks 8 --window 0 -o " + (dir.path / "x.npy").string()).status, 0);
+  EXPECT_NE(sh("make-layout causal --blocks 8 -o " + (dir.path / "x.txt").string()).status, 0);
 }
 }  // namespace
