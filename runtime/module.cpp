@@ -105,9 +105,18 @@ double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, i
   return times[times.size() / 2];
 }
 
-DeviceMemory::DeviceMemory(std::size_t bytes) { BSJIT_CU(driver().cuMemAlloc(&ptr, bytes ? bytes : 16)); }
+DeviceMemory::DeviceMemory(std::size_t bytes) {
+  BSJIT_CU(driver().cuCtxGetCurrent(&ctx));
+  BSJIT_CU(driver().cuMemAlloc(&ptr, bytes ? bytes : 16));
+}
 DeviceMemory::~DeviceMemory() {
-  if (ptr) driver().cuMemFree(ptr);
+  if (!ptr) return;
+  const Driver& d = driver();
+  CUcontext prev = nullptr;
+  d.cuCtxGetCurrent(&prev);
+  if (prev != ctx) d.cuCtxSetCurrent(ctx);
+  d.cuMemFree(ptr);
+  if (prev != ctx) d.cuCtxSetCurrent(prev);
 }
 
 }  // namespace bsjit::runtime

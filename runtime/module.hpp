@@ -46,9 +46,11 @@ void launch(CUfunction function, const LaunchShape& shape, CUstream stream, Kern
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
 double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);
 
-// A device allocation in the current context, freed on destruction.
+// A device allocation in the current context, freed on destruction (in that context, whichever
+// is current then).
 struct DeviceMemory {
   CUdeviceptr ptr = 0;
+  CUcontext ctx = nullptr;
   explicit DeviceMemory(std::size_t bytes);
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
