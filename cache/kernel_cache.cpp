@@ -83,6 +83,11 @@ std::uint64_t parse_size_or_throw(const std::string& text) {
 }
 
 bool is_entry(const fs::path& p) { return p.extension() == kEntryExt; }
+
+// <label>-<arch>-<first 16 key digits>.bsjit
+std::string entry_name(const std::string& label, const std::string& arch, const std::string& key) {
+  return fmt::format("{}-{}-{}{}", label, arch, key.substr(0, 16), kEntryExt);
+}
 bool is_tmp(const fs::path& p) {
   const std::string name = p.filename().string();
   return name.find(kTmpMark) != std::string::npos &&
@@ -255,7 +260,7 @@ CacheConfig KernelCache::config() const {
 std::filesystem::path KernelCache::entry_path(const Request& r) const {
   std::lock_guard lock(mutex_);
   if (!writable_) return {};
-  return config_.directory / fmt::format("{}-{}-{}{}", r.label, r.arch, r.key.substr(0, 16), kEntryExt);
+  return config_.directory / entry_name(r.label, r.arch, r.key);
 }
 
 CacheStats KernelCache::stats() const {
@@ -302,7 +307,7 @@ KernelCache::Compiled KernelCache::load_from_layers(const Request& r, bool quiet
     layers = readable_;
     if (writable_) writable_dir = config_.directory;
   }
-  const std::string name = fmt::format("{}-{}-{}{}", r.label, r.arch, r.key.substr(0, 16), kEntryExt);
+  const std::string name = entry_name(r.label, r.arch, r.key);
   for (const auto& dir : layers)
     if (auto k = load_from(dir / name, r.key, dir == writable_dir, quiet)) return k;
   return nullptr;
@@ -524,8 +529,7 @@ std::vector<CacheEntryInfo> list_cache(const fs::path& directory) {
     if (!ok) why = "unreadable";
     if (info.valid) {
       // the name must match the header, or the entry would be found under another key
-      auto expect = fmt::format("{}-{}-{}{}", h.label, h.arch, h.key.substr(0, 16), cache::kEntryExt);
-      if (e.path().filename() != expect) {
+      if (e.path().filename() != cache::entry_name(h.label, h.arch, h.key)) {
         info.valid = false;
         why = "file name does not match its header";
       }

@@ -174,7 +174,6 @@ Layout Layout::from_npy(const std::filesystem::path& path) {
   else if (kind == "i8" || kind == "u8") width = 8;
   else
     throw Error(fmt::format("'{}': unsupported dtype '{}'; expected bool, uint8, int32 or int64", file, d));
-  bool big = order == '>';
   if (order != '<' && order != '>' && order != '|' && order != '=')
     throw Error(fmt::format("'{}': unsupported byte order in dtype '{}'", file, d));
   const std::int64_t rows = h.shape[0], cols = h.shape[1];
@@ -186,13 +185,12 @@ Layout Layout::from_npy(const std::filesystem::path& path) {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data() + offset);
   for (std::size_t i = 0; i < count; ++i) {
     bool nonzero = false;
-    for (std::size_t b = 0; b < width; ++b) nonzero |= p[i * width + b] != 0;  // byte order cannot change "≠ 0"
+    for (std::size_t b = 0; b < width; ++b) nonzero |= p[i * width + b] != 0;  // "≠ 0" is the same in either byte order
     // element i of the file is (r, c) in C order, (c-major) in Fortran order
     std::size_t r = h.fortran ? i % rows : i / cols;
     std::size_t c = h.fortran ? i / rows : i % cols;
     mask[r * cols + c] = nonzero;
   }
-  (void)big;
   return from_dense(rows, cols, mask);
 }
 

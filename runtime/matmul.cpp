@@ -50,17 +50,14 @@ struct MatMul::Impl {
   std::mutex mutex;  // guards launchables and workspaces
   // Split-N scratch per (context, stream): launches on one stream run in order, so they can share it.
   std::map<std::pair<CUcontext, CUstream>, std::unique_ptr<runtime::DeviceMemory>> workspaces;
-  std::map<std::pair<CUcontext, CUstream>, std::int64_t> workspace_sizes;
 
   float* workspace(CUcontext ctx, CUstream stream, std::int64_t bytes) {
     std::lock_guard lock(mutex);
     auto& w = workspaces[{ctx, stream}];
-    auto& size = workspace_sizes[{ctx, stream}];
-    if (!w || size < bytes) {
+    if (!w || static_cast<std::int64_t>(w->bytes) < bytes) {
       if (w) BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));  // the old one may still be in use
       w = std::make_unique<runtime::DeviceMemory>(bytes);
       BSJIT_CU(runtime::driver().cuMemsetD8(w->ptr, 0, bytes));  // arrival counters start at 0
-      size = bytes;
     }
     return static_cast<float*>(w->get());
   }

@@ -105,7 +105,7 @@ double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, i
   return times[times.size() / 2];
 }
 
-DeviceMemory::DeviceMemory(std::size_t bytes) {
+DeviceMemory::DeviceMemory(std::size_t n) : bytes(n) {
   BSJIT_CU(driver().cuCtxGetCurrent(&ctx));
   BSJIT_CU(driver().cuMemAlloc(&ptr, bytes ? bytes : 16));
 }

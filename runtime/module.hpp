@@ -50,6 +50,7 @@ double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, i
 // is current then).
 struct DeviceMemory {
   CUdeviceptr ptr = 0;
+  std::size_t bytes = 0;
   CUcontext ctx = nullptr;
   explicit DeviceMemory(std::size_t bytes);
   ~DeviceMemory();
