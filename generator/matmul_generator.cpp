@@ -70,6 +70,12 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 // - dsd, b ≤ 32: BM = 256 on 8 warps (8×1), 3 stages: each W tile feeds twice the rows; 131 against
 //   120 TFLOP/s at b = 32, d = 0.5, and 53 against 50 at b = 16. Grouping 2-8 whole blocks per stage
 //   (group > 1) was predicted to help by cutting barriers per FLOP and measured 13-60% slower.
+// - dsd on sm_90a, b ≥ 64: the wgmma kernel, one warpgroup of 128 rows (two m64 tiles), 3 stages:
+//   99 KB (b = 128) or 73 KB (b = 64) of shared memory lets 2 or 3 CTAs share an SM, which hides
+//   each CTA's per-stage barrier better than deeper pipelines or bigger tiles. Forward, balanced:
+//   b = 128: 323 TFLOP/s at d = 0.5 and 216 at d = 0.1 (mma.sync best: 264 and 187; wgmma with 2
+//   warpgroups and 4 stages: 255 and 175; 256 rows on 4 warpgroups, 4 stages: 345 and 203);
+//   b = 64: 200 at d = 0.1 (mma.sync: 152; 4 stages: 182; 5 stages: 131).
 // - sdd: 2×2 warps, BK = 64, 3 stages (313 against 284 TFLOP/s at b = 128, d = 0.5); b = 16 on one
 //   warp, BK = 32, 4 stages.
 namespace {
@@ -95,6 +101,31 @@ TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
   return t;
 }
 
+// The Hopper kernel's shape from (bm, warpgroups, stages): warps_m warpgroups of 4 warps, each
+// owning bm / warps_m rows (64 or 128: one or two m64 wgmma tiles); 64 reduction indices per
+// stage. DsdWgmmaPlan in templates/bsjit/matmul.cuh computes the same shared-memory size.
+TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
+  const int b = spec.block;
+  t.tensor_cores = t.pipelined = t.wgmma = true;
+  t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
+  t.threads = t.warps_m * 128;
+  t.shared_bytes = t.stages * (t.bm * 128 + 64 * b * 2) + 1024;
+  const int rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
+  const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 64 || b == 128) &&
+                  t.bm == rows * t.warps_m && (rows == 64 || rows == 128) && t.bm <= 256 && t.stages >= 3 &&
+                  t.shared_bytes <= 227 * 1024;
+  if (!ok)
+    throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
+                            spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
+  return t;
+}
+
+TileConfig wgmma_shape(int bm, int warpgroups, int stages) {
+  TileConfig t;
+  t.wgmma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages;
+  return t;
+}
+
 TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages, int group = 1) {
   TileConfig t;
   t.bm = bm, t.bk = bk, t.warps_m = wm, t.warps_n = wn, t.stages = stages, t.group = group;
@@ -115,7 +146,10 @@ std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
   return out;
 }
 
+bool has_wgmma(const std::string& arch) { return arch == "sm_90a"; }
+
 std::string tiles_tag(const TileConfig& t) {
+  if (t.wgmma) return fmt::format("wg{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
                      t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
@@ -141,10 +175,13 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     // (b = 32, d = 0.5: 114 TFLOP/s with 2 blocks per stage, 63 with 4, against 131 for one), so
     // not the default; kept as a candidate to re-measure as the kernels change.
     if (b <= 32) shapes.push_back(pipelined_shape(128, 64, 8, 1, 3, 64 / b));
+    if (spec.wgmma)
+      for (auto [bm, wg] : {std::pair{128, 2}, {128, 1}, {256, 4}, {256, 2}})
+        for (int stages : {3, 4, 5, 6}) shapes.push_back(wgmma_shape(bm, wg, stages));
   }
   for (const auto& s : shapes) {
     try {
-      TileConfig t = finish_pipelined(spec, s);
+      TileConfig t = s.wgmma ? finish_wgmma(spec, s) : finish_pipelined(spec, s);
       bool seen = false;
       for (const auto& o : out) seen |= tiles_tag(o) == tiles_tag(t);
       if (!seen) out.push_back(t);
@@ -161,7 +198,8 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
   TileConfig t;
   t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
   if (t.tensor_cores && spec.feature_axis == FeatureAxis::last) {
-    if (spec.tiles) return finish_pipelined(spec, *spec.tiles);
+    if (spec.tiles) return spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles) : finish_pipelined(spec, *spec.tiles);
+    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_wgmma(spec, wgmma_shape(128, 1, 3));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
                                             : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
@@ -208,7 +246,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   g.in_features = spec.op == Op::backward_data ? K : C;
   g.out_features = spec.op == Op::backward_data ? C : K;
   g.label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), b, to_string(spec.feature_axis));
-  if (spec.tiles) g.label += "-" + tiles_tag(t);
+  if (spec.tiles || t.wgmma) g.label += "-" + tiles_tag(t);
 
   std::string tables;
   if (sdd) {
@@ -269,8 +307,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   const char* accessors = sdd ? "  __device__ static const int* coords() { return kCoords; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
-                                   : (sdd ? "sdd_kernel" : "dsd_kernel");
+  const char* kernel = t.wgmma       ? "dsd_wgmma_kernel"
+                       : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
+                                     : (sdd ? "sdd_kernel" : "dsd_kernel");
   g.shared_bytes = t.shared_bytes;
   g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
   g.source = fmt::format(

@@ -25,6 +25,7 @@ struct TileConfig {
   int stages = 1;
   int group = 1;                 // dsd: LUT entries per pipeline stage (then bk = group · block)
   int shared_bytes = 0;          // dynamic shared memory per CTA (pipelined kernels)
+  bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on bm/64 warpgroups, bk = 64
 };
 
 struct MatMulSpec {
@@ -32,6 +33,8 @@ struct MatMulSpec {
   int block = 32;
   DType dtype = DType::f32;
   FeatureAxis feature_axis = FeatureAxis::last;
+  // The target has Hopper's warpgroup instructions (sm_90a): the wgmma kernels may be chosen.
+  bool wgmma = false;
   // A pipelined tile shape to use instead of the heuristic (tuning): bm, bk, warps_m, warps_n and
   // stages are taken, the rest derived. Only for specs whose heuristic choice is pipelined.
   std::optional<TileConfig> tiles;
@@ -49,7 +52,8 @@ std::vector<MatMulSpec> variants(const MatMulSpec& spec);
 // The pipelined tile shapes worth trying for spec (the heuristic's first), for autotuning.
 std::vector<TileConfig> tile_candidates(const MatMulSpec& spec);
 
-// "bm128-bk32-w2x2-s4": names a pipelined tile shape in kernel labels and ids.
+// "bm128-bk32-w2x2-s4" (mma.sync) or "wg-bm128-s4" (wgmma): names a pipelined tile shape in
+// kernel labels and ids.
 std::string tiles_tag(const TileConfig& t);
 
 struct GeneratedSource {
@@ -64,6 +68,9 @@ struct GeneratedSource {
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
 };
+
+// Whether kernels for arch may use wgmma: "sm_90a" (the arch-specific Hopper target).
+bool has_wgmma(const std::string& arch);
 
 // Block sizes with a kernel.
 bool supported_block(int block);

@@ -48,6 +48,10 @@ void check_arch(const std::string& arch) {
                             arch));
 }
 
+std::string default_kernel_arch(const std::string& device_arch) {
+  return device_arch == "sm_90" ? "sm_90a" : device_arch;
+}
+
 std::vector<std::string> compile_options(const std::string& arch) {
   return {"--gpu-architecture=" + arch, "-std=c++17"};
 }

@@ -21,6 +21,11 @@ struct CompiledKernel {
 // or below sm_80 (the tensor-core kernels need mma.sync bf16).
 void check_arch(const std::string& arch);
 
+// The target kernels are compiled for on a device of device_arch when the caller names none: the
+// arch-specific "sm_90a" on compute capability 9.0 (its wgmma kernels run only there, which is where
+// they are loaded), the device's own arch elsewhere.
+std::string default_kernel_arch(const std::string& device_arch);
+
 std::vector<std::string> compile_options(const std::string& arch);
 std::string nvrtc_version();  // "13.0"
 

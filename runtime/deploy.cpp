@@ -238,7 +238,7 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         const auto specs =
             generator::variants({item.op, item.options.block, item.options.dtype, item.options.feature_axis});
         for (int v = 0; v < static_cast<int>(specs.size()); ++v) {
-          const auto spec = runtime::tuned_spec(hash, specs[v], item.options.arch, v);
+          const auto spec = runtime::resolve_spec(hash, specs[v], item.options.arch, v);
           auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
           runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
         }

@@ -62,8 +62,9 @@ std::string tuning_stem(const generator::MatMulSpec& spec, const std::string& ar
 }
 }  // namespace
 
-generator::MatMulSpec tuned_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
-                                 int variant) {
+generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
+                                   int variant) {
+  spec.wgmma = generator::has_wgmma(arch);
   const std::string record = cache::KernelCache::global().find_tuning(tuning_key(layout_hash, spec, arch, variant));
   if (record.empty()) return spec;
   try {
@@ -75,6 +76,7 @@ generator::MatMulSpec tuned_spec(const std::string& layout_hash, generator::MatM
     t.warps_n = j.at("warps_n").get<int>();
     t.stages = j.at("stages").get<int>();
     t.group = j.at("group").get<int>();
+    t.wgmma = j.value("wgmma", false);
     generator::MatMulSpec tuned = spec;
     tuned.tiles = t;
     generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
@@ -93,7 +95,7 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   j["key"] = key;
   j["layout_hash"] = layout_hash;
   j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
-                {"group", t.group}, {"tag", generator::tiles_tag(t)}};
+                {"group", t.group}, {"wgmma", t.wgmma}, {"tag", generator::tiles_tag(t)}};
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 

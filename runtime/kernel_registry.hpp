@@ -22,7 +22,7 @@ struct KernelId {
   generator::MatMulSpec spec;
   std::string arch;
   auto key() const {
-    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, arch,
+    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma, arch,
                            spec.tiles ? generator::tiles_tag(*spec.tiles) : std::string());
   }
   bool operator<(const KernelId& o) const { return key() < o.key(); }
@@ -43,11 +43,12 @@ cache::Request cache_request(const generator::GeneratedSource& g, const std::str
 LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n);
 
 // Tuning records: which tile shape a (layout, op, block, dtype, feature axis, arch) uses at a batch
-// class (generator::variants index). tuning_key names the record; tuned_spec applies it, returning
-// spec unchanged when there is none (or it is not valid for spec).
+// class (generator::variants index). tuning_key names the record.
+// resolve_spec: the spec to compile for arch: with the arch's instructions (wgmma on sm_90a) and
+// the tuned tile shape where a record exists and is valid for spec, else the generator's choice.
 std::string tuning_key(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch,
                        int variant);
-generator::MatMulSpec tuned_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
+generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
                                  int variant);
 void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch, int variant,
                   const generator::TileConfig& tiles);

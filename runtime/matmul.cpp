@@ -71,9 +71,11 @@ struct MatMul::Impl {
   }
   // The spec of op's variant v for arch: the tuned tile shape where a tuning record exists.
   generator::MatMulSpec spec_for(Op op, int v, const std::string& arch) const {
-    return runtime::tuned_spec(layout_hash, specs(op)[v], arch, v);
+    return runtime::resolve_spec(layout_hash, specs(op)[v], arch, v);
   }
-  std::string arch_for(CUcontext ctx) const { return options.arch.empty() ? runtime::context_arch(ctx) : options.arch; }
+  std::string arch_for(CUcontext ctx) const {
+    return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
+  }
 
   // Which variant runs n rows.
   int variant(Op op, std::int64_t n) const {
@@ -164,7 +166,8 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   CUcontext ctx = runtime::current_context();
   const std::string arch = impl_->arch_for(ctx);
   const int v = impl_->variant(op, n);
-  const generator::MatMulSpec base = impl_->specs(op)[v];
+  generator::MatMulSpec base = impl_->specs(op)[v];
+  base.wgmma = generator::has_wgmma(arch);
   // candidates: this variant's own shape first, then every shape the generator offers
   std::vector<generator::MatMulSpec> candidates{base};
   if (generator::choose_tiles(base).pipelined) {

@@ -16,7 +16,7 @@ namespace bsjit::runtime {
 // and made current (what the CUDA runtime API would do on first use).
 CUcontext current_context();
 
-// "sm_90" for a compute capability 9.0 device: the arch a kernel is compiled for by default.
+// "sm_90" for a compute capability 9.0 device (kernels for it: default_kernel_arch).
 std::string context_arch(CUcontext ctx);
 
 // One compiled kernel loaded into one context: module and function. Modules stay loaded for the

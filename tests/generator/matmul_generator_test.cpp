@@ -128,6 +128,49 @@ TEST(Generator, TileConfigsAreConsistent) {
   EXPECT_THROW(choose_tiles({Op::forward, 24, DType::f32, FeatureAxis::last}), Error);
 }
 
+// The Hopper kernels: chosen on sm_90a for the forward and backward-data at b ≥ 64 (16-bit,
+// feature axis last), never elsewhere; their shapes fit the H100/H200's shared memory.
+TEST(Generator, WgmmaWhereTheTargetHasIt) {
+  EXPECT_TRUE(has_wgmma("sm_90a"));
+  EXPECT_FALSE(has_wgmma("sm_90"));
+  EXPECT_FALSE(has_wgmma("sm_80"));
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {8, 16, 32, 64, 128})
+      for (DType dt : {DType::f32, DType::f16, DType::bf16})
+        for (FeatureAxis ax : {FeatureAxis::last, FeatureAxis::first}) {
+          MatMulSpec spec{op, b, dt, ax};
+          EXPECT_FALSE(choose_tiles(spec).wgmma);
+          spec.wgmma = true;
+          const TileConfig t = choose_tiles(spec);
+          SCOPED_TRACE(std::string(to_string(op)) + " b" + std::to_string(b) + " " + std::string(to_string(dt)));
+          const bool expected = op != Op::backward_weight && b >= 64 && dt != DType::f32 && ax == FeatureAxis::last;
+          EXPECT_EQ(t.wgmma, expected);
+          if (!t.wgmma) continue;
+          EXPECT_EQ(t.threads, t.warps_m * 128) << "warps_m warpgroups";
+          EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
+          EXPECT_EQ(t.bk, 64);
+          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024);
+          for (const auto& c : tile_candidates(spec)) EXPECT_LE(c.shared_bytes, 227 * 1024) << tiles_tag(c);
+          // the small-batch variant stays on the mma.sync kernel
+          auto v = variants(spec);
+          ASSERT_EQ(v.size(), 2u);
+          EXPECT_FALSE(choose_tiles(v[1]).wgmma);
+          EXPECT_NE(generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec).name_expression.find("dsd_wgmma_kernel"),
+                    std::string::npos);
+        }
+  // a wgmma shape for a target without it is refused with the reason
+  MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
+  TileConfig t;
+  t.wgmma = true, t.bm = 128, t.stages = 4;
+  spec.tiles = t;
+  try {
+    choose_tiles(spec);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sm_90a"), std::string::npos) << e.what();
+  }
+}
+
 // Backward-weight splits N across CTAs when the layout has too few blocks to fill the GPU, and
 // asks for the workspace its partials and arrival counters need.
 TEST(Generator, BackwardWeightSplitsFewBlocks) {

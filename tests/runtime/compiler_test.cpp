@@ -1,5 +1,6 @@
-// Every kernel template, through the generator, compiled by NVRTC for sm_80, sm_90 and sm_90a,
-// with no include path: the templates need no CUDA toolkit header.
+// Every kernel template, through the generator, compiled by NVRTC for sm_80, sm_90 and sm_90a
+// (there with the wgmma kernels where the generator picks them), with no include path: the
+// templates need no CUDA toolkit header.
 #include "runtime/compiler.hpp"
 
 #include <gtest/gtest.h>
@@ -48,7 +49,9 @@ TEST(Compiler, EveryTemplateForEveryArch) {
   std::vector<std::future<std::string>> pending;
   auto run = [&](Case c) -> std::string {
     try {
-      auto g = generator::generate_matmul(layout, {c.op, c.block, c.dtype, c.axis});
+      generator::MatMulSpec spec{c.op, c.block, c.dtype, c.axis};
+      spec.wgmma = generator::has_wgmma(c.arch);
+      auto g = generator::generate_matmul(layout, spec);
       auto k = runtime::compile(g.source, g.name_expression, g.label, c.arch);
       if (k.cubin.size() < 64) return name(c) + ": cubin too small";
       if (k.lowered_name.rfind("_Z", 0) != 0) return name(c) + ": lowered name '" + k.lowered_name + "'";
@@ -83,13 +86,21 @@ TEST(Compiler, EveryTileCandidateCompiles) {
         specs.push_back(spec);
       }
       for (const auto& v : generator::variants({op, b, DType::f16, FeatureAxis::last})) specs.push_back(v);
+      // the Hopper shapes, offered only for sm_90a
+      spec = {op, b, DType::f16, FeatureAxis::last};
+      spec.wgmma = true;
+      for (const auto& t : generator::tile_candidates(spec))
+        if (t.wgmma) {
+          spec.tiles = t;
+          specs.push_back(spec);
+        }
     }
   std::vector<std::future<std::string>> pending;
   std::vector<std::string> failures;
   auto run = [&](generator::MatMulSpec spec) -> std::string {
     try {
       auto g = generator::generate_matmul(layout, spec);
-      runtime::compile(g.source, g.name_expression, g.label, "sm_90");
+      runtime::compile(g.source, g.name_expression, g.label, spec.wgmma ? "sm_90a" : "sm_90");
       return "";
     } catch (const std::exception& e) {
       return e.what();
@@ -102,7 +113,7 @@ TEST(Compiler, EveryTileCandidateCompiles) {
     if (!r.empty()) failures.push_back(r);
   }
   for (auto& f : failures) ADD_FAILURE() << f;
-  EXPECT_GT(specs.size(), 60u);
+  EXPECT_GT(specs.size(), 70u);
 }
 
 TEST(Compiler, CompileErrorCarriesLogOptionsAndSourcePath) {
@@ -125,6 +136,28 @@ TEST(Compiler, RejectsUnsupportedArch) {
   EXPECT_THROW(runtime::check_arch("sm90"), Error);
   EXPECT_NO_THROW(runtime::check_arch("sm_90a"));
   EXPECT_NO_THROW(runtime::check_arch("sm_80"));
+}
+
+TEST(Compiler, HopperDevicesGetTheArchSpecificTarget) {
+  EXPECT_EQ(runtime::default_kernel_arch("sm_90"), "sm_90a");
+  EXPECT_EQ(runtime::default_kernel_arch("sm_80"), "sm_80");
+  EXPECT_EQ(runtime::default_kernel_arch("sm_89"), "sm_89");
+  EXPECT_EQ(runtime::default_kernel_arch("sm_100"), "sm_100");
+}
+
+// A wgmma kernel compiled for plain sm_90 is refused by the template, not miscompiled.
+TEST(Compiler, WgmmaKernelNeedsSm90a) {
+  generator::MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  auto g = generator::generate_matmul(small_random_layout(3), spec);
+  ASSERT_TRUE(g.tiles.wgmma);
+  EXPECT_NO_THROW(runtime::compile(g.source, g.name_expression, g.label, "sm_90a"));
+  try {
+    runtime::compile(g.source, g.name_expression, g.label, "sm_90");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("wgmma needs the sm_90a target"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }

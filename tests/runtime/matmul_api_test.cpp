@@ -77,15 +77,15 @@ TEST(MatMulApi, TuningRecordsChooseTheTileShape) {
   const Layout layout = Layout::from_coords(4, 4, {{0, 0}, {1, 1}, {2, 3}});
   const generator::MatMulSpec spec{Op::forward, 64, DType::bf16, FeatureAxis::last};
   const std::string hash = layout.hash().hex();
-  EXPECT_FALSE(runtime::tuned_spec(hash, spec, "sm_90", 0).tiles);
+  EXPECT_FALSE(runtime::resolve_spec(hash, spec, "sm_90", 0).tiles);
   auto candidates = generator::tile_candidates(spec);
   ASSERT_GE(candidates.size(), 2u);
   runtime::store_tuning(hash, spec, "sm_90", 0, candidates[1]);
-  auto tuned = runtime::tuned_spec(hash, spec, "sm_90", 0);
+  auto tuned = runtime::resolve_spec(hash, spec, "sm_90", 0);
   ASSERT_TRUE(tuned.tiles);
   EXPECT_EQ(generator::tiles_tag(*tuned.tiles), generator::tiles_tag(candidates[1]));
-  EXPECT_FALSE(runtime::tuned_spec(hash, spec, "sm_80", 0).tiles) << "records are per arch";
-  EXPECT_FALSE(runtime::tuned_spec(hash, spec, "sm_90", 1).tiles) << "records are per batch class";
+  EXPECT_FALSE(runtime::resolve_spec(hash, spec, "sm_80", 0).tiles) << "records are per arch";
+  EXPECT_FALSE(runtime::resolve_spec(hash, spec, "sm_90", 1).tiles) << "records are per batch class";
   MatMul(layout, {64, DType::bf16, FeatureAxis::last, ""}).precompile(Op::forward, "sm_90");
   bool tuned_entry = false;
   for (const auto& e : list_cache(dir))
@@ -94,7 +94,7 @@ TEST(MatMulApi, TuningRecordsChooseTheTileShape) {
   // a shape that cannot serve this spec (block 32's record applied to block 64) is ignored
   const generator::MatMulSpec other{Op::forward, 16, DType::bf16, FeatureAxis::last};
   runtime::store_tuning(hash, other, "sm_90", 0, candidates[1]);
-  EXPECT_FALSE(runtime::tuned_spec(hash, other, "sm_90", 0).tiles);
+  EXPECT_FALSE(runtime::resolve_spec(hash, other, "sm_90", 0).tiles);
   set_cache_directory({});
   std::filesystem::remove_all(dir);
 }

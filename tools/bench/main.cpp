@@ -26,6 +26,7 @@
 #include "cache/kernel_cache.hpp"
 #include "device_buffer.hpp"
 #include "reference.hpp"
+#include "runtime/compiler.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "runtime/module.hpp"
 
@@ -225,7 +226,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
   ddy.upload(dy.bits);
   std::mt19937_64 rng(42);
   CUcontext ctx = runtime::current_context();
-  const std::string arch = runtime::context_arch(ctx);
+  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(ctx));
   for (int b : blocks)
     for (double d : densities) {
       Layout L = balanced_layout(C / b, K / b, d, rng);
@@ -237,6 +238,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
       std::vector<runtime::KernelId> ids;
       for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
         generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = generator::has_wgmma(arch);
         for (const auto& t : generator::tile_candidates(spec)) {
           spec.tiles = t;
           ids.push_back({L.hash().hex(), spec, arch});

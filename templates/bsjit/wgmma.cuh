@@ -1,0 +1,135 @@
+// Hopper (sm_90a) warpgroup tensor-core primitives: wgmma with both operands in shared memory,
+// 128-byte swizzled tiles, and the fences that order them against ordinary and cp.async writes.
+//
+// A "warpgroup" is 4 consecutive warps (128 threads) starting at a warp index divisible by 4; one
+// wgmma.mma_async m64nNk16 multiplies a 64 × 16 A tile by a 16 × N B tile into 64 × N fp32
+// accumulators spread over the warpgroup's registers (N/2 per thread).
+//
+// Shared-memory tiles use the 128-byte swizzle: a tile is made of 1024-byte atoms of 8 rows of 128
+// bytes (64 16-bit elements), and the 16-byte chunk j of row r of an atom is stored at chunk
+// j ^ (r % 8). Atoms must start at 1024-byte aligned addresses (the hardware swizzles on address
+// bits). Two orders are used:
+// - K-major (the reduction index contiguous): rows are M (or N) indices, 64 reduction indices per
+//   row; the atoms of 8 rows follow each other every 1024 bytes (the "stride byte offset").
+// - MN-major (the M or N index contiguous): rows are reduction indices, each holding 64 M/N
+//   indices; 8 consecutive reduction rows form an atom (stride byte offset 1024 between them), and
+//   further groups of 64 M/N indices sit "leading byte offset" bytes apart.
+#pragma once
+
+#include "bsjit/common.cuh"
+#include "bsjit/pipeline.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BSJIT_NO_WGMMA 1  // kernels that need wgmma refuse to instantiate (static_assert)
+#endif
+
+namespace bsjit {
+namespace kernels {
+
+constexpr int kSwizzleRowBytes = 128, kSwizzleAtomBytes = 1024;
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128-byte-swizzled tile.
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  return row * kSwizzleRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// Shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
+// swizzle mode 1 = 128 bytes.
+__device__ __forceinline__ unsigned long long smem_descriptor(const void* p, int leading_bytes, int stride_bytes) {
+  const unsigned long long addr = smem_address(p);
+  return ((addr & 0x3ffff) >> 4) | (static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16) |
+         (static_cast<unsigned long long>((stride_bytes >> 4) & 0x3fff) << 32) | (1ull << 62);
+}
+
+// Writes of the generic proxy (ordinary stores, cp.async) to shared memory become visible to the
+// async proxy (wgmma operand reads): each writing thread fences, then the CTA synchronises.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// The accumulators of an in-flight wgmma must not be touched by other instructions until it is
+// waited for; this tells the compiler each register may have changed (keeps it from moving reads).
+template <int R>
+__device__ __forceinline__ void wgmma_fence_registers(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <class T>
+struct IsBfloat16 {
+  static constexpr bool value = false;
+};
+template <>
+struct IsBfloat16<bfloat16_t> {
+  static constexpr bool value = true;
+};
+
+// One operand list per N: inline asm needs every accumulator register named.
+#define BSJIT_WGMMA_M64N64K16(TYPE)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"        \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+               "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+               : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B))
+
+#define BSJIT_WGMMA_M64N128K16(TYPE)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"        \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+               "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B))
+
+// d (64 × N, fp32) += A (64 × 16) · B (16 × N), both from shared memory. TRANS_A / TRANS_B: 0 for
+// K-major, 1 for MN-major tiles.
+template <class T, int N, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long long desc_a,
+                                             unsigned long long desc_b) {
+#ifdef BSJIT_NO_WGMMA
+  static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
+#else
+  static_assert(N == 64 || N == 128, "wgmma widths used here: 64 and 128");
+  constexpr bool kBf16 = IsBfloat16<T>::value;
+  if constexpr (N == 64) {
+    if constexpr (kBf16) BSJIT_WGMMA_M64N64K16("bf16");
+    else BSJIT_WGMMA_M64N64K16("f16");
+  } else {
+    if constexpr (kBf16) BSJIT_WGMMA_M64N128K16("bf16");
+    else BSJIT_WGMMA_M64N128K16("f16");
+  }
+#endif
+}
+
+// The accumulator element of thread `lane` of warp `warp` (within its warpgroup) held in register
+// pair 4i + 2h: row warp·16 + lane/4 + 8h, columns 8i + 2·(lane%4) and the next one.
+template <int N, class Store>
+__device__ __forceinline__ void wgmma_epilogue(const float (&d)[N / 2], int row0, Store store) {
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      store(row0 + warp * 16 + lane / 4 + 8 * h, 8 * i + 2 * (lane % 4), d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+}
+
+}  // namespace kernels
+}  // namespace bsjit
