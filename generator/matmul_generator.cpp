@@ -70,12 +70,15 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 // - dsd, b ≤ 32: BM = 256 on 8 warps (8×1), 3 stages: each W tile feeds twice the rows; 131 against
 //   120 TFLOP/s at b = 32, d = 0.5, and 53 against 50 at b = 16. Grouping 2-8 whole blocks per stage
 //   (group > 1) was predicted to help by cutting barriers per FLOP and measured 13-60% slower.
-// - dsd on sm_90a, b ≥ 64: the wgmma kernel, one warpgroup of 128 rows (two m64 tiles), 3 stages:
-//   99 KB (b = 128) or 73 KB (b = 64) of shared memory lets 2 or 3 CTAs share an SM, which hides
-//   each CTA's per-stage barrier better than deeper pipelines or bigger tiles. Forward, balanced:
-//   b = 128: 323 TFLOP/s at d = 0.5 and 216 at d = 0.1 (mma.sync best: 264 and 187; wgmma with 2
-//   warpgroups and 4 stages: 255 and 175; 256 rows on 4 warpgroups, 4 stages: 345 and 203);
-//   b = 64: 200 at d = 0.1 (mma.sync: 152; 4 stages: 182; 5 stages: 131).
+// - dsd on sm_90a, b ≥ 64: the warp-specialized wgmma kernel (a TMA producer warpgroup, 2 consumer
+//   warpgroups of 128 rows each, 4 stages). Forward, balanced (TFLOP/s at d = 0.5 / 0.1):
+//   b = 128: 590 / 265 (mma.sync best: 264 / 187; wgmma fed by cp.async with a CTA barrier per
+//   stage, best shape: 345 / 220; TMA with 128 rows: 504-510 / 255);
+//   b = 64: 445 / 238 (mma.sync: 190 / 152; cp.async wgmma: 270 / 203; TMA with one consumer of
+//   128 rows: 398 / 257, the better choice at low density, which the autotuner finds).
+//   The cp.async wgmma kernel stays a tuning candidate: there 2-3 CTAs share an SM to hide each
+//   one's per-stage barrier, and its best shape (one warpgroup of 128 rows, 3 stages) beat deeper
+//   pipelines and bigger tiles.
 // - sdd: 2×2 warps, BK = 64, 3 stages (313 against 284 TFLOP/s at b = 128, d = 0.5); b = 16 on one
 //   warp, BK = 32, 4 stages.
 namespace {
@@ -112,11 +115,29 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   t.shared_bytes = t.stages * (t.bm * 128 + 64 * b * 2) + 1024;
   const int rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
   const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 64 || b == 128) &&
-                  t.bm == rows * t.warps_m && (rows == 64 || rows == 128) && t.bm <= 256 && t.stages >= 3 &&
+                  t.bm == rows * t.warps_m && (rows == 64 || rows == 128) && t.bm <= 256 &&
+                  t.stages >= (t.tma ? 2 : 3) &&
                   t.shared_bytes <= 227 * 1024;
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
                             spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
+  return t;
+}
+
+// The warp-specialized TMA kernel: warps_m consumer warpgroups plus one producer warpgroup; the
+// shared memory of DsdTmaPlan (the stages and 2 mbarriers per stage).
+TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
+  t = finish_wgmma(spec, t);
+  t.threads += 128;
+  t.shared_bytes += 2 * t.stages * 8;
+  if (t.stages < 2 || t.shared_bytes > 227 * 1024)
+    throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), spec.block));
+  return t;
+}
+
+TileConfig tma_shape(int bm, int warpgroups, int stages) {
+  TileConfig t;
+  t.wgmma = t.tma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages;
   return t;
 }
 
@@ -149,7 +170,7 @@ std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
 bool has_wgmma(const std::string& arch) { return arch == "sm_90a"; }
 
 std::string tiles_tag(const TileConfig& t) {
-  if (t.wgmma) return fmt::format("wg{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
+  if (t.wgmma) return fmt::format("{}{}-bm{}-s{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages);
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
                      t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
@@ -177,11 +198,14 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     if (b <= 32) shapes.push_back(pipelined_shape(128, 64, 8, 1, 3, 64 / b));
     if (spec.wgmma)
       for (auto [bm, wg] : {std::pair{128, 2}, {128, 1}, {256, 4}, {256, 2}})
-        for (int stages : {3, 4, 5, 6}) shapes.push_back(wgmma_shape(bm, wg, stages));
+        for (int stages : {3, 4, 5, 6}) {
+          shapes.push_back(wgmma_shape(bm, wg, stages));
+          shapes.push_back(tma_shape(bm, wg, stages));
+        }
   }
   for (const auto& s : shapes) {
     try {
-      TileConfig t = s.wgmma ? finish_wgmma(spec, s) : finish_pipelined(spec, s);
+      TileConfig t = s.tma ? finish_tma(spec, s) : s.wgmma ? finish_wgmma(spec, s) : finish_pipelined(spec, s);
       bool seen = false;
       for (const auto& o : out) seen |= tiles_tag(o) == tiles_tag(t);
       if (!seen) out.push_back(t);
@@ -198,8 +222,11 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
   TileConfig t;
   t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
   if (t.tensor_cores && spec.feature_axis == FeatureAxis::last) {
-    if (spec.tiles) return spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles) : finish_pipelined(spec, *spec.tiles);
-    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_wgmma(spec, wgmma_shape(128, 1, 3));
+    if (spec.tiles)
+      return spec.tiles->tma     ? finish_tma(spec, *spec.tiles)
+             : spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles)
+                                 : finish_pipelined(spec, *spec.tiles);
+    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 2, 4));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
                                             : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
@@ -307,10 +334,18 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   const char* accessors = sdd ? "  __device__ static const int* coords() { return kCoords; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.wgmma       ? "dsd_wgmma_kernel"
+  const char* kernel = t.tma         ? "dsd_tma_kernel"
+                       : t.wgmma     ? "dsd_wgmma_kernel"
                        : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
                                      : (sdd ? "sdd_kernel" : "dsd_kernel");
   g.shared_bytes = t.shared_bytes;
+  if (t.tma) {
+    g.tensor_maps = true;
+    g.dtype = spec.dtype;
+    g.w_blocks = layout.blocks();
+    g.block = spec.block;
+    g.w_box_rows = trans_w ? spec.block : 64;
+  }
   g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
   g.source = fmt::format(
       "// Generated by bsjit: {label}\n"

@@ -25,7 +25,8 @@ struct TileConfig {
   int stages = 1;
   int group = 1;                 // dsd: LUT entries per pipeline stage (then bk = group · block)
   int shared_bytes = 0;          // dynamic shared memory per CTA (pipelined kernels)
-  bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on bm/64 warpgroups, bk = 64
+  bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on warps_m warpgroups, bk = 64
+  bool tma = false;              // wgmma with a TMA producer warpgroup and mbarriers (warp-specialized)
 };
 
 struct MatMulSpec {
@@ -52,8 +53,8 @@ std::vector<MatMulSpec> variants(const MatMulSpec& spec);
 // The pipelined tile shapes worth trying for spec (the heuristic's first), for autotuning.
 std::vector<TileConfig> tile_candidates(const MatMulSpec& spec);
 
-// "bm128-bk32-w2x2-s4" (mma.sync) or "wg-bm128-s4" (wgmma): names a pipelined tile shape in
-// kernel labels and ids.
+// "bm128-bk32-w2x2-s4" (mma.sync), "wg1-bm128-s3" (wgmma, cp.async) or "tma2-bm128-s4" (wgmma,
+// TMA producer): names a pipelined tile shape in kernel labels and ids.
 std::string tiles_tag(const TileConfig& t);
 
 struct GeneratedSource {
@@ -67,6 +68,13 @@ struct GeneratedSource {
   std::int64_t workspace_bytes = 0;  // device scratch the launch needs (split partials); 0: none
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
+  // TMA kernels take two tensor maps after the plain arguments, which the host builds per call:
+  // A (X or dY) as [n, in_features] with boxes of 64 × tiles.bm, and W as [w_blocks · b, b] with
+  // boxes of 64 × w_box_rows.
+  bool tensor_maps = false;
+  DType dtype = DType::f32;
+  std::int64_t w_blocks = 0;
+  int block = 0, w_box_rows = 0;
 };
 
 // Whether kernels for arch may use wgmma: "sm_90a" (the arch-specific Hopper target).

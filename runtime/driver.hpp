@@ -46,7 +46,8 @@ namespace bsjit::runtime {
   X(cuEventDestroy)                \
   X(cuEventRecord)                 \
   X(cuEventSynchronize)            \
-  X(cuEventElapsedTime)
+  X(cuEventElapsedTime)            \
+  X(cuTensorMapEncodeTiled)
 
 struct Driver {
 #define BSJIT_DRIVER_MEMBER(name) decltype(&::name) name = nullptr;

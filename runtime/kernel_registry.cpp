@@ -9,6 +9,7 @@
 
 #include "bsjit/error.hpp"
 #include "generator/templates.hpp"
+#include "driver.hpp"
 #include "module.hpp"
 
 namespace bsjit::runtime {
@@ -77,6 +78,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.stages = j.at("stages").get<int>();
     t.group = j.at("group").get<int>();
     t.wgmma = j.value("wgmma", false);
+    t.tma = j.value("tma", false);
     generator::MatMulSpec tuned = spec;
     tuned.tiles = t;
     generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
@@ -95,7 +97,7 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   j["key"] = key;
   j["layout_hash"] = layout_hash;
   j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
-                {"group", t.group}, {"wgmma", t.wgmma}, {"tag", generator::tiles_tag(t)}};
+                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"tag", generator::tiles_tag(t)}};
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 
@@ -115,6 +117,39 @@ LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {
     shape.grid_y = static_cast<std::uint32_t>(gy);
   }
   return shape;
+}
+
+namespace {
+
+// A row-major [outer, inner] 16-bit tensor at base, copied in boxes of box_inner × box_outer
+// elements into 128-byte swizzled shared memory; rows past `outer` read as zeros.
+CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, std::uint64_t outer,
+                          std::uint32_t box_inner, std::uint32_t box_outer) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {inner * 2};  // bytes between rows
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t element_strides[2] = {1, 1};
+  BSJIT_CU(driver().cuTensorMapEncodeTiled(
+      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return map;
+}
+
+}  // namespace
+
+void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, std::int64_t n, CUstream stream,
+                     KernelArgs& args) {
+  const LaunchShape shape = launch_shape(kernel, op, n);
+  if (shape.grid_x == 0) return;  // no output blocks (backward-weight of an empty layout)
+  const auto& g = kernel.generated;
+  args.tensor_maps = g.tensor_maps;
+  if (g.tensor_maps) {
+    args.maps[0] = tensor_map_2d(g.dtype, args.a, g.in_features, n, 64, g.tiles.bm);
+    args.maps[1] = tensor_map_2d(g.dtype, args.b, g.block, g.w_blocks * g.block, 64, g.w_box_rows);
+  }
+  launch(function, shape, stream, args);
 }
 
 CUfunction KernelRegistry::function(const std::string& key, const CompiledKernel& kernel, CUcontext ctx) {

@@ -112,13 +112,11 @@ struct MatMul::Impl {
                               static_cast<const void*>(o.gate)));
     CUcontext ctx = runtime::current_context();
     Launchable l = launchable(op, variant(op, n), ctx);
-    const runtime::LaunchShape shape = runtime::launch_shape(*l.prepared, op, n);
-    if (shape.grid_x == 0) return;  // backward-weight of a layout with no blocks: nothing to write
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
     if (l.prepared->generated.workspace_bytes > 0)
       args.workspace = workspace(ctx, s, l.prepared->generated.workspace_bytes);
-    runtime::launch(l.function, shape, s, args);
+    runtime::launch_prepared(*l.prepared, l.function, op, n, s, args);
   }
 };
 
@@ -217,8 +215,7 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
     runtime::KernelArgs args{a.get(), b.get(), out.get(), nullptr, static_cast<int>(n), 0, nullptr};
     if (prepared[i]->generated.workspace_bytes > 0)
       args.workspace = impl_->workspace(ctx, s, prepared[i]->generated.workspace_bytes);
-    const auto shape = runtime::launch_shape(*prepared[i], op, n);
-    double ms = runtime::median_ms([&] { runtime::launch(f, shape, s, args); }, s, 2, 10);
+    double ms = runtime::median_ms([&] { runtime::launch_prepared(*prepared[i], f, op, n, s, args); }, s, 2, 10);
     std::string tag = candidates[i].tiles ? generator::tiles_tag(*candidates[i].tiles) : "default";
     result.milliseconds.emplace_back(tag, ms);
     if (i == 0 || ms < best) best = ms, best_i = i;

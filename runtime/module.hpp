@@ -39,6 +39,9 @@ struct KernelArgs {
   int n = 0;
   int accumulate = 0;
   float* workspace = nullptr;  // split partials (GeneratedSource::workspace_bytes, zeroed once)
+  // TMA kernels: two tensor maps (A, W) passed by value after the plain arguments.
+  bool tensor_maps = false;
+  CUtensorMap maps[2] = {};
 };
 
 void launch(CUfunction function, const LaunchShape& shape, CUstream stream, KernelArgs& args);

@@ -35,7 +35,7 @@ struct KernelSelection {
   std::vector<int> blocks{32};
   std::vector<std::string> dtypes{"bf16"};
   std::vector<std::string> feature_axes{"last"};
-  std::vector<std::string> archs{"sm_90"};
+  std::vector<std::string> archs{"sm_90a"};
 
   Manifest to_manifest() const {
     if (!manifest.empty()) return Manifest::load(manifest);

@@ -33,7 +33,7 @@ echo "== precompile the example layouts (no GPU needed)"
 cache="$build/example-kernel-cache"
 "$build/tools/bsjit" --cache-dir "$cache" precompile \
   -l examples/layouts/random_d25.npy -l examples/layouts/banded.json -l examples/layouts/strided_bool_f.npy \
-  -o forward,backward_data,backward_weight -b 32 -t bf16,f32 -a sm_80,sm_90
+  -o forward,backward_data,backward_weight -b 32 -t bf16,f32 -a sm_80,sm_90a
 
 "$build/tools/bsjit" info
 if "$build/tools/bsjit" info --require-gpu >/dev/null 2>&1; then

@@ -5,7 +5,7 @@
 // A manifest names the kernels, as JSON: one group, or {"kernels": [group, ...]}, where a group is
 //   {"layouts": ["w1.npy", "w2.json"],          paths relative to the manifest's directory
 //    "ops": ["forward", "backward_data", "backward_weight"],
-//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90"]}
+//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90a"]}
 // and names every combination of its lists. Missing lists take the defaults below.
 #pragma once
 
@@ -25,7 +25,7 @@ struct KernelGroup {
   std::vector<int> blocks{32};
   std::vector<DType> dtypes{DType::bf16};
   std::vector<FeatureAxis> feature_axes{FeatureAxis::last};
-  std::vector<std::string> archs{"sm_90"};
+  std::vector<std::string> archs{"sm_90a"};
 };
 
 struct Manifest {

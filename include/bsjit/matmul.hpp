@@ -29,6 +29,7 @@ struct MatMulOptions {
   DType dtype = DType::f32;                      // of X, W, Y and gradients; accumulation is fp32
   FeatureAxis feature_axis = FeatureAxis::last;  // of X, Y, dX, dY
   std::string arch;                              // "sm_80", "sm_90", "sm_90a"...; empty: the device's
+                                                 // (sm_90a on compute capability 9.0)
 };
 
 struct OpOptions {

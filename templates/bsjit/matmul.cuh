@@ -248,11 +248,35 @@ struct DsdWgmmaPlan {
   static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes;
 };
 
-// Multiplies every 16-bit element of `bytes` bytes of shared memory by s (a gated block).
-template <class T, int THREADS>
-__device__ __forceinline__ void scale_shared(unsigned char* p, int bytes, float s) {
+// Multiplies every 16-bit element of `bytes` bytes of shared memory by s (a gated block), thread
+// `thread` of `threads` taking every threads-th word.
+template <class T>
+__device__ __forceinline__ void scale_shared(unsigned char* p, int bytes, float s, int thread, int threads) {
   unsigned* words = reinterpret_cast<unsigned*>(p);
-  for (int i = threadIdx.x; i < bytes / 4; i += THREADS) words[i] = scale_pair<T>(words[i], s);
+  for (int i = thread; i < bytes / 4; i += threads) words[i] = scale_pair<T>(words[i], s);
+}
+
+// Issues the wgmmas of one stage for a warpgroup owning TILES m64 tiles from `as` on, and commits
+// them as one group.
+template <class Cfg, int TILES>
+__device__ __forceinline__ void dsd_wgmma_stage(float (&d)[TILES][Cfg::kBlock / 2], const unsigned char* as,
+                                                const unsigned char* bs) {
+  using T = typename Cfg::T;
+  constexpr int b = Cfg::kBlock, kSlice = DsdWgmmaPlan<Cfg>::kSlice;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kSlice / 16; ++kk) {
+    // forward: 16 reduction rows further on, column groups kSlice rows apart; backward-data: 32
+    // bytes further along each row
+    const unsigned long long db =
+        Cfg::kTransW ? smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes)
+                     : smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes);
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+      wgmma_m64k16<T, b, 0, Cfg::kTransW ? 0 : 1>(
+          d[t], smem_descriptor(as + t * 64 * kSwizzleRowBytes + kk * 32, 16, kSwizzleAtomBytes), db);
+  }
+  wgmma_commit();
 }
 
 template <class Cfg>
@@ -339,24 +363,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     unsigned char* as = stage_a(step) + warpgroup * kRows * kSwizzleRowBytes;
     unsigned char* bs = stage_b(step);
     if (g != 1.0f) {
-      scale_shared<T, Cfg::kThreads>(bs, Plan::kBBytes, g);
+      scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x, Cfg::kThreads);
       fence_proxy_async();
       __syncthreads();
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kSlice / 16; ++kk) {
-      // forward: 16 reduction rows further on, column groups kSlice rows apart; backward-data: 32
-      // bytes further along each row
-      const unsigned long long db =
-          Cfg::kTransW ? smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes)
-                       : smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes);
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-        wgmma_m64k16<T, b, 0, Cfg::kTransW ? 0 : 1>(
-            d[t], smem_descriptor(as + t * 64 * kSwizzleRowBytes + kk * 32, 16, kSwizzleAtomBytes), db);
-    }
-    wgmma_commit();
+    dsd_wgmma_stage<Cfg, kTiles>(d, as, bs);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
@@ -368,6 +379,113 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   for (int t = 0; t < kTiles; ++t)
     wgmma_epilogue<b>(d[t], warpgroup * kRows + t * 64, [&](int r, int c, float v0, float v1) {
       const long long m = m0 + r;
+      if (m >= n) return;
+      store_pair(out + m * Cfg::kOutDim + static_cast<long long>(col) * b + c, v0, v1, accumulate);
+    });
+}
+
+// dsd_tma_kernel: the Hopper kernel with warp specialization. Warpgroup 0 is the producer: one of
+// its threads issues TMA copies of each stage (the X box at (input block · b + k0, m0), the W
+// slice as b/64 or one box), which complete on the stage's "full" mbarrier; the other warpgroups
+// are consumers, waiting on "full", running the stage's wgmmas and, once a stage's wgmmas have
+// finished, arriving on its "empty" mbarrier so the producer may refill it. No CTA-wide barrier
+// in the main loop: loads run up to kStages ahead of the tensor cores.
+template <class Cfg>
+struct DsdTmaPlan {
+  using Base = DsdWgmmaPlan<Cfg>;
+  static constexpr int kBarrierBytes = 2 * Cfg::kStages * 8;
+  static constexpr int kSharedBytes = Base::kSharedBytes + kBarrierBytes;
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    dsd_tma_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
+                   typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate,
+                   float* __restrict__ workspace, const __grid_constant__ TensorMap map_a,
+                   const __grid_constant__ TensorMap map_w) {
+  using T = typename Cfg::T;
+  using Plan = DsdWgmmaPlan<Cfg>;
+  constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, kSlicesPerEntry = b / kSlice, S = Cfg::kStages;
+  constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
+  constexpr int kRows = Cfg::kBM / kConsumers, kTiles = kRows / 64;
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b && (b == 64 || b == 128),
+                "16-bit, feature axis last, b = 64 or 128");
+  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == Cfg::kBM && kTiles * 64 == kRows,
+                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles");
+  static_assert(S >= 2 && DsdTmaPlan<Cfg>::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
+                                    (kSwizzleAtomBytes - 1));
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + S * Plan::kStageBytes);
+  unsigned long long* empty = full + S;
+  auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
+  auto stage_b = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kABytes; };
+
+  const int col = blockIdx.x, warpgroup = threadIdx.x / 128;
+  const int m0 = blockIdx.y * Cfg::kBM;  // n ≤ 2^31 - 1
+  const int begin = Cfg::lut_offsets()[col], end = Cfg::lut_offsets()[col + 1];
+  const int total = (end - begin) * kSlicesPerEntry;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    if (threadIdx.x == 0) {
+      for (int step = 0; step < total; ++step) {
+        const int round = step / S;
+        if (round > 0) mbarrier_wait(&empty[step % S], (round - 1) & 1);
+        unsigned long long* bar = &full[step % S];
+        mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
+        const int e = begin + step / kSlicesPerEntry, k0 = (step % kSlicesPerEntry) * kSlice;
+        const int w_row = Cfg::lut()[2 * e + 1] * b;  // first row of the W block in the [blocks · b, b] view
+        tma_load_2d(stage_a(step), map_a, Cfg::lut()[2 * e] * b + k0, m0, bar);
+        if (Cfg::kTransW) {
+          tma_load_2d(stage_b(step), map_w, k0, w_row, bar);
+        } else {
+#pragma unroll
+          for (int j = 0; j < b / 64; ++j)
+            tma_load_2d(stage_b(step) + j * kSlice * kSwizzleRowBytes, map_w, j * 64, w_row + k0, bar);
+        }
+      }
+    }
+    return;
+  }
+
+  const int consumer = warpgroup - 1;
+  float d[kTiles][b / 2];
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
+    wgmma_fence_registers(d[t]);
+  }
+  for (int step = 0; step < total; ++step) {
+    mbarrier_wait(&full[step % S], (step / S) & 1);
+    const float g = gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + step / kSlicesPerEntry) + 1]];
+    if (g != 0.0f) {  // uniform across the CTA
+      unsigned char* bs = stage_b(step);
+      if (g != 1.0f) {
+        scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x - 128, kConsumerThreads);
+        fence_proxy_async();
+        named_barrier_sync(1, kConsumerThreads);
+      }
+      dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(step) + consumer * kRows * kSwizzleRowBytes, bs);
+      wgmma_wait<1>();  // the previous stage's wgmmas have finished
+    } else {
+      wgmma_wait<0>();
+    }
+    if (step > 0) mbarrier_arrive(&empty[(step - 1) % S]);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
+
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+    wgmma_epilogue<b>(d[t], consumer * kRows + t * 64, [&](int r, int c, float v0, float v1) {
+      const long long m = static_cast<long long>(m0) + r;
       if (m >= n) return;
       store_pair(out + m * Cfg::kOutDim + static_cast<long long>(col) * b + c, v0, v1, accumulate);
     });

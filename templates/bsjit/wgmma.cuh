@@ -131,5 +131,57 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&d)[N / 2], int row0
       store(row0 + warp * 16 + lane / 4 + 8 * h, 8 * i + 2 * (lane % 4), d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
 }
 
+
+// --- Tensor memory access (TMA) and mbarriers -------------------------------------------------
+//
+// A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) describes a 2-D global
+// tensor and the box one copy moves; it is passed by value as a __grid_constant__ kernel
+// parameter. One thread issues a copy; the copy engine writes the box into shared memory, swizzled
+// as the map says, zero-filling rows past the tensor's end, and counts the bytes on an mbarrier.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+// Makes initialised barriers visible to the async proxy (the copy engine) before first use.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_address(bar))
+               : "memory");
+}
+// Arrives and announces `bytes` more bytes the copy engine will deliver before the phase completes.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
+                   smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Copies the box at (x, y) (x: the contiguous dimension, in elements) of `map` into dst.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int x, int y, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(smem_address(bar))
+      : "memory");
+}
+// Synchronises the `threads` threads (whole warps) that use named barrier `id` (1..15; 0 is
+// __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace kernels
 }  // namespace bsjit

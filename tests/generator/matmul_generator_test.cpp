@@ -146,17 +146,21 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           const bool expected = op != Op::backward_weight && b >= 64 && dt != DType::f32 && ax == FeatureAxis::last;
           EXPECT_EQ(t.wgmma, expected);
           if (!t.wgmma) continue;
-          EXPECT_EQ(t.threads, t.warps_m * 128) << "warps_m warpgroups";
+          EXPECT_TRUE(t.tma) << "the default is the warp-specialized TMA kernel";
+          EXPECT_EQ(t.threads, (t.warps_m + (t.tma ? 1 : 0)) * 128) << "warps_m consumer warpgroups (+ a producer)";
           EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
           EXPECT_EQ(t.bk, 64);
-          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024);
+          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + (t.tma ? 16 * t.stages : 0));
           for (const auto& c : tile_candidates(spec)) EXPECT_LE(c.shared_bytes, 227 * 1024) << tiles_tag(c);
           // the small-batch variant stays on the mma.sync kernel
           auto v = variants(spec);
           ASSERT_EQ(v.size(), 2u);
           EXPECT_FALSE(choose_tiles(v[1]).wgmma);
-          EXPECT_NE(generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec).name_expression.find("dsd_wgmma_kernel"),
-                    std::string::npos);
+          const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
+          EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
+          EXPECT_TRUE(g.tensor_maps);
+          EXPECT_EQ(g.w_blocks, 1);
+          EXPECT_EQ(g.w_box_rows, op == Op::backward_data ? b : 64);
         }
   // a wgmma shape for a target without it is refused with the reason
   MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};

@@ -11,6 +11,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "op_check.hpp"
+#include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/module.hpp"
 
@@ -53,7 +54,7 @@ class DeployGpu : public ::testing::Test {
   void SetUp() override {
     std::string why;
     if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    arch_ = runtime::context_arch(runtime::current_context());
+    arch_ = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
   }
   std::string arch_;
 };

@@ -19,6 +19,7 @@
 #include "op_check.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/kernel_registry.hpp"
 #include "runtime/module.hpp"
 
 namespace bsjit {
@@ -165,6 +166,40 @@ TEST_P(MatMulGpu, MatchesDenseReference) {
 
 INSTANTIATE_TEST_SUITE_P(All, MatMulGpu, ::testing::ValuesIn(all_combos()),
                          [](const auto& info) { return combo_name(info.param); });
+
+// Every Hopper tile shape the autotuner may pick (wgmma with cp.async, wgmma with a TMA producer),
+// forced through a tuning record, on partial row tiles, gates (some exactly 0) and accumulation.
+TEST(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  const Variant variants[] = {{131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
+  int shapes = 0;
+  for (Op op : {Op::forward, Op::backward_data})
+    for (int b : {64, 128})
+      for (DType dt : {DType::bf16, DType::f16}) {
+        const Layout layout = random_layout(b, 99 + b);  // not the layouts of the tests above
+        generator::MatMulSpec spec{op, b, dt, FeatureAxis::last};
+        spec.wgmma = true;
+        std::uint64_t seed = 5000 + b;
+        for (const auto& t : generator::tile_candidates(spec)) {
+          if (!t.wgmma || (dt == DType::f16 && t.stages != 3)) continue;  // f16: one stage count suffices
+          runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
+          MatMul mm(layout, {b, dt, FeatureAxis::last, "sm_90a"});
+          ++shapes;
+          for (const Variant& v : variants) {
+            auto r = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
+            tally().add(dt, r.relative_error);
+            SCOPED_TRACE(fmt::format("{} b{} {} {} n={} gate={} accumulate={}", to_string(op), b, to_string(dt),
+                                     generator::tiles_tag(t), v.n, v.gated, v.accumulate));
+            EXPECT_EQ(r.unwritten, 0);
+            EXPECT_LE(r.relative_error, check::tolerance(dt));
+          }
+        }
+      }
+  EXPECT_GT(shapes, 40);
+  std::printf("GPU matmul: %d Hopper tile shapes checked\n", shapes);
+}
 
 TEST(MatMulGpuErrors, WrongArchKernelIsAClearError) {
   std::string why;

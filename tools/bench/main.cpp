@@ -265,8 +265,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
           BSJIT_CU(runtime::driver().cuMemsetD8(ws->ptr, 0, ws->bytes));
           args.workspace = static_cast<float*>(ws->get());
         }
-        auto shape = runtime::launch_shape(*p, op, N);
-        auto fn = [&] { runtime::launch(f, shape, env.stream, args); };
+        auto fn = [&] { runtime::launch_prepared(*p, f, op, N, env.stream, args); };
         BSJIT_CU(runtime::driver().cuMemsetD8(o.ptr, 0xff, o.bytes));
         fn();
         BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
@@ -313,7 +312,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   std::string dir = mkdtemp(tmpl);
   Layout L = bernoulli_layout(128, 128, 0.1, rng);
   runtime::KernelId id{L.hash().hex(), {Op::forward, 32, DType::bf16, FeatureAxis::last},
-                       runtime::context_arch(runtime::current_context())};
+                       runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()))};
   auto g = generator::generate_matmul(L, id.spec);
   auto key = cache::make_key(cache::key_inputs(g.source, id.arch));
   const cache::Request req = runtime::cache_request(g, key, id.arch, id.layout_hash);
