@@ -79,6 +79,11 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 //   The cp.async wgmma kernel stays a tuning candidate: there 2-3 CTAs share an SM to hide each
 //   one's per-stage barrier, and its best shape (one warpgroup of 128 rows, 3 stages) beat deeper
 //   pipelines and bigger tiles.
+// - sdd on sm_90a, b ≥ 64: the warp-specialized kernel with one consumer warpgroup holding the
+//   whole block (two m64 tiles at b = 128), 4 stages: b = 128, balanced, d = 0.5 / 0.1 / 0.05:
+//   0.217 / 0.059 / 0.085 ms against 0.470 / 0.159 / 0.157 for the best mma.sync shape; two
+//   consumers of 64 rows: 0.229 / 0.063 / 0.073. b = 64: 0.399 / 0.079 / 0.067 against 0.746 /
+//   0.167 / 0.101.
 // - sdd: 2×2 warps, BK = 64, 3 stages (313 against 284 TFLOP/s at b = 128, d = 0.5); b = 16 on one
 //   warp, BK = 32, 4 stages.
 namespace {
@@ -127,6 +132,20 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
 // The warp-specialized TMA kernel: warps_m consumer warpgroups plus one producer warpgroup; the
 // shared memory of DsdTmaPlan (the stages and 2 mbarriers per stage).
 TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
+  if (spec.op == Op::backward_weight) {
+    // one b × b block per CTA: warps_m consumers own b / warps_m rows of it; a stage holds 64 rows
+    // of N of X and dY (SddTmaPlan)
+    const int b = spec.block, rows = t.warps_m > 0 ? b / t.warps_m : 0;
+    t.tensor_cores = t.pipelined = t.wgmma = true;
+    t.bm = t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
+    t.threads = (t.warps_m + 1) * 128;
+    t.shared_bytes = t.stages * 2 * 64 * b * 2 + 1024 + 2 * t.stages * 8;
+    if (!spec.wgmma || (b != 64 && b != 128) || rows * t.warps_m != b || (rows != 64 && rows != 128) ||
+        t.stages < 2 || t.shared_bytes > 227 * 1024)
+      throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
+                              spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
+    return t;
+  }
   t = finish_wgmma(spec, t);
   t.threads += 128;
   t.shared_bytes += 2 * t.stages * 8;
@@ -169,6 +188,14 @@ std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
 
 bool has_wgmma(const std::string& arch) { return arch == "sm_90a"; }
 
+std::string kernel_label(const MatMulSpec& spec) {
+  const TileConfig t = choose_tiles(spec);
+  std::string label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), spec.block,
+                                  to_string(spec.feature_axis));
+  if (spec.tiles || t.wgmma) label += "-" + tiles_tag(t);
+  return label;
+}
+
 std::string tiles_tag(const TileConfig& t) {
   if (t.wgmma) return fmt::format("{}{}-bm{}-s{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages);
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
@@ -183,8 +210,11 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
   const int b = spec.block, bk = b == 16 ? 16 : 32;
   std::vector<TileConfig> shapes;
   if (spec.op == Op::backward_weight) {
-    shapes = {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
-              pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)};
+    if (spec.wgmma)
+      for (int wg : {1, 2})
+        for (int stages : {3, 4, 5, 6}) shapes.push_back(tma_shape(b, wg, stages));
+    shapes.insert(shapes.end(), {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
+              pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)});
   } else {
     const int wn8 = b >= 64 ? 4 : 1, wm8 = 8 / wn8;  // 8 warps
     const int wn4 = b >= 64 ? 2 : 1, wm4 = 4 / wn4;  // 4 warps
@@ -227,6 +257,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
              : spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles)
                                  : finish_pipelined(spec, *spec.tiles);
     if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 2, 4));
+    if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
                                             : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
@@ -272,8 +303,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   const std::int64_t C = layout.rows() * b, K = layout.cols() * b;
   g.in_features = spec.op == Op::backward_data ? K : C;
   g.out_features = spec.op == Op::backward_data ? C : K;
-  g.label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), b, to_string(spec.feature_axis));
-  if (spec.tiles || t.wgmma) g.label += "-" + tiles_tag(t);
+  g.label = kernel_label(spec);
 
   std::string tables;
   if (sdd) {
@@ -290,12 +320,14 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
     //   b = 64, d = 0.05, 205 blocks, 4 CTAs/SM, 2 splits: 107 → 137-140
     //   b = 128, d = 0.1, 102 blocks, 2 CTAs/SM: 172 → 158 (2 splits), 128 (3 splits)
     //   b = 128, d = 0.05, 51 blocks: 116 → 127 (5 splits), 89 (6); Bernoulli layouts lost 8-11%
-    // so the big b = 128 tile, which nearly fills an SM alone, is not split. The last split of
-    // each block adds the partials in split order: deterministic.
+    // so the big b = 128 tile, which nearly fills an SM alone, is not split. The warp-specialized
+    // TMA kernel keeps an SM busy alone and gains from splitting to one wave at any size: b = 128,
+    // d = 0.05 (51 blocks): 116 → 207 TFLOP/s; d = 0.1: 172 → 455 (with the kernel change).
+    // The last split of each block adds the partials in split order: deterministic.
     constexpr std::int64_t kSms = 132, kSharedPerSm = 227 * 1024;
     const std::int64_t per_sm =
         t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
-    if (t.pipelined && layout.blocks() > 0 && per_sm >= 4) {
+    if (t.pipelined && layout.blocks() > 0 && (per_sm >= 4 || t.tma)) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / layout.blocks(), 1, 8));
       if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * b * b + 1) * 4 * layout.blocks();
     }
@@ -334,18 +366,16 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   const char* accessors = sdd ? "  __device__ static const int* coords() { return kCoords; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.tma         ? "dsd_tma_kernel"
+  const char* kernel = t.tma         ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
                        : t.wgmma     ? "dsd_wgmma_kernel"
                        : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
                                      : (sdd ? "sdd_kernel" : "dsd_kernel");
   g.shared_bytes = t.shared_bytes;
-  if (t.tma) {
-    g.tensor_maps = true;
-    g.dtype = spec.dtype;
-    g.w_blocks = layout.blocks();
-    g.block = spec.block;
-    g.w_box_rows = trans_w ? spec.block : 64;
-  }
+  g.dtype = spec.dtype;
+  if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box
+    g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, 64, 64}};
+  else if (t.tma)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ
+    g.tensor_maps = {{g.in_features, 0, 64, t.bm}, {b, layout.blocks() * b, 64, trans_w ? static_cast<int>(b) : 64}};
   g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
   g.source = fmt::format(
       "// Generated by bsjit: {label}\n"

@@ -68,17 +68,23 @@ struct GeneratedSource {
   std::int64_t workspace_bytes = 0;  // device scratch the launch needs (split partials); 0: none
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
-  // TMA kernels take two tensor maps after the plain arguments, which the host builds per call:
-  // A (X or dY) as [n, in_features] with boxes of 64 × tiles.bm, and W as [w_blocks · b, b] with
-  // boxes of 64 × w_box_rows.
-  bool tensor_maps = false;
+  // TMA kernels take one tensor map per operand (a, then b) after the plain arguments, which the
+  // host builds per call: a row-major [outer, inner] 16-bit tensor (outer 0: the op's n rows)
+  // copied in boxes of box_inner × box_outer elements.
+  struct TensorMapShape {
+    std::int64_t inner = 0, outer = 0;
+    int box_inner = 0, box_outer = 0;
+  };
+  std::vector<TensorMapShape> tensor_maps;  // empty, or {a, b}
   DType dtype = DType::f32;
-  std::int64_t w_blocks = 0;
-  int block = 0, w_box_rows = 0;
 };
 
 // Whether kernels for arch may use wgmma: "sm_90a" (the arch-specific Hopper target).
 bool has_wgmma(const std::string& arch);
+
+// "forward-bf16-b32-last", with the tile shape appended where the spec names one or the kernel is
+// a Hopper one ("-tma2-bm256-s4"): names kernels in logs, cache entries and tuning reports.
+std::string kernel_label(const MatMulSpec& spec);
 
 // Block sizes with a kernel.
 bool supported_block(int block);

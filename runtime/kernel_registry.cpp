@@ -144,10 +144,10 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
   const LaunchShape shape = launch_shape(kernel, op, n);
   if (shape.grid_x == 0) return;  // no output blocks (backward-weight of an empty layout)
   const auto& g = kernel.generated;
-  args.tensor_maps = g.tensor_maps;
-  if (g.tensor_maps) {
-    args.maps[0] = tensor_map_2d(g.dtype, args.a, g.in_features, n, 64, g.tiles.bm);
-    args.maps[1] = tensor_map_2d(g.dtype, args.b, g.block, g.w_blocks * g.block, 64, g.w_box_rows);
+  for (std::size_t i = 0; i < g.tensor_maps.size() && i < 2; ++i) {
+    const auto& m = g.tensor_maps[i];
+    args.maps[i] = tensor_map_2d(g.dtype, i == 0 ? args.a : args.b, m.inner, m.outer > 0 ? m.outer : n,
+                                 m.box_inner, m.box_outer);
   }
   launch(function, shape, stream, args);
 }

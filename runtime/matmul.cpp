@@ -239,6 +239,11 @@ std::string MatMul::generated_source(Op op) const {
                                                     impl_->options.feature_axis})
       .source;
 }
+std::string MatMul::kernel_label(Op op, std::int64_t n) const {
+  const std::string arch = impl_->arch_for(runtime::current_context());
+  return generator::kernel_label(impl_->spec_for(op, impl_->variant(op, n), arch));
+}
+
 const Layout& MatMul::layout() const { return impl_->layout; }
 const MatMulOptions& MatMul::options() const { return impl_->options; }
 std::int64_t MatMul::in_features() const { return impl_->layout.rows() * impl_->options.block; }

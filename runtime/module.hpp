@@ -39,8 +39,7 @@ struct KernelArgs {
   int n = 0;
   int accumulate = 0;
   float* workspace = nullptr;  // split partials (GeneratedSource::workspace_bytes, zeroed once)
-  // TMA kernels: two tensor maps (A, W) passed by value after the plain arguments.
-  bool tensor_maps = false;
+  // TMA kernels: tensor maps of a and b passed by value after the plain arguments.
   CUtensorMap maps[2] = {};
 };
 

@@ -255,8 +255,9 @@ int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, s
     auto r = check::run_and_check(mm, op, {n, accumulate, gated, seed});
     bool ok = r.relative_error <= check::tolerance(dt) && r.unwritten == 0;
     bad += ok ? 0 : 1;
-    fmt::print("{:4} {}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten\n", ok ? "ok" : "FAIL",
-               describe(file, mm, op, n), r.relative_error, check::tolerance(dt), r.outputs, r.unwritten);
+    fmt::print("{:4} {}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten; kernel {}\n",
+               ok ? "ok" : "FAIL", describe(file, mm, op, n), r.relative_error, check::tolerance(dt), r.outputs,
+               r.unwritten, mm.kernel_label(op, n));
   });
   return status ? status : (bad ? 1 : 0);
 }

@@ -75,6 +75,10 @@ class MatMul {
   // The generated CUDA source of op's kernel (for inspection and debugging).
   std::string generated_source(Op op) const;
 
+  // The name of the kernel that runs op at n rows on the current GPU, with its tile shape where
+  // it has one ("forward-bf16-b64-last-tma2-bm256-s4"), tuned or the default; compiles nothing.
+  std::string kernel_label(Op op, std::int64_t n) const;
+
   const Layout& layout() const;
   const MatMulOptions& options() const;
   std::int64_t in_features() const;   // C

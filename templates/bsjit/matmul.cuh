@@ -156,6 +156,76 @@ __device__ __forceinline__ float load_global_cg(const float* p) {
   return v;
 }
 
+// for_each of store_dw_block for an accumulator object with an epilogue(store) member. (NVRTC
+// takes no generic lambdas in device code.)
+template <class Acc>
+struct EpilogueOf {
+  const Acc& acc;
+  template <class Store>
+  __device__ __forceinline__ void operator()(Store store) const {
+    acc.epilogue(store);
+  }
+};
+
+// Writes one b × b block of dW (block `block`, scaled by its gate g) from the accumulators this
+// CTA's threads hold; for_each(store) calls store(r, c, v0, v1) for every pair of adjacent
+// values (r, c), (r, c + 1) a thread holds. Every thread of the CTA must call the same
+// instantiation (it has a __shared__ flag and CTA barriers).
+// Split over N (Cfg::kSplits CTAs per block, blockIdx.y = split): each split writes its fp32
+// partial; the last split of the block to finish adds them in split order (deterministic) and
+// writes dW. workspace: [kSplits][blocks][b][b] partials, then one arrival counter per block,
+// which the last split sets back to 0 for the next launch.
+template <class Cfg, class ForEach>
+__device__ __forceinline__ void store_dw_block(ForEach for_each, typename Cfg::T* dw, int block, float g,
+                                               int accumulate, float* workspace) {
+  constexpr int b = Cfg::kBlock;
+  typename Cfg::T* out = dw + static_cast<long long>(block) * b * b;
+  if (Cfg::kSplits == 1) {
+    for_each([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });
+    return;
+  }
+  const long long plane = static_cast<long long>(gridDim.x) * b * b;
+  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(block) * b * b;
+  for_each([&](int r, int c, float v0, float v1) {
+    mine[r * b + c] = v0;
+    mine[r * b + c + 1] = v1;
+  });
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  unsigned* counters = reinterpret_cast<unsigned*>(workspace + Cfg::kSplits * plane);
+  if (threadIdx.x == 0) last = atomicAdd(&counters[block], 1u) == Cfg::kSplits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* base = workspace + static_cast<long long>(block) * b * b;
+  for_each([&](int r, int c, float, float) {
+    float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll 1
+    for (int s = 0; s < Cfg::kSplits; ++s) {
+      v0 += load_global_cg(base + s * plane + r * b + c);
+      v1 += load_global_cg(base + s * plane + r * b + c + 1);
+    }
+    store_pair(out + r * b + c, v0 * g, v1 * g, accumulate);
+  });
+  if (threadIdx.x == 0) counters[block] = 0;
+}
+
+// The rows of N a backward-weight CTA reduces: split blockIdx.y of Cfg::kSplits, each a chunk of
+// whole steps of `step` rows; empty when the block's gate is 0.
+template <class Cfg>
+struct SddRange {
+  long long begin, end;
+  int steps;
+  __device__ __forceinline__ SddRange(int n, int step, float g) {
+    const long long chunk = (n + static_cast<long long>(Cfg::kSplits) * step - 1) /
+                            (static_cast<long long>(Cfg::kSplits) * step) * step;
+    begin = blockIdx.y * chunk;
+    end = begin + chunk < n ? begin + chunk : n;
+    steps = (g != 0.0f && end > begin) ? static_cast<int>((end - begin + step - 1) / step) : 0;
+  }
+};
+
 template <class Cfg>
 struct SddPipelinedPlan {
   static constexpr int kS = Cfg::kBlock + kPad;  // As[BK][b] = X rows, Bs[BK][b] = dY rows: both MN-major
@@ -509,13 +579,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const long long c_base = static_cast<long long>(Cfg::coords()[2 * block]) * b;
   const long long k_base = static_cast<long long>(Cfg::coords()[2 * block + 1]) * b;
   const float g = gate != nullptr ? gate[block] : 1.0f;
-  // Split over N (kSplits CTAs per block, blockIdx.y = split) when the layout has too few blocks to
-  // fill the GPU; each split reduces a chunk of whole BK-row steps.
-  const long long chunk = (n + static_cast<long long>(Cfg::kSplits) * Cfg::kBK - 1) /
-                          (static_cast<long long>(Cfg::kSplits) * Cfg::kBK) * Cfg::kBK;
-  const long long n_begin = blockIdx.y * chunk;
-  const long long n_end = n_begin + chunk < n ? n_begin + chunk : n;
-  const int total = (g != 0.0f && n_end > n_begin) ? static_cast<int>((n_end - n_begin + Cfg::kBK - 1) / Cfg::kBK) : 0;
+  // Split over N (kSplits CTAs per block) when the layout has too few blocks to fill the GPU.
+  const SddRange<Cfg> range(n, Cfg::kBK, g);
+  const long long n_begin = range.begin, n_end = range.end;
+  const int total = range.steps;
 
   auto load = [&](int step) {
     const int stage = step % Cfg::kStages;
@@ -535,39 +602,122 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     mma.step(As + stage * Plan::kStage, Bs + stage * Plan::kStage, 1.0f);
   });
 
-  T* out = dw + static_cast<long long>(block) * b * b;
-  if (Cfg::kSplits == 1) {
-    mma.epilogue([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });
-    return;
+  store_dw_block<Cfg>(EpilogueOf<decltype(mma)>{mma}, dw, block, g, accumulate, workspace);
+}
+
+// sdd_tma_kernel: backward-weight on the Hopper path. One b × b block of dW (or a split of N for
+// it) per CTA: dW_block = X[:, c block]ᵀ · dY[:, k block]. Each stage holds 64 rows of N of both
+// operands, copied by TMA as b/64 boxes of 64 × 64 each (MN-major, 128-byte swizzled): A = Xᵀ is
+// M-major, B = dY N-major. A producer warpgroup and kWarpsM consumer warpgroups, as in
+// dsd_tma_kernel.
+template <class Cfg>
+struct SddTmaPlan {
+  static constexpr int kSlice = 64;                                // rows of N per stage
+  static constexpr int kOperandBytes = kSlice * Cfg::kBlock * 2;  // one operand's stage
+  static constexpr int kStageBytes = 2 * kOperandBytes;
+  static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes + 2 * Cfg::kStages * 8;
+};
+
+// for_each of store_dw_block over a warpgroup's wgmma accumulator tiles; threads of a warpgroup
+// that holds none (a producer) pass holds = false.
+template <int TILES, int N>
+struct WgmmaTiles {
+  const float (&d)[TILES][N / 2];
+  int row0;
+  bool holds;
+  template <class Store>
+  __device__ __forceinline__ void operator()(Store store) const {
+    if (!holds) return;
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) wgmma_epilogue<N>(d[t], row0 + t * 64, store);
   }
-  // Each split writes its fp32 partial; the last split of the block to finish adds them in split
-  // order (deterministic) and writes dW. workspace: [kSplits][blocks][b][b] partials, then one
-  // arrival counter per block, which the last split sets back to 0 for the next launch.
-  const long long plane = static_cast<long long>(gridDim.x) * b * b;
-  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(block) * b * b;
-  mma.epilogue([&](int r, int c, float v0, float v1) {
-    mine[r * b + c] = v0;
-    mine[r * b + c + 1] = v1;
-  });
-  __threadfence();
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    sdd_tma_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
+                   typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
+                   float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
+                   const __grid_constant__ TensorMap map_dy) {
+  using T = typename Cfg::T;
+  using Plan = SddTmaPlan<Cfg>;
+  constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, S = Cfg::kStages, kGroups = b / 64;
+  constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
+  constexpr int kRows = b / kConsumers, kTiles = kRows / 64;
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && (b == 64 || b == 128), "16-bit, feature axis last, b = 64 or 128");
+  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == b && kTiles * 64 == kRows,
+                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles of the block");
+  static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
+                                    (kSwizzleAtomBytes - 1));
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + S * Plan::kStageBytes);
+  unsigned long long* empty = full + S;
+  auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
+  auto stage_b = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kOperandBytes; };
+
+  const int block = blockIdx.x, warpgroup = threadIdx.x / 128;
+  const int c_base = Cfg::coords()[2 * block] * b, k_base = Cfg::coords()[2 * block + 1] * b;
+  const float g = gate != nullptr ? gate[block] : 1.0f;
+  const SddRange<Cfg> range(n, kSlice, g);  // whole 64-row steps; rows past n read as zeros
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
+    fence_barrier_init();
+  }
   __syncthreads();
-  __shared__ int last;
-  unsigned* counters = reinterpret_cast<unsigned*>(workspace + Cfg::kSplits * plane);
-  if (threadIdx.x == 0) last = atomicAdd(&counters[block], 1u) == Cfg::kSplits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const float* base = workspace + static_cast<long long>(block) * b * b;
-  mma.epilogue([&](int r, int c, float, float) {
-    float v0 = 0.0f, v1 = 0.0f;
-#pragma unroll 1
-    for (int s = 0; s < Cfg::kSplits; ++s) {
-      v0 += load_global_cg(base + s * plane + r * b + c);
-      v1 += load_global_cg(base + s * plane + r * b + c + 1);
+
+  const int consumer = warpgroup - 1;
+  float d[kTiles][b / 2];
+  if (warpgroup == 0) {  // producer
+    if (threadIdx.x == 0) {
+      for (int step = 0; step < range.steps; ++step) {
+        const int round = step / S;
+        if (round > 0) mbarrier_wait(&empty[step % S], (round - 1) & 1);
+        unsigned long long* bar = &full[step % S];
+        mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
+        const int n0 = static_cast<int>(range.begin) + step * kSlice;
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j) {
+          tma_load_2d(stage_a(step) + j * kSlice * kSwizzleRowBytes, map_x, c_base + j * 64, n0, bar);
+          tma_load_2d(stage_b(step) + j * kSlice * kSwizzleRowBytes, map_dy, k_base + j * 64, n0, bar);
+        }
+      }
     }
-    store_pair(out + r * b + c, v0 * g, v1 * g, accumulate);
-  });
-  if (threadIdx.x == 0) counters[block] = 0;
+  } else {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
+      wgmma_fence_registers(d[t]);
+    }
+    for (int step = 0; step < range.steps; ++step) {
+      mbarrier_wait(&full[step % S], (step / S) & 1);
+      const unsigned char* as = stage_a(step) + consumer * kTiles * kSlice * kSwizzleRowBytes;
+      const unsigned char* bs = stage_b(step);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kSlice / 16; ++kk) {
+        // 16 rows of N further on; groups of 64 columns kSlice rows apart
+        const unsigned long long db =
+            smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes);
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t)
+          wgmma_m64k16<T, b, 1, 1>(d[t],
+                                   smem_descriptor(as + t * kSlice * kSwizzleRowBytes + kk * 16 * kSwizzleRowBytes,
+                                                   kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
+                                   db);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (step > 0) mbarrier_arrive(&empty[(step - 1) % S]);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
+  }
+  // Every thread takes part in the epilogue, through one instantiation of it (the split reduction
+  // synchronises the CTA and shares a __shared__ flag); the producer warpgroup holds no values.
+  store_dw_block<Cfg>(WgmmaTiles<kTiles, b>{d, consumer * kRows, warpgroup > 0}, dw, block, g, accumulate, workspace);
 }
 
 }  // namespace kernels

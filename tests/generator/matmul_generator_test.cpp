@@ -128,8 +128,8 @@ TEST(Generator, TileConfigsAreConsistent) {
   EXPECT_THROW(choose_tiles({Op::forward, 24, DType::f32, FeatureAxis::last}), Error);
 }
 
-// The Hopper kernels: chosen on sm_90a for the forward and backward-data at b ≥ 64 (16-bit,
-// feature axis last), never elsewhere; their shapes fit the H100/H200's shared memory.
+// The Hopper kernels: chosen on sm_90a for all three ops at b ≥ 64 (16-bit, feature axis last),
+// never elsewhere; their shapes fit the H100/H200's shared memory.
 TEST(Generator, WgmmaWhereTheTargetHasIt) {
   EXPECT_TRUE(has_wgmma("sm_90a"));
   EXPECT_FALSE(has_wgmma("sm_90"));
@@ -143,24 +143,33 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           spec.wgmma = true;
           const TileConfig t = choose_tiles(spec);
           SCOPED_TRACE(std::string(to_string(op)) + " b" + std::to_string(b) + " " + std::string(to_string(dt)));
-          const bool expected = op != Op::backward_weight && b >= 64 && dt != DType::f32 && ax == FeatureAxis::last;
+          const bool expected = b >= 64 && dt != DType::f32 && ax == FeatureAxis::last;
           EXPECT_EQ(t.wgmma, expected);
           if (!t.wgmma) continue;
           EXPECT_TRUE(t.tma) << "the default is the warp-specialized TMA kernel";
           EXPECT_EQ(t.threads, (t.warps_m + (t.tma ? 1 : 0)) * 128) << "warps_m consumer warpgroups (+ a producer)";
           EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
           EXPECT_EQ(t.bk, 64);
-          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + (t.tma ? 16 * t.stages : 0));
           for (const auto& c : tile_candidates(spec)) EXPECT_LE(c.shared_bytes, 227 * 1024) << tiles_tag(c);
+          const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
+          ASSERT_EQ(g.tensor_maps.size(), 2u);
+          if (op == Op::backward_weight) {
+            EXPECT_EQ(t.bm, b);
+            EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * b * 2 + 1024 + 16 * t.stages);
+            EXPECT_NE(g.name_expression.find("sdd_tma_kernel"), std::string::npos);
+            EXPECT_EQ(g.tensor_maps[0].inner, 2 * b) << "X: [n, C]";
+            EXPECT_EQ(g.tensor_maps[1].box_outer, 64);
+            continue;
+          }
+          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 16 * t.stages);
           // the small-batch variant stays on the mma.sync kernel
           auto v = variants(spec);
           ASSERT_EQ(v.size(), 2u);
           EXPECT_FALSE(choose_tiles(v[1]).wgmma);
-          const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
           EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
-          EXPECT_TRUE(g.tensor_maps);
-          EXPECT_EQ(g.w_blocks, 1);
-          EXPECT_EQ(g.w_box_rows, op == Op::backward_data ? b : 64);
+          EXPECT_EQ(g.tensor_maps[0].box_outer, t.bm);
+          EXPECT_EQ(g.tensor_maps[1].outer, b) << "one W block";
+          EXPECT_EQ(g.tensor_maps[1].box_outer, op == Op::backward_data ? b : 64);
         }
   // a wgmma shape for a target without it is refused with the reason
   MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};

@@ -85,8 +85,8 @@ TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
   std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
 }
 
-// bsjit tune in one process; a later process in strict mode, whose cache holds only the tuned
-// kernels, runs and checks the op: it found the tuning record and the tuned kernel.
+// bsjit tune in one process; a later process in strict mode, whose cache holds only the kernels
+// the tuner chose, runs and checks the ops with exactly those kernels: it found the tuning records.
 TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
   TempDir dir;
   const std::string cache = "--cache-dir " + (dir.path / "c").string();
@@ -94,20 +94,32 @@ TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
                              " -o forward,backward_weight -b 64 -t bf16";
   auto r = sh(cache + " tune -n 2048 " + kernel);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("chose bm"), std::string::npos) << r.output;
   std::printf("%s", r.output.c_str());
-  // autotune compiles every candidate under its tagged name (-bm...): the cache holds no kernel
-  // under the default name, so the strict run below can succeed only through the tuning records
-  int records = 0, untagged = 0;
+  // the chosen shape per op ("...forward b64 bf16 last n=2048: chose tma2-bm256-s4")
+  std::vector<std::string> chosen;
+  for (std::size_t at = 0; (at = r.output.find(": chose ", at)) != std::string::npos;) {
+    at += 8;
+    chosen.push_back(r.output.substr(at, r.output.find('\n', at) - at));
+  }
+  ASSERT_EQ(chosen.size(), 2u) << r.output;
+  // keep only the chosen kernels: a process that ignored the records and wanted another kernel
+  // would fail in strict mode
+  int records = 0, kept = 0;
   for (auto& e : fs::directory_iterator(dir.path / "c")) {
     records += e.path().extension() == ".tune";
-    untagged += e.path().extension() == ".bsjit" && e.path().filename().string().find("-bm") == std::string::npos;
+    if (e.path().extension() != ".bsjit") continue;
+    const std::string name = e.path().filename().string();
+    const bool keep = (name.rfind("forward-", 0) == 0 && name.find("-" + chosen[0] + "-") != std::string::npos) ||
+                      (name.rfind("backward_weight-", 0) == 0 && name.find("-" + chosen[1] + "-") != std::string::npos);
+    if (keep) ++kept;
+    else fs::remove(e.path());
   }
   EXPECT_EQ(records, 2);
-  EXPECT_EQ(untagged, 0);
+  EXPECT_EQ(kept, 2);
   r = sh(cache + " run -n 2048 " + kernel, "BSJIT_STRICT_CACHE=1");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  for (const auto& c : chosen) EXPECT_NE(r.output.find("-" + c + "\n"), std::string::npos) << c << "\n" << r.output;
 }
 
 TEST_F(DeployGpu, StrictModeAtOpTime) {

@@ -39,7 +39,7 @@ std::vector<Combo> all_combos() {
     for (int b : {8, 16, 32, 64, 128})
       for (DType dt : {DType::f32, DType::f16, DType::bf16})
         for (FeatureAxis ax : {FeatureAxis::last, FeatureAxis::first}) v.push_back({op, b, dt, ax, ""});
-  for (Op op : {Op::forward, Op::backward_data})
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
     for (int b : {64, 128})
       for (DType dt : {DType::f16, DType::bf16}) v.push_back({op, b, dt, FeatureAxis::last, "sm_90"});
   return v;
@@ -175,7 +175,7 @@ TEST(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
   const Variant variants[] = {{131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
   int shapes = 0;
-  for (Op op : {Op::forward, Op::backward_data})
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
     for (int b : {64, 128})
       for (DType dt : {DType::bf16, DType::f16}) {
         const Layout layout = random_layout(b, 99 + b);  // not the layouts of the tests above
