@@ -70,8 +70,13 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 // - dsd, b ≤ 32: BM = 256 on 8 warps (8×1), 3 stages: each W tile feeds twice the rows; 131 against
 //   120 TFLOP/s at b = 32, d = 0.5, and 53 against 50 at b = 16. Grouping 2-8 whole blocks per stage
 //   (group > 1) was predicted to help by cutting barriers per FLOP and measured 13-60% slower.
-// - dsd on sm_90a, b ≥ 64: the warp-specialized wgmma kernel (a TMA producer warpgroup, 2 consumer
-//   warpgroups of 128 rows each, 4 stages). Forward, balanced (TFLOP/s at d = 0.5 / 0.1):
+// - dsd on sm_90a, b ≥ 64: the warp-specialized wgmma kernel, persistent (one wave of CTAs looping
+//   over output tiles, so the producer loads the next tile while the consumers store the last),
+//   with 4 consumer warpgroups of 64 rows, 4 stages. Persistent against one tile per CTA (same
+//   shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05): 0.227 / 0.087 / 0.075 against
+//   0.232 / 0.098 / 0.090 (2 consumers of 128 rows, one tile per CTA); 2 consumers persistent:
+//   0.224 / 0.091 / 0.080. b = 64, d = 0.05: 0.069 against 0.092.
+//   Before that, one tile per CTA, 2 consumers of 128 rows (TFLOP/s at d = 0.5 / 0.1):
 //   b = 128: 590 / 265 (mma.sync best: 264 / 187; wgmma fed by cp.async with a CTA barrier per
 //   stage, best shape: 345 / 220; TMA with 128 rows: 504-510 / 255);
 //   b = 64: 445 / 238 (mma.sync: 190 / 152; cp.async wgmma: 270 / 203; TMA with one consumer of
@@ -146,6 +151,7 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
   }
+  if (spec.op == Op::backward_weight) t.persistent = false;
   t = finish_wgmma(spec, t);
   t.threads += 128;
   t.shared_bytes += 2 * t.stages * 8;
@@ -154,9 +160,9 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   return t;
 }
 
-TileConfig tma_shape(int bm, int warpgroups, int stages) {
+TileConfig tma_shape(int bm, int warpgroups, int stages, bool persistent = false) {
   TileConfig t;
-  t.wgmma = t.tma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages;
+  t.wgmma = t.tma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages, t.persistent = persistent;
   return t;
 }
 
@@ -177,11 +183,11 @@ TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages, int group
 std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
   std::vector<MatMulSpec> out{spec};
   if (spec.op == Op::backward_weight || spec.tiles || !choose_tiles(spec).pipelined) return out;
-  // Small batch (inference, N ≤ 128): BM = 64 on 4 warps and 4 stages, more W bytes in flight per
-  // row computed. The default BM = 256 at b ≤ 32 took the N = 64 forward from 0.059 to 0.102 ms.
-  const int b = spec.block;
+  // Small batch (inference, N ≤ 128): a short row tile (choose_tiles), more W bytes in flight per
+  // row computed. At b = 32, N = 64 the forward took 0.102 ms with the default BM = 256 and 0.059
+  // with BM = 64 on 4 warps and 4 stages.
   MatMulSpec small = spec;
-  small.tiles = pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4, b >= 64 ? 4 : 1, 4);
+  small.small_batch = true;
   out.push_back(small);
   return out;
 }
@@ -192,12 +198,13 @@ std::string kernel_label(const MatMulSpec& spec) {
   const TileConfig t = choose_tiles(spec);
   std::string label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), spec.block,
                                   to_string(spec.feature_axis));
-  if (spec.tiles || t.wgmma) label += "-" + tiles_tag(t);
+  if (spec.tiles || spec.small_batch || t.wgmma) label += "-" + tiles_tag(t);
   return label;
 }
 
 std::string tiles_tag(const TileConfig& t) {
-  if (t.wgmma) return fmt::format("{}{}-bm{}-s{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages);
+  if (t.wgmma)
+    return fmt::format("{}{}-bm{}-s{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "");
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
                      t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
@@ -227,10 +234,11 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     // not the default; kept as a candidate to re-measure as the kernels change.
     if (b <= 32) shapes.push_back(pipelined_shape(128, 64, 8, 1, 3, 64 / b));
     if (spec.wgmma)
-      for (auto [bm, wg] : {std::pair{128, 2}, {128, 1}, {256, 4}, {256, 2}})
-        for (int stages : {3, 4, 5, 6}) {
+      for (auto [bm, wg] : {std::pair{128, 2}, {128, 1}, {256, 4}, {256, 2}, {64, 1}})
+        for (int stages : {3, 4, 5, 6, 8}) {
           shapes.push_back(wgmma_shape(bm, wg, stages));
           shapes.push_back(tma_shape(bm, wg, stages));
+          if (stages == 4 || stages == 5) shapes.push_back(tma_shape(bm, wg, stages, true));
         }
   }
   for (const auto& s : shapes) {
@@ -256,7 +264,14 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
       return spec.tiles->tma     ? finish_tma(spec, *spec.tiles)
              : spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles)
                                  : finish_pipelined(spec, *spec.tiles);
-    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 2, 4));
+    // small batch on sm_90a: one consumer of 64 rows and 6 stages. N = 64, C = K = 16384, d = 0.1,
+    // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
+    // 0.045 → 0.025 against the mma.sync shape below.
+    if (spec.wgmma && spec.small_batch && b >= 64) return finish_tma(spec, tma_shape(64, 1, 6));
+    if (spec.small_batch)
+      return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
+                                                    b >= 64 ? 4 : 1, 4));
+    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 4, 4, true));
     if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
@@ -372,6 +387,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
                                      : (sdd ? "sdd_kernel" : "dsd_kernel");
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
+  g.persistent = t.persistent;
   if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box
     g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, 64, 64}};
   else if (t.tma)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ
@@ -398,6 +414,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       "  static constexpr bool kFeatureLast = {last};\n"
       "  static constexpr bool kTransW = {trans};\n"
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
+      "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
+      "  static constexpr bool kPersistent = {persistent};\n"
       "{accessors}"
       "}};\n"
       "{smem_check}"
@@ -411,7 +429,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       fmt::arg("tm", t.tm), fmt::arg("tn", t.tn), fmt::arg("stages", t.stages), fmt::arg("smem", t.shared_bytes), fmt::arg("group", t.group), fmt::arg("splits", g.splits),
       fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
-      fmt::arg("out_dim", g.out_features), fmt::arg("accessors", accessors),
+      fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", sdd ? 0 : g.grid_x),
+      fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("accessors", accessors),
       fmt::arg("smem_check", t.pipelined ? ""
                                          : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
                                            "\"static shared memory is 48 KB\");\n"));

@@ -27,6 +27,7 @@ struct TileConfig {
   int shared_bytes = 0;          // dynamic shared memory per CTA (pipelined kernels)
   bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on warps_m warpgroups, bk = 64
   bool tma = false;              // wgmma with a TMA producer warpgroup and mbarriers (warp-specialized)
+  bool persistent = false;       // TMA dsd: one wave of CTAs looping over output tiles
 };
 
 struct MatMulSpec {
@@ -36,6 +37,8 @@ struct MatMulSpec {
   FeatureAxis feature_axis = FeatureAxis::last;
   // The target has Hopper's warpgroup instructions (sm_90a): the wgmma kernels may be chosen.
   bool wgmma = false;
+  // The small-batch variant (N ≤ kSmallBatchRows): shapes that stream W with few rows of N.
+  bool small_batch = false;
   // A pipelined tile shape to use instead of the heuristic (tuning): bm, bk, warps_m, warps_n and
   // stages are taken, the rest derived. Only for specs whose heuristic choice is pipelined.
   std::optional<TileConfig> tiles;
@@ -76,6 +79,9 @@ struct GeneratedSource {
     int box_inner = 0, box_outer = 0;
   };
   std::vector<TensorMapShape> tensor_maps;  // empty, or {a, b}
+  // Persistent kernels: grid x = min(output tiles, CTAs the GPU holds at once), grid y = 1; the
+  // tiles are grid_x output block columns × ceil(n / rows_per_cta) row tiles.
+  bool persistent = false;
   DType dtype = DType::f32;
 };
 

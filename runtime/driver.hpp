@@ -47,7 +47,8 @@ namespace bsjit::runtime {
   X(cuEventRecord)                 \
   X(cuEventSynchronize)            \
   X(cuEventElapsedTime)            \
-  X(cuTensorMapEncodeTiled)
+  X(cuTensorMapEncodeTiled)        \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 
 struct Driver {
 #define BSJIT_DRIVER_MEMBER(name) decltype(&::name) name = nullptr;

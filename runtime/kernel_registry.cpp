@@ -7,6 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+
 #include "bsjit/error.hpp"
 #include "generator/templates.hpp"
 #include "driver.hpp"
@@ -79,6 +84,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.group = j.at("group").get<int>();
     t.wgmma = j.value("wgmma", false);
     t.tma = j.value("tma", false);
+    t.persistent = j.value("persistent", false);
     generator::MatMulSpec tuned = spec;
     tuned.tiles = t;
     generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
@@ -97,7 +103,7 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   j["key"] = key;
   j["layout_hash"] = layout_hash;
   j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
-                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"tag", generator::tiles_tag(t)}};
+                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"tag", generator::tiles_tag(t)}};
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 
@@ -137,13 +143,44 @@ CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, st
   return map;
 }
 
+// CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function.
+std::int64_t resident_ctas(CUfunction function, const LaunchShape& shape) {
+  static std::mutex mutex;
+  static std::map<CUfunction, std::int64_t> known;
+  std::lock_guard lock(mutex);
+  auto& r = known[function];
+  if (r == 0) {
+    const Driver& d = driver();
+    int per_sm = 0, sms = 0;
+    CUdevice dev;
+    BSJIT_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, function, static_cast<int>(shape.threads),
+                                                           shape.shared_bytes));
+    BSJIT_CU(d.cuCtxGetDevice(&dev));
+    BSJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    r = std::max<std::int64_t>(1, static_cast<std::int64_t>(per_sm) * sms);
+  }
+  return r;
+}
+
 }  // namespace
 
 void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, std::int64_t n, CUstream stream,
                      KernelArgs& args) {
-  const LaunchShape shape = launch_shape(kernel, op, n);
-  if (shape.grid_x == 0) return;  // no output blocks (backward-weight of an empty layout)
   const auto& g = kernel.generated;
+  LaunchShape shape;
+  if (g.persistent) {
+    shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
+    shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
+    const std::int64_t tiles = g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta);
+    if (tiles > INT_MAX)
+      throw Error(fmt::format("bsjit: {}: n = {} gives {} output tiles; at most {} are supported", to_string(op), n,
+                              tiles, INT_MAX));
+    shape.grid_x = static_cast<std::uint32_t>(std::min(tiles, resident_ctas(function, shape)));
+    shape.grid_y = 1;
+  } else {
+    shape = launch_shape(kernel, op, n);
+  }
+  if (shape.grid_x == 0) return;  // no output blocks (backward-weight of an empty layout)
   for (std::size_t i = 0; i < g.tensor_maps.size() && i < 2; ++i) {
     const auto& m = g.tensor_maps[i];
     args.maps[i] = tensor_map_2d(g.dtype, i == 0 ? args.a : args.b, m.inner, m.outer > 0 ? m.outer : n,

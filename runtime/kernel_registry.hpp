@@ -22,7 +22,7 @@ struct KernelId {
   generator::MatMulSpec spec;
   std::string arch;
   auto key() const {
-    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma, arch,
+    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma, spec.small_batch, arch,
                            spec.tiles ? generator::tiles_tag(*spec.tiles) : std::string());
   }
   bool operator<(const KernelId& o) const { return key() < o.key(); }

@@ -491,10 +491,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
   auto stage_b = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kABytes; };
 
-  const int col = blockIdx.x, warpgroup = threadIdx.x / 128;
-  const int m0 = blockIdx.y * Cfg::kBM;  // n ≤ 2^31 - 1
-  const int begin = Cfg::lut_offsets()[col], end = Cfg::lut_offsets()[col + 1];
-  const int total = (end - begin) * kSlicesPerEntry;
+  const int warpgroup = threadIdx.x / 128;
+  // Output tiles (BM rows × one block column), column fastest so that CTAs running together
+  // share rows of X in L2. Persistent: gridDim.x CTAs take tiles blockIdx.x, + gridDim.x, ...; the
+  // producer runs on into the next tile while the consumers store the last one. Otherwise one tile
+  // per CTA (grid x = columns, y = row tiles).
+  const int tiles = Cfg::kOutBlocks * ((n + Cfg::kBM - 1) / Cfg::kBM);
+  const int first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
+  const int stride = Cfg::kPersistent ? gridDim.x : tiles;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
     fence_barrier_init();
@@ -502,13 +506,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {  // producer
-    if (threadIdx.x == 0) {
-      for (int step = 0; step < total; ++step) {
+    if (threadIdx.x != 0) return;
+    int step = 0;  // this CTA's stages so far, over all its tiles
+    for (int tile = first; tile < tiles; tile += stride) {
+      const int col = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;  // n ≤ 2^31 - 1
+      const int begin = Cfg::lut_offsets()[col], total = (Cfg::lut_offsets()[col + 1] - begin) * kSlicesPerEntry;
+      for (int i = 0; i < total; ++i, ++step) {
         const int round = step / S;
         if (round > 0) mbarrier_wait(&empty[step % S], (round - 1) & 1);
         unsigned long long* bar = &full[step % S];
         mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
-        const int e = begin + step / kSlicesPerEntry, k0 = (step % kSlicesPerEntry) * kSlice;
+        const int e = begin + i / kSlicesPerEntry, k0 = (i % kSlicesPerEntry) * kSlice;
         const int w_row = Cfg::lut()[2 * e + 1] * b;  // first row of the W block in the [blocks · b, b] view
         tma_load_2d(stage_a(step), map_a, Cfg::lut()[2 * e] * b + k0, m0, bar);
         if (Cfg::kTransW) {
@@ -524,41 +532,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   const int consumer = warpgroup - 1;
-  float d[kTiles][b / 2];
+  int step = 0;
+  for (int tile = first; tile < tiles; tile += stride) {
+    const int col = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;
+    const int begin = Cfg::lut_offsets()[col], total = (Cfg::lut_offsets()[col + 1] - begin) * kSlicesPerEntry;
+    float d[kTiles][b / 2];
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
+    for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-    for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
-    wgmma_fence_registers(d[t]);
-  }
-  for (int step = 0; step < total; ++step) {
-    mbarrier_wait(&full[step % S], (step / S) & 1);
-    const float g = gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + step / kSlicesPerEntry) + 1]];
-    if (g != 0.0f) {  // uniform across the CTA
-      unsigned char* bs = stage_b(step);
-      if (g != 1.0f) {
-        scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x - 128, kConsumerThreads);
-        fence_proxy_async();
-        named_barrier_sync(1, kConsumerThreads);
-      }
-      dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(step) + consumer * kRows * kSwizzleRowBytes, bs);
-      wgmma_wait<1>();  // the previous stage's wgmmas have finished
-    } else {
-      wgmma_wait<0>();
+      for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
+      wgmma_fence_registers(d[t]);
     }
-    if (step > 0) mbarrier_arrive(&empty[(step - 1) % S]);
-  }
-  wgmma_wait<0>();
+    for (int i = 0; i < total; ++i, ++step) {
+      mbarrier_wait(&full[step % S], (step / S) & 1);
+      const float g = gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + i / kSlicesPerEntry) + 1]];
+      if (g != 0.0f) {  // uniform across the CTA
+        unsigned char* bs = stage_b(step);
+        if (g != 1.0f) {
+          scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x - 128, kConsumerThreads);
+          fence_proxy_async();
+          named_barrier_sync(1, kConsumerThreads);
+        }
+        dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(step) + consumer * kRows * kSwizzleRowBytes, bs);
+        wgmma_wait<1>();  // the previous stage's wgmmas have finished
+      } else {
+        wgmma_wait<0>();
+      }
+      if (i > 0) mbarrier_arrive(&empty[(step - 1) % S]);
+    }
+    wgmma_wait<0>();
+    if (total > 0) mbarrier_arrive(&empty[(step - 1) % S]);  // the tile's last stage
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
+    for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
 
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t)
-    wgmma_epilogue<b>(d[t], consumer * kRows + t * 64, [&](int r, int c, float v0, float v1) {
-      const long long m = static_cast<long long>(m0) + r;
-      if (m >= n) return;
-      store_pair(out + m * Cfg::kOutDim + static_cast<long long>(col) * b + c, v0, v1, accumulate);
-    });
+    for (int t = 0; t < kTiles; ++t)
+      wgmma_epilogue<b>(d[t], consumer * kRows + t * 64, [&](int r, int c, float v0, float v1) {
+        const long long m = static_cast<long long>(m0) + r;
+        if (m >= n) return;
+        store_pair(out + m * Cfg::kOutDim + static_cast<long long>(col) * b + c, v0, v1, accumulate);
+      });
+  }
 }
 
 template <class Cfg>

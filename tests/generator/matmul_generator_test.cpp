@@ -162,11 +162,17 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             continue;
           }
           EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 16 * t.stages);
-          // the small-batch variant stays on the mma.sync kernel
+          // the small-batch variant: one consumer of 64 rows
           auto v = variants(spec);
-          ASSERT_EQ(v.size(), 2u);
-          EXPECT_FALSE(choose_tiles(v[1]).wgmma);
+          ASSERT_EQ(v.size(), op == Op::backward_weight ? 1u : 2u);
+          if (v.size() == 2) {
+            EXPECT_TRUE(v[1].small_batch);
+            EXPECT_TRUE(choose_tiles(v[1]).tma);
+            EXPECT_EQ(choose_tiles(v[1]).bm, 64);
+          }
           EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
+          EXPECT_TRUE(t.persistent && g.persistent) << "one wave of CTAs looping over output tiles";
+          EXPECT_NE(g.source.find("kPersistent = true"), std::string::npos);
           EXPECT_EQ(g.tensor_maps[0].box_outer, t.bm);
           EXPECT_EQ(g.tensor_maps[1].outer, b) << "one W block";
           EXPECT_EQ(g.tensor_maps[1].box_outer, op == Op::backward_data ? b : 64);

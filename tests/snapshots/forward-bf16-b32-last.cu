@@ -25,6 +25,8 @@ struct Config {
   static constexpr bool kFeatureLast = true;
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 96, kOutDim = 128;
+  static constexpr int kOutBlocks = 4;  // output block columns (dsd)
+  static constexpr bool kPersistent = false;
   __device__ static const int* lut_offsets() { return kLutOffsets; }
   __device__ static const int* lut() { return kLut; }
 };
