@@ -35,6 +35,21 @@ std::string name(const Case& c) {
          std::string(to_string(c.axis)) + " " + c.arch;
 }
 
+// Runs check(item) for every item, two at a time (the machines CI runs on have two cores), and
+// returns the non-empty messages.
+template <class Item, class Check>
+std::vector<std::string> failures_of(const std::vector<Item>& items, Check check) {
+  std::vector<std::future<std::string>> pending;
+  std::vector<std::string> failures;
+  for (std::size_t next = 0; next < items.size() || !pending.empty();) {
+    while (next < items.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, check, items[next++]));
+    auto r = pending.front().get();
+    pending.erase(pending.begin());
+    if (!r.empty()) failures.push_back(r);
+  }
+  return failures;
+}
+
 TEST(Compiler, EveryTemplateForEveryArch) {
   std::vector<Case> cases;
   for (const char* arch : {"sm_80", "sm_90", "sm_90a"})
@@ -45,8 +60,6 @@ TEST(Compiler, EveryTemplateForEveryArch) {
           // across the three archs
           cases.push_back({op, b, dt, (cases.size() % 2) ? FeatureAxis::first : FeatureAxis::last, arch});
   Layout layout = small_random_layout(7);
-  // Two compiles at a time: the machines CI runs on have two cores.
-  std::vector<std::future<std::string>> pending;
   auto run = [&](Case c) -> std::string {
     try {
       generator::MatMulSpec spec{c.op, c.block, c.dtype, c.axis};
@@ -61,15 +74,7 @@ TEST(Compiler, EveryTemplateForEveryArch) {
       return name(c) + ": " + e.what();
     }
   };
-  std::size_t next = 0;
-  std::vector<std::string> failures;
-  while (next < cases.size() || !pending.empty()) {
-    while (next < cases.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, run, cases[next++]));
-    auto r = pending.front().get();
-    pending.erase(pending.begin());
-    if (!r.empty()) failures.push_back(r);
-  }
-  for (auto& f : failures) ADD_FAILURE() << f;
+  for (auto& f : failures_of(cases, run)) ADD_FAILURE() << f;
   EXPECT_EQ(cases.size(), 135u);
 }
 
@@ -95,8 +100,6 @@ TEST(Compiler, EveryTileCandidateCompiles) {
           specs.push_back(spec);
         }
     }
-  std::vector<std::future<std::string>> pending;
-  std::vector<std::string> failures;
   auto run = [&](generator::MatMulSpec spec) -> std::string {
     try {
       auto g = generator::generate_matmul(layout, spec);
@@ -106,13 +109,7 @@ TEST(Compiler, EveryTileCandidateCompiles) {
       return e.what();
     }
   };
-  for (std::size_t next = 0; next < specs.size() || !pending.empty();) {
-    while (next < specs.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, run, specs[next++]));
-    auto r = pending.front().get();
-    pending.erase(pending.begin());
-    if (!r.empty()) failures.push_back(r);
-  }
-  for (auto& f : failures) ADD_FAILURE() << f;
+  for (auto& f : failures_of(specs, run)) ADD_FAILURE() << f;
   EXPECT_GT(specs.size(), 70u);
 }
 
