@@ -288,20 +288,27 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
 void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   std::mt19937_64 rng(11);
   set_cache_directory({});
-  for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
-    std::vector<double> ms;
-    for (int rep = 0; rep < 3; ++rep) {
-      const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
-      Layout L = bernoulli_layout(side, side, static_cast<double>(blocks) / (side * side), rng);
-      auto t = Clock::now();
-      // one kernel (MatMul::precompile would also build the small-batch variant)
-      runtime::KernelRegistry::global().prepare(
-          L, {L.hash().hex(), {Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"}, cache::OnMiss::compile);
-      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+  // the mma.sync kernel (b = 32, sm_90) and the Hopper one (b = 64, sm_90a: wgmma, TMA, mbarriers)
+  generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last};
+  hopper.wgmma = true;
+  const std::pair<generator::MatMulSpec, std::string> kernels[] = {
+      {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"}, {hopper, "sm_90a"}};
+  for (const auto& [spec, arch] : kernels)
+    for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
+      std::vector<double> ms;
+      for (int rep = 0; rep < 3; ++rep) {
+        const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
+        Layout L = bernoulli_layout(side, side, static_cast<double>(blocks) / (side * side), rng);
+        auto t = Clock::now();
+        // one kernel (MatMul::precompile would also build the small-batch variant)
+        runtime::KernelRegistry::global().prepare(L, {L.hash().hex(), spec, arch}, cache::OnMiss::compile);
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      }
+      std::sort(ms.begin(), ms.end());
+      figures.emplace_back(
+          fmt::format("cold compile, {} {}, {} blocks (median of 3), ms", generator::kernel_label(spec), arch, blocks),
+          ms[1]);
     }
-    std::sort(ms.begin(), ms.end());
-    figures.emplace_back(fmt::format("cold compile, {} blocks (median of 3), ms", blocks), ms[1]);
-  }
 }
 
 void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figures) {
