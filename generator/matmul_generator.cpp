@@ -107,7 +107,8 @@ TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
   t.shared_bytes = t.stages * (a_stage + b_stage) * 2;
   if (sdd) t.group = 1;
   const bool grouping_ok = t.group == 1 ? (sdd || b % t.bk == 0) : t.bk == t.group * b;
-  const bool ok = t.bm % (16 * t.warps_m) == 0 && b % (16 * t.warps_n) == 0 && t.bk % 16 == 0 && grouping_ok &&
+  const bool ok = !t.persistent && t.bm % (16 * t.warps_m) == 0 && b % (16 * t.warps_n) == 0 && t.bk % 16 == 0 &&
+                  grouping_ok &&
                   t.stages >= 2 && t.threads <= 512 && t.shared_bytes <= 160 * 1024;
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), b));
@@ -126,8 +127,8 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   const int rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
   const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 64 || b == 128) &&
                   t.bm == rows * t.warps_m && (rows == 64 || rows == 128) && t.bm <= 256 &&
-                  t.stages >= (t.tma ? 2 : 3) &&
-                  t.shared_bytes <= 227 * 1024;
+                  t.stages >= (t.tma ? 2 : 3) && t.shared_bytes <= 227 * 1024 &&
+                  (t.tma || !t.persistent);  // only the TMA kernel loops over tiles
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
                             spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
@@ -146,12 +147,11 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     t.threads = (t.warps_m + 1) * 128;
     t.shared_bytes = t.stages * 2 * 64 * b * 2 + 1024 + 2 * t.stages * 8;
     if (!spec.wgmma || (b != 64 && b != 128) || rows * t.warps_m != b || (rows != 64 && rows != 128) ||
-        t.stages < 2 || t.shared_bytes > 227 * 1024)
+        t.stages < 2 || t.shared_bytes > 227 * 1024 || t.persistent)
       throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
   }
-  if (spec.op == Op::backward_weight) t.persistent = false;
   t = finish_wgmma(spec, t);
   t.threads += 128;
   t.shared_bytes += 2 * t.stages * 8;

@@ -177,6 +177,18 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           EXPECT_EQ(g.tensor_maps[1].outer, b) << "one W block";
           EXPECT_EQ(g.tensor_maps[1].box_outer, op == Op::backward_data ? b : 64);
         }
+  // only the dsd TMA kernel loops over tiles: a persistent flag elsewhere (a hand-edited tuning
+  // record) is refused, not launched on a grid the kernel does not expect
+  for (Op op : {Op::forward, Op::backward_weight}) {
+    MatMulSpec s{op, 64, DType::bf16, FeatureAxis::last};
+    s.wgmma = true;
+    for (TileConfig t : tile_candidates(s)) {
+      t.persistent = true;
+      s.tiles = t;
+      if (t.tma && op == Op::forward) EXPECT_NO_THROW(choose_tiles(s)) << tiles_tag(t);
+      else EXPECT_THROW(choose_tiles(s), Error) << tiles_tag(t);
+    }
+  }
   // a wgmma shape for a target without it is refused with the reason
   MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
   TileConfig t;
