@@ -63,7 +63,10 @@ void add_selection(CLI::App* cmd, KernelSelection& s, bool with_arch) {
   cmd->add_option("-t,--dtype", s.dtypes, "dtypes: f32, f16, bf16")->delimiter(',');
   cmd->add_option("-f,--feature-axis", s.feature_axes, "feature axis of X and Y: last ([N, C]) or first ([C, N])")
       ->delimiter(',');
-  if (with_arch) cmd->add_option("-a,--arch", s.archs, "target architectures, e.g. sm_80,sm_90,sm_90a")->delimiter(',');
+  if (with_arch)
+    cmd->add_option("-a,--arch", s.archs,
+                    "target architectures (default sm_90a: H100/H200; sm_80 for A100; plain sm_90 has no wgmma kernels)")
+        ->delimiter(',');
 }
 
 const char* status_name(KernelOutcome::Status s) {
