@@ -180,38 +180,38 @@ std::vector<double> block_softmax(const AttentionProblem& p, const std::vector<d
   return out;
 }
 
-std::vector<double> block_probs_v(const AttentionProblem& p, const std::vector<double>& probs,
-                                  const std::vector<double>& v) {
+namespace {
+
+// probs · x (x shaped like k, result like q) or, transposed, probsᵀ · x (x like q, result like k).
+std::vector<double> probs_product(const AttentionProblem& p, const std::vector<double>& probs,
+                                  const std::vector<double>& x, bool transposed) {
   check(p);
   const auto off = head_offsets(p);
-  std::vector<double> out(p.batch * p.seq_q * p.heads * p.head_dim, 0.0);
+  const std::int64_t seq_in = transposed ? p.seq_q : p.seq_k, seq_out = transposed ? p.seq_k : p.seq_q;
+  std::vector<double> out(p.batch * seq_out * p.heads * p.head_dim, 0.0);
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t h = 0; h < p.heads; ++h)
       for (std::int64_t i = 0; i < p.seq_q; ++i)
         for_each_row_block(p, off, b, h, i, [&](std::int64_t base, std::int64_t c) {
-          for (std::int64_t jj = 0; jj < p.block; ++jj)
+          for (std::int64_t jj = 0; jj < p.block; ++jj) {
+            const std::int64_t key = c * p.block + jj, from = transposed ? i : key, to = transposed ? key : i;
             for (std::int64_t d = 0; d < p.head_dim; ++d)
-              out[qkv_index(p, p.seq_q, b, i, h, d)] +=
-                  probs[base + jj] * v[qkv_index(p, p.seq_k, b, c * p.block + jj, h, d)];
+              out[qkv_index(p, seq_out, b, to, h, d)] += probs[base + jj] * x[qkv_index(p, seq_in, b, from, h, d)];
+          }
         });
   return out;
 }
 
+}  // namespace
+
+std::vector<double> block_probs_v(const AttentionProblem& p, const std::vector<double>& probs,
+                                  const std::vector<double>& v) {
+  return probs_product(p, probs, v, false);
+}
+
 std::vector<double> block_probs_t(const AttentionProblem& p, const std::vector<double>& probs,
                                   const std::vector<double>& x) {
-  check(p);
-  const auto off = head_offsets(p);
-  std::vector<double> out(p.batch * p.seq_k * p.heads * p.head_dim, 0.0);
-  for (std::int64_t b = 0; b < p.batch; ++b)
-    for (std::int64_t h = 0; h < p.heads; ++h)
-      for (std::int64_t i = 0; i < p.seq_q; ++i)
-        for_each_row_block(p, off, b, h, i, [&](std::int64_t base, std::int64_t c) {
-          for (std::int64_t jj = 0; jj < p.block; ++jj)
-            for (std::int64_t d = 0; d < p.head_dim; ++d)
-              out[qkv_index(p, p.seq_k, b, c * p.block + jj, h, d)] +=
-                  probs[base + jj] * x[qkv_index(p, p.seq_q, b, i, h, d)];
-        });
-  return out;
+  return probs_product(p, probs, x, true);
 }
 
 std::vector<double> block_softmax_grad(const AttentionProblem& p, const std::vector<double>& probs,
