@@ -25,6 +25,7 @@ std::string_view to_string(Op op) {
 }
 
 std::string_view to_string(FeatureAxis axis) { return axis == FeatureAxis::last ? "last" : "first"; }
+std::string_view to_string(QkvOrder order) { return order == QkvOrder::bshd ? "bshd" : "bhsd"; }
 
 DType parse_dtype(std::string_view s) {
   if (s == "f32" || s == "fp32" || s == "float32" || s == "float") return DType::f32;

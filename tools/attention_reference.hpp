@@ -11,11 +11,9 @@
 #include <vector>
 
 #include "bsjit/layout.hpp"
+#include "bsjit/types.hpp"
 
 namespace bsjit::reference {
-
-// Q, K, V, O and their gradients: [batch, seq, heads, head_dim] or [batch, heads, seq, head_dim].
-enum class QkvOrder { bshd, bhsd };
 
 struct AttentionProblem {
   std::int64_t batch = 1, heads = 1, seq_q = 0, seq_k = 0, head_dim = 0;

@@ -13,7 +13,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 
 status=()
-for t in matmul_gpu_test deploy_gpu_test; do
+for t in matmul_gpu_test attention_gpu_test deploy_gpu_test; do
   start=$(date +%s)
   "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
   status+=("$t: exit ${PIPESTATUS[0]}, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ') $(($(date +%s) - start)) s")

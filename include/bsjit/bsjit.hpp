@@ -1,6 +1,7 @@
 // bsjit: block-sparse matmul compiled at run time for each layout. Everything public.
 #pragma once
 
+#include "bsjit/attention.hpp"
 #include "bsjit/attention_layouts.hpp"
 #include "bsjit/cache.hpp"
 #include "bsjit/deploy.hpp"

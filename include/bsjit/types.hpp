@@ -27,9 +27,13 @@ enum class Op {
 // last: X is [N, C] row-major; first: X is [C, N] row-major.
 enum class FeatureAxis { last, first };
 
+// Attention tensors Q, K, V, O: [batch, seq, heads, head_dim] or [batch, heads, seq, head_dim].
+enum class QkvOrder { bshd, bhsd };
+
 std::string_view to_string(DType dtype);
 std::string_view to_string(Op op);
 std::string_view to_string(FeatureAxis axis);
+std::string_view to_string(QkvOrder order);
 DType parse_dtype(std::string_view text);  // "f32"/"fp32"/"float32", "f16"/"fp16", "bf16"
 Op parse_op(std::string_view text);        // "forward"/"fwd", "backward_data"/"bwd_data", ...
 FeatureAxis parse_feature_axis(std::string_view text);  // "last"/"nc", "first"/"cn"

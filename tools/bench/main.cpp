@@ -4,6 +4,7 @@
 //                  d ∈ {0.5,0.25,0.1,0.05}, balanced and Bernoulli layouts; the three ops
 //   --suite small  N=64, C=K=16384, b ∈ {32,64}, d=0.1 (bandwidth-bound on W)
 //   --suite jit    cold compile by layout size, disk hit in a fresh cache, host overhead per call
+//   --suite A      block-sparse attention, fused forward (suite_a.hpp)
 // Each result is checked once against a double-precision reference on sampled rows or blocks
 // before it is timed; times are medians of CUDA-event timings after warm-up.
 #include <CLI/CLI.hpp>
@@ -22,6 +23,7 @@
 #include <thread>
 
 #include "baselines.hpp"
+#include "suite_a.hpp"
 #include "bsjit/bsjit.hpp"
 #include "cache/kernel_cache.hpp"
 #include "device_buffer.hpp"
@@ -403,7 +405,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> kinds{"balanced", "bernoulli"};
   std::string json_path, csv_path;
   int reps = 20;
-  app.add_option("-s,--suite", suites, "W, small, jit, sweep (tile candidates), compile (needs no GPU)")->delimiter(',');
+  app.add_option("-s,--suite", suites, "W, small, jit, A (attention), sweep (tile candidates), compile (needs no GPU)")
+      ->delimiter(',');
   app.add_option("-b,--block", blocks, "suite W block sizes")->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
@@ -432,10 +435,12 @@ int main(int argc, char** argv) {
     fmt::print("device-to-device copy: {:.2f} TB/s (read + write)\n", env.copy_bw / 1e12);
     std::vector<Row> rows, small_rows;
     std::vector<std::pair<std::string, double>> jit;
+    std::vector<AttentionRow> attention_rows;
     for (const auto& s : suites) {
       if (s == "W") run_w(env, 8192, 4096, blocks, densities, kinds, rows, false);
       else if (s == "small") run_w(env, 64, 16384, {32, 64}, {0.1}, {"balanced"}, small_rows, true);
       else if (s == "jit") run_jit(env, jit);
+      else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
       else if (s == "compile") run_compile(jit);
       else if (s == "sweep") {
         nlohmann::json sweep;
@@ -457,6 +462,11 @@ int main(int argc, char** argv) {
     if (!small_rows.empty()) {
       fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W ==\n");
       for (const auto& r : small_rows) fmt::print("b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.b, r.op, r.ms, r.sol);
+    }
+    if (!attention_rows.empty()) {
+      fmt::print("\n== suite A (B=4, H=16, S=8192, bf16, causal inside the diagonal): fused forward ==\n");
+      for (const auto& r : attention_rows)
+        fmt::print("{:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s\n", r.mask, r.block, r.head_dim, r.ms, r.tflops);
     }
     if (!jit.empty()) {
       fmt::print("\n== JIT figures ==\n");

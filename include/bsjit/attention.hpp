@@ -1,0 +1,55 @@
+// Block-sparse attention: softmax(scale · Q·Kᵀ + masks) · V over the key blocks a block mask gives
+// each query block, fused (flash-style: online softmax, no score matrix in memory), with the
+// log-sum-exp of every query row for the backward. One kernel per (masks, options), generated and
+// cached like the matmul kernels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bsjit/layout.hpp"
+#include "bsjit/types.hpp"
+
+namespace bsjit {
+
+struct AttentionOptions {
+  int block = 64;      // of the block mask: 16, 32, 64 or 128 positions
+  int head_dim = 64;   // 32, 64 or 128
+  DType dtype = DType::bf16;  // f16 or bf16; fp32 accumulation and softmax
+  QkvOrder order = QkvOrder::bshd;
+  bool causal = false;  // keys after the query are masked (inside the diagonal blocks)
+  std::string arch;     // as MatMulOptions::arch
+};
+
+class Attention {
+ public:
+  // masks: [seq_q / block, seq_k / block] block masks (bsjit::layouts builds the common ones), one
+  // shared by every head or one per head (then `heads` in calls must match).
+  Attention(std::vector<Layout> masks, AttentionOptions options);
+  ~Attention();
+  Attention(Attention&&) noexcept;
+  Attention& operator=(Attention&&) noexcept;
+
+  // out = attention(q, k, v), shaped like q; lse: [batch, heads, seq_q] fp32, the natural-log
+  // log-sum-exp of each row's scaled scores (-inf for a row with no key, whose output is 0).
+  // key_padding: null, or [batch, seq_k] bytes on the device, 0 marking a padded key. scale 0:
+  // 1 / sqrt(head_dim). Device pointers, 16-byte aligned; asynchronous on stream.
+  void forward(const void* q, const void* k, const void* v, void* out, float* lse, std::int64_t batch,
+               std::int64_t heads, Stream stream = nullptr, float scale = 0,
+               const std::uint8_t* key_padding = nullptr) const;
+
+  // Compiles the forward kernel for arch into the cache (no GPU needed); true when compiled now.
+  bool precompile(const std::string& arch) const;
+
+  std::int64_t seq_q() const;
+  std::int64_t seq_k() const;
+  const AttentionOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bsjit

@@ -1,0 +1,190 @@
+// Block-sparse attention, fused forward (flash-style): the output and log-sum-exp of
+// softmax(scale · Q·Kᵀ + masks) · V over only the key blocks the layout gives each query block.
+//
+// One CTA takes kQTile query rows of one (batch, head): kQTile / 16 warps of 16 rows each. It walks
+// the LUT of its query block (the layout's row, for this head), kKTile keys at a time: K and V tiles
+// come through a 2-stage cp.async pipeline; S = Q·Kᵀ (mma.sync m16n8k16, fp32) is masked (causal
+// inside the diagonal, padded keys), folded into a running row max and sum in the log2 domain
+// (exp2), and P, rounded to 16 bits straight from the accumulator registers, multiplies V into the
+// output accumulators. A row that attends no key writes zeros and a log-sum-exp of -inf.
+#pragma once
+
+#include "bsjit/common.cuh"
+#include "bsjit/pipeline.cuh"
+
+namespace bsjit {
+namespace kernels {
+
+// Two fp32 values rounded to a 16-bit pair (lo in the low half), as an mma A-fragment register.
+template <class T>
+__device__ __forceinline__ unsigned pack_pair(float lo, float hi);
+template <>
+__device__ __forceinline__ unsigned pack_pair<bfloat16_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
+
+template <class Cfg>
+struct AttentionPlan {
+  static constexpr int kS = Cfg::kHeadDim + kPad;  // row stride of the Q, K and V tiles
+  static constexpr int kSharedBytes = (Cfg::kQTile + 2 * 2 * Cfg::kKTile) * kS * 2;
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kQTile * 2)
+    attention_forward_kernel(const typename Cfg::T* __restrict__ q, const typename Cfg::T* __restrict__ k,
+                             const typename Cfg::T* __restrict__ v, typename Cfg::T* __restrict__ out,
+                             float* __restrict__ lse, const unsigned char* __restrict__ key_padding, int heads,
+                             float scale_log2) {
+  using T = typename Cfg::T;
+  using Plan = AttentionPlan<Cfg>;
+  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Plan::kS;
+  constexpr int kThreads = QT * 2, kSubTiles = Cfg::kBlock / KT;
+  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
+  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+  static_assert(sizeof(T) == 2 && D % 16 == 0 && QT % 16 == 0 && KT % 16 == 0 && Cfg::kBlock % KT == 0 &&
+                    Cfg::kBlock % QT == 0,
+                "16-bit; head dim, query and key tiles in whole mma tiles; tiles divide the block");
+  static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + QT * S;  // [2][KT][S]
+  T* Vs = Ks + 2 * KT * S;
+
+  const int h = blockIdx.y, b = blockIdx.z;
+  const long long q0 = static_cast<long long>(blockIdx.x) * QT;
+  // Position p of (b, h) starts at base + p · stride: [batch, seq, heads, D] or [batch, heads, seq, D].
+  const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
+  const long long q_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqQ * D
+                                            : static_cast<long long>(b) * kSeqQ * heads * D + static_cast<long long>(h) * D;
+  const long long k_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqK * D
+                                            : static_cast<long long>(b) * kSeqK * heads * D + static_cast<long long>(h) * D;
+  const int layout = Cfg::kLayouts == 1 ? 0 : h;
+  const int row = static_cast<int>(q0 / Cfg::kBlock);
+  const int begin = Cfg::row_start()[layout * Cfg::kQBlocks + row], end = Cfg::row_start()[layout * Cfg::kQBlocks + row + 1];
+  const int total = (end - begin) * kSubTiles;
+
+  copy_tile_async<QT, D, S, kThreads>(Qs, [&](int r) { return q + q_base + (q0 + r) * stride; }, [](int) { return true; });
+  auto key0 = [&](int step) {
+    return static_cast<long long>(Cfg::keys()[begin + step / kSubTiles]) * Cfg::kBlock + (step % kSubTiles) * KT;
+  };
+  auto load = [&](int step) {
+    const long long k0 = key0(step);
+    copy_tile_async<KT, D, S, kThreads>(Ks + (step % 2) * KT * S, [&](int r) { return k + k_base + (k0 + r) * stride; },
+                                        [](int) { return true; });
+    copy_tile_async<KT, D, S, kThreads>(Vs + (step % 2) * KT * S, [&](int r) { return v + k_base + (k0 + r) * stride; },
+                                        [](int) { return true; });
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, quad = lane / 8,
+            r8 = lane % 8;
+  unsigned qa[D / 16][4];  // this warp's 16 query rows as A fragments, loaded once the tile lands
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 domain
+  const long long my_row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+
+  run_pipeline<2>(total, load, [&](int step) {
+    if (step == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qa[kk], Qs + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
+    }
+    const T* ks = Ks + (step % 2) * KT * S;
+    const T* vs = Vs + (step % 2) * KT * S;
+    const long long k0 = key0(step);
+    float s[KT / 8][4];
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int j = 0; j < KT / 8; j += 2) {
+        unsigned r[4];  // K rows are keys (n), d contiguous: a K-major B tile
+        ldmatrix_x4(r, ks + (j * 8 + r8 + (quad / 2) * 8) * S + kk * 16 + (quad % 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(s[j], qa[kk], b0);
+        Mma16816<T>::run(s[j + 1], qa[kk], b1);
+      }
+    // scale into the log2 domain, mask, and fold into the running max and sum
+    float tile_max[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const long long key = k0 + j * 8 + 2 * t4 + (e & 1);
+        bool keep = !(Cfg::kCausal && key > my_row[e >> 1]);
+        if (key_padding != nullptr) keep = keep && key_padding[b * kSeqK + key] != 0;
+        s[j][e] = keep ? s[j][e] * scale_log2 : minus_infinity();
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
+      }
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float m_new = fmaxf(m[i], tile_max[i]);
+      corr[i] = m_new == minus_infinity() ? 1.0f : exp2f(m[i] - m_new);  // exp2(-inf) = 0 when m was -inf
+      m[i] = m_new;
+      l[i] *= corr[i];
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mi = m[e >> 1];
+        s[j][e] = s[j][e] == minus_infinity() ? 0.0f : exp2f(s[j][e] - mi);
+        l[e >> 1] += s[j][e];
+      }
+    // O += P · V: P's accumulator layout is the A-fragment layout, two n8 tiles per k16 step
+#pragma unroll
+    for (int kc = 0; kc < KT / 16; ++kc) {
+      const unsigned pa[4] = {pack_pair<T>(s[2 * kc][0], s[2 * kc][1]), pack_pair<T>(s[2 * kc][2], s[2 * kc][3]),
+                              pack_pair<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              pack_pair<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        unsigned r[4];  // V rows are keys (k), d contiguous: an MN-major B tile
+        ldmatrix_x4_trans(r, vs + (kc * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(o[j], pa, b0);
+        Mma16816<T>::run(o[j + 1], pa, b1);
+      }
+    }
+  });
+
+  // the row sums are spread over the 4 lanes of a quad
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      store_pair(out + q_base + my_row[i] * stride + j * 8 + 2 * t4, o[j][2 * i] * inv[i], o[j][2 * i + 1] * inv[i], 0);
+  if (t4 == 0) {
+    constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      lse[(static_cast<long long>(b) * heads + h) * kSeqQ + my_row[i]] =
+          l[i] > 0.0f ? (m[i] + log2f(l[i])) * kLn2 : minus_infinity();
+  }
+}
+
+}  // namespace kernels
+}  // namespace bsjit

@@ -1,0 +1,107 @@
+#include "suite_a.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "baselines.hpp"
+#include "bsjit/bsjit.hpp"
+#include "device_buffer.hpp"
+#include "reference.hpp"
+
+namespace bsjit::bench {
+namespace {
+
+constexpr std::int64_t kBatch = 4, kHeads = 16, kSeq = 8192;
+
+// Random bf16 bits in [-1, 1), quickly (hundreds of millions of values).
+std::vector<std::uint16_t> random_bf16_bits(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint16_t> out(n);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : out) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    const float f = static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 2 - 1);
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<std::uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+  }
+  return out;
+}
+
+double bf16_value(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
+  std::vector<AttentionRow> rows;
+  for (int d : {128, 64}) {
+    const std::size_t n = static_cast<std::size_t>(kBatch * kHeads * kSeq * d);
+    const auto q = random_bf16_bits(n, 1), k = random_bf16_bits(n, 2), v = random_bf16_bits(n, 3);
+    tools::DeviceBuffer dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(kBatch * kHeads * kSeq * 4);
+    dq.upload(q), dk.upload(k), dv.upload(v);
+    for (int block : {128, 64}) {
+      const std::int64_t blocks = kSeq / block;
+      const std::pair<std::string, Layout> masks[] = {
+          {"causal", layouts::causal(blocks)},
+          {"window1024+global256", layouts::unite(layouts::sliding_window(blocks, 1024 / block),
+                                                  layouts::global_tokens(blocks, 256 / block))}};
+      for (const auto& [name, mask] : masks) {
+        Attention attn({mask}, {block, d, DType::bf16, QkvOrder::bhsd, true, ""});
+        auto fn = [&] {
+          attn.forward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()), kBatch, kHeads,
+                       stream);
+        };
+        fn();
+        BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));
+        // check 4 rows of (batch 0, head 5) against a double-precision computation
+        const auto out = dout.download<std::uint16_t>();
+        double err = 0;
+        const double scale = 1 / std::sqrt(static_cast<double>(d));
+        for (std::int64_t i : {std::int64_t{0}, std::int64_t{777}, kSeq / 2 + 3, kSeq - 1}) {
+          const std::int64_t base = (0 * kHeads + 5) * kSeq * d;
+          std::vector<double> s;
+          double m = -INFINITY;
+          for (std::int64_t j = 0; j <= i; ++j) {
+            if (!mask.at(i / block, j / block)) {
+              s.push_back(-INFINITY);
+              continue;
+            }
+            double dot = 0;
+            for (int e = 0; e < d; ++e) dot += bf16_value(q[base + i * d + e]) * bf16_value(k[base + j * d + e]);
+            s.push_back(dot * scale);
+            m = std::max(m, s.back());
+          }
+          double sum = 0;
+          for (double x : s) sum += std::exp(x - m);
+          double worst = 0, norm = 0;
+          for (int e = 0; e < d; ++e) {
+            double want = 0;
+            for (std::size_t j = 0; j < s.size(); ++j) want += std::exp(s[j] - m) / sum * bf16_value(v[base + j * d + e]);
+            worst = std::max(worst, std::abs(bf16_value(out[base + i * d + e]) - want));
+            norm = std::max(norm, std::abs(want));
+          }
+          err = std::max(err, worst / std::max(norm, 1e-30));
+        }
+        double pairs = 0;  // attended (query, key) pairs per (batch, head)
+        for (const auto& [r, c] : mask.coords())
+          pairs += r == c ? block * (block + 1) / 2.0 : static_cast<double>(block) * block;
+        const double ms = time_ms(fn, stream, 3, reps);
+        rows.push_back({name, block, d, ms, 4.0 * kBatch * kHeads * pairs * d / ms / 1e9, err});
+        fmt::print("suite A  {:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s  err {:.1e}{}\n", name, block, d, ms,
+                   rows.back().tflops, err, err > 1e-2 ? "  WRONG" : "");
+        std::fflush(stdout);
+      }
+    }
+  }
+  return rows;
+}
+
+}  // namespace bsjit::bench
