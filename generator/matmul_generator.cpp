@@ -182,10 +182,11 @@ TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages, int group
 
 std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
   std::vector<MatMulSpec> out{spec};
-  if (spec.op == Op::backward_weight || spec.tiles || !choose_tiles(spec).pipelined) return out;
+  if (spec.tiles || !choose_tiles(spec).pipelined) return out;
   // Small batch (inference, N ≤ 128): a short row tile (choose_tiles), more W bytes in flight per
   // row computed. At b = 32, N = 64 the forward took 0.102 ms with the default BM = 256 and 0.059
-  // with BM = 64 on 4 warps and 4 stages.
+  // with BM = 64 on 4 warps and 4 stages. Backward-weight reduces over those few rows: one or two
+  // reduction steps per block, so its small shape has the fewest stages (more CTAs per SM).
   MatMulSpec small = spec;
   small.small_batch = true;
   out.push_back(small);
@@ -264,6 +265,11 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
       return spec.tiles->tma     ? finish_tma(spec, *spec.tiles)
              : spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles)
                                  : finish_pipelined(spec, *spec.tiles);
+    // small-batch backward-weight: the mma.sync kernel with 2 stages. On sm_90a the TMA kernel
+    // (a producer warpgroup, 4 stages) was slower here: N = 64, C = K = 16384, b = 64, d = 0.1:
+    // 0.065 ms against 0.054 for the mma.sync kernel with 3 stages.
+    if (spec.small_batch && spec.op == Op::backward_weight)
+      return finish_pipelined(spec, b == 16 ? pipelined_shape(b, 32, 1, 1, 2) : pipelined_shape(b, 64, 2, 2, 2));
     // small batch on sm_90a: one consumer of 64 rows and 6 stages. N = 64, C = K = 16384, d = 0.1,
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
     // 0.045 → 0.025 against the mma.sync shape below.

@@ -46,7 +46,7 @@ struct MatMulSpec {
 
 TileConfig choose_tiles(const MatMulSpec& spec);
 
-// Rows of N at or below which forward and backward-data run their small-batch variant.
+// Rows of N at or below which every op runs its small-batch variant.
 constexpr std::int64_t kSmallBatchRows = 128;
 
 // The kernels an op needs: [0] for any N; [1], where it exists, for N ≤ kSmallBatchRows (a shorter

@@ -79,7 +79,7 @@ struct MatMul::Impl {
 
   // Which variant runs n rows.
   int variant(Op op, std::int64_t n) const {
-    return op != Op::backward_weight && n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
+    return n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
   }
 
   Launchable launchable(Op op, int v, CUcontext ctx) {

@@ -1,5 +1,5 @@
 // Helper process for the cache stress tests.
-//   cache_worker precompile DIR SEED   4 threads precompile 6 overlapping ops (9 kernels) into DIR in a
+//   cache_worker precompile DIR SEED   4 threads precompile 6 overlapping ops (12 kernels) into DIR in a
 //                                      seed-dependent order; prints "compiles N"
 //   cache_worker churn DIR SEED        writes large entries with fake cubins derived from their key,
 //                                      forever (the test kills it with SIGKILL mid-write)
