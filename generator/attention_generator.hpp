@@ -14,11 +14,17 @@ namespace bsjit::generator {
 struct GeneratedAttention {
   std::string source, name_expression, label;
   int threads = 0, shared_bytes = 0;
-  std::int64_t query_tiles = 0;  // grid x; y = heads, z = batch
+  std::int64_t query_tiles = 0;  // grid y (heaviest first); x = batch · heads
   std::int64_t seq_q = 0, seq_k = 0;
+  // The Hopper kernel (attention_hopper.cuh): arguments end with tensor maps of Q, K and V, boxes
+  // of 64 head-dim columns × q_rows (Q) or kv_rows (K, V) positions.
+  bool tma = false;
+  int q_rows = 0, kv_rows = 0;
 };
 
-// Throws Error for masks of different shapes, or options the kernel does not take.
-GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& options);
+// The kernel for arch ("sm_90a": the wgmma/TMA kernel where the shape allows, block ≥ 64 and
+// head_dim ≥ 64). Throws Error for masks of different shapes, or options the kernels do not take.
+GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& options,
+                                              const std::string& arch);
 
 }  // namespace bsjit::generator

@@ -24,40 +24,53 @@ namespace bsjit {
 struct Attention::Impl {
   std::vector<Layout> masks;
   AttentionOptions options;
-  generator::GeneratedAttention generated;
   std::string masks_hash;
   std::mutex mutex;
-  std::map<CUcontext, CUfunction> functions;
+  std::map<std::string, generator::GeneratedAttention> generated;  // per arch
+  std::map<CUcontext, std::pair<CUfunction, const generator::GeneratedAttention*>> functions;
 
   std::string arch_for(CUcontext ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
   }
 
+  const generator::GeneratedAttention& generated_for(const std::string& arch) {
+    std::lock_guard lock(mutex);
+    auto it = generated.find(arch);
+    if (it == generated.end()) it = generated.emplace(arch, generator::generate_attention_forward(masks, options, arch)).first;
+    return it->second;  // std::map: stays where it is
+  }
+
   cache::KernelCache::Compiled compiled(const std::string& arch, cache::OnMiss on_miss, bool* now = nullptr) {
     runtime::check_arch(arch);
-    const std::string key = cache::make_key(cache::key_inputs(generated.source, arch));
-    cache::Request request{key, generated.label, arch, masks_hash, [this, arch] {
-                             auto k = runtime::compile(generated.source, generated.name_expression, generated.label,
-                                                       arch);
-                             k.shared_bytes = generated.shared_bytes;
+    const generator::GeneratedAttention& g = generated_for(arch);
+    const std::string key = cache::make_key(cache::key_inputs(g.source, arch));
+    cache::Request request{key, g.label, arch, masks_hash, [&g, arch] {
+                             auto k = runtime::compile(g.source, g.name_expression, g.label, arch);
+                             k.shared_bytes = g.shared_bytes;
                              return k;
                            }};
     return cache::KernelCache::global().get(request, on_miss, now);
   }
 
-  CUfunction function(CUcontext ctx) {
-    std::lock_guard lock(mutex);
-    auto& f = functions[ctx];
-    if (!f) {
-      auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
-      f = runtime::load(*compiled(arch_for(ctx), on_miss), ctx).function;
+  std::pair<CUfunction, const generator::GeneratedAttention*> function(CUcontext ctx) {
+    {
+      std::lock_guard lock(mutex);
+      auto it = functions.find(ctx);
+      if (it != functions.end()) return it->second;
     }
-    return f;
+    const std::string arch = arch_for(ctx);
+    auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
+    const CUfunction f = runtime::load(*compiled(arch, on_miss), ctx).function;
+    const generator::GeneratedAttention* g = &generated_for(arch);
+    std::lock_guard lock(mutex);
+    return functions[ctx] = {f, g};
   }
 };
 
 Attention::Attention(std::vector<Layout> masks, AttentionOptions options) : impl_(std::make_unique<Impl>()) {
-  impl_->generated = generator::generate_attention_forward(masks, options);
+  // generated once here for the options' checks and the sequence lengths; per arch when used
+  const auto g = generator::generate_attention_forward(masks, options, options.arch);
+  impl_->generated.emplace(options.arch, g);
   std::string material;
   for (const auto& m : masks) material += m.hash().hex();
   XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
@@ -86,20 +99,39 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
     throw Error(fmt::format("bsjit: attention: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", heads,
                             masks));
   if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: attention: batch = {} out of 1..65535", batch));
-  const auto& g = impl_->generated;
-  if (batch * heads * std::max(g.seq_q, g.seq_k) * impl_->options.head_dim > INT64_MAX / 4)
-    throw Error("bsjit: attention: tensors too large");
-  const float s = scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(impl_->options.head_dim));
+  const std::int64_t seq = std::max(seq_q(), seq_k()), d = impl_->options.head_dim;
+  if (batch * heads * seq * d > INT64_MAX / 4 || batch * std::max(heads, seq) > INT32_MAX)
+    throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
+  const float s = scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
-  CUfunction f = impl_->function(ctx);
+  const auto [f, g] = impl_->function(ctx);
   const unsigned char* padding = key_padding;
-  void* args[] = {&q, &k, &v, &out, &lse, &padding, &heads_arg, &scale_log2};
-  BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(g.query_tiles), static_cast<unsigned>(heads),
-                                            static_cast<unsigned>(batch), static_cast<unsigned>(g.threads), 1, 1,
-                                            static_cast<unsigned>(g.shared_bytes), reinterpret_cast<CUstream>(stream),
-                                            args, nullptr));
+  const auto grid_x = static_cast<unsigned>(batch * heads), grid_y = static_cast<unsigned>(g->query_tiles);
+  const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
+  if (!g->tma) {
+    void* args[] = {&q, &k, &v, &out, &lse, &padding, &heads_arg, &scale_log2};
+    BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
+                                              static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
+    return;
+  }
+  // 3-D maps, innermost first: (d, heads, batch · seq) for [batch, seq, heads, d]; (d, seq,
+  // batch · heads) for [batch, heads, seq, d]; boxes of 64 head-dim columns × the tile's rows
+  const auto U = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
+  auto map = [&](const void* base, std::int64_t seq_len, int rows) {
+    const auto dt = impl_->options.dtype;
+    const auto r = static_cast<std::uint32_t>(rows);
+    if (impl_->options.order == QkvOrder::bhsd)
+      return runtime::swizzled_tensor_map(dt, base, {U(d), U(seq_len), U(batch * heads)},
+                                          {U(d * 2), U(seq_len * d * 2)}, {64, r, 1});
+    return runtime::swizzled_tensor_map(dt, base, {U(d), U(heads), U(batch * seq_len)}, {U(d * 2), U(heads * d * 2)},
+                                        {64, 1, r});
+  };
+  CUtensorMap mq = map(q, seq_q(), g->q_rows), mk = map(k, seq_k(), g->kv_rows), mv = map(v, seq_k(), g->kv_rows);
+  void* args[] = {&out, &lse, &padding, &heads_arg, &scale_log2, &mq, &mk, &mv};
+  BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
+                                            static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
 }
 
 bool Attention::precompile(const std::string& arch) const {
@@ -108,8 +140,8 @@ bool Attention::precompile(const std::string& arch) const {
   return now;
 }
 
-std::int64_t Attention::seq_q() const { return impl_->generated.seq_q; }
-std::int64_t Attention::seq_k() const { return impl_->generated.seq_k; }
+std::int64_t Attention::seq_q() const { return impl_->masks[0].rows() * impl_->options.block; }
+std::int64_t Attention::seq_k() const { return impl_->masks[0].cols() * impl_->options.block; }
 const AttentionOptions& Attention::options() const { return impl_->options; }
 
 }  // namespace bsjit

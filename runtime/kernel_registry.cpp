@@ -131,16 +131,7 @@ namespace {
 // elements into 128-byte swizzled shared memory; rows past `outer` read as zeros.
 CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, std::uint64_t outer,
                           std::uint32_t box_inner, std::uint32_t box_outer) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {inner * 2};  // bytes between rows
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t element_strides[2] = {1, 1};
-  BSJIT_CU(driver().cuTensorMapEncodeTiled(
-      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  return map;
+  return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer});
 }
 
 // CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function.

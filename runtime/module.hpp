@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
+#include "bsjit/types.hpp"
 #include "cache/kernel_cache.hpp"
 
 namespace bsjit::runtime {
@@ -44,6 +46,12 @@ struct KernelArgs {
 };
 
 void launch(CUfunction function, const LaunchShape& shape, CUstream stream, KernelArgs& args);
+
+// A TMA descriptor (cuTensorMapEncodeTiled through the loaded driver) of a 16-bit tensor at base
+// with dims (innermost first) and strides in bytes of dims 1.., copied in boxes of `box` elements
+// into 128-byte swizzled shared memory; elements past the ends read as zeros.
+CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_list<std::uint64_t> dims,
+                                std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box);
 
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
 double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);

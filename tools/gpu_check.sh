@@ -30,9 +30,17 @@ if [ -x "$build/tools/bsjit-bench" ] && [ "${BSJIT_BENCH_ARGS:-}" != "none" ]; t
   status+=("bench: exit ${PIPESTATUS[0]}, $(($(date +%s) - start)) s")
 fi
 
+# suite A's baselines (SDPA, FlexAttention) in the same call, where torch is installed
+if [[ " ${BSJIT_BENCH_ARGS:-} " == *A* ]] && python3 -c "import torch, triton" 2>/dev/null; then
+  start=$(date +%s)
+  python3 "$(dirname "$0")/bench/torch_attention.py" --json "$out/torch_attention.json" 2>&1 | tee "$out/torch_attention.log"
+  status+=("torch attention baselines: exit ${PIPESTATUS[0]}, $(($(date +%s) - start)) s")
+fi
+
 echo
 echo "== summary =="
 grep -h '^GPU matmul:\|^GPU [0-9]:' "$out"/*_test.log || true
 grep -h '^\[  FAILED  \] ' "$out"/*_test.log | head -20 || true
 for s in "${status[@]}"; do echo "$s"; done
 [ -f "$out/bench.log" ] && sed -n '/^== suite W/,$p' "$out/bench.log"
+[ -f "$out/torch_attention.log" ] && grep "^torch" "$out/torch_attention.log"

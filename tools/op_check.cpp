@@ -31,7 +31,6 @@ CheckResult run_and_check(const MatMul& mm, Op op, const CheckOptions& o) {
     for (auto& g : gate) g = (rng() % 4 == 0) ? 0.0f : u(rng);
   }
 
-  runtime::current_context();  // allocations below need one
   DeviceBuffer da(s.a * dtype_size(dt)), db(s.b * dtype_size(dt)), dout(s.out * dtype_size(dt));
   DeviceBuffer dgate(gate.size() * sizeof(float));
   da.upload(reference::encode(dt, a));

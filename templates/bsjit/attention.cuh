@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
   T* Ks = Qs + QT * S;  // [2][KT][S]
   T* Vs = Ks + 2 * KT * S;
 
-  const int h = blockIdx.y, b = blockIdx.z;
-  const long long q0 = static_cast<long long>(blockIdx.x) * QT;
+  // grid: x = batch · heads + head, y = query tiles in the generator's order (most key blocks first)
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const long long q0 = static_cast<long long>(Cfg::tile_order()[blockIdx.y]) * QT;
   // Position p of (b, h) starts at base + p · stride: [batch, seq, heads, D] or [batch, heads, seq, D].
   const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
   const long long q_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqQ * D

@@ -119,6 +119,57 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long lo
 #endif
 }
 
+// The same with A from registers (64 × 16 over the warpgroup, each warp 16 rows in mma.sync's A
+// fragment layout: a[0] rows r / cols 2t.., a[1] row r + 8, a[2] cols + 8, a[3] both): what a
+// softmax's probabilities, computed in registers, multiply.
+#define BSJIT_WGMMA_RS_M64N64K16(TYPE)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"        \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B))
+
+#define BSJIT_WGMMA_RS_M64N128K16(TYPE)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"        \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+               "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B))
+
+// d (64 × N, fp32) += A (64 × 16, registers) · B (16 × N, shared memory; TRANS_B as above).
+template <class T, int N, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long desc_b) {
+#ifdef BSJIT_NO_WGMMA
+  static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
+#else
+  static_assert(N == 64 || N == 128, "wgmma widths used here: 64 and 128");
+  constexpr bool kBf16 = IsBfloat16<T>::value;
+  if constexpr (N == 64) {
+    if constexpr (kBf16) BSJIT_WGMMA_RS_M64N64K16("bf16");
+    else BSJIT_WGMMA_RS_M64N64K16("f16");
+  } else {
+    if constexpr (kBf16) BSJIT_WGMMA_RS_M64N128K16("bf16");
+    else BSJIT_WGMMA_RS_M64N128K16("f16");
+  }
+#endif
+}
+
 // The accumulator element of thread `lane` of warp `warp` (within its warpgroup) held in register
 // pair 4i + 2h: row warp·16 + lane/4 + 8h, columns 8i + 2·(lane%4) and the next one.
 template <int N, class Store>
@@ -176,6 +227,25 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int
           smem_address(dst)),
       "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(smem_address(bar))
       : "memory");
+}
+// The same for a 3-D map: (x, y, z) the box's first element (x contiguous).
+__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap& map, int x, int y, int z,
+                                            unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(smem_address(dst)),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
+      : "memory");
+}
+// Moves registers between the warpgroups of a warp-specialized kernel: a producer that only issues
+// copies gives some back, consumers holding accumulators take them (per thread, multiple of 8).
+template <int N>
+__device__ __forceinline__ void warpgroup_release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void warpgroup_claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 // Synchronises the `threads` threads (whole warps) that use named barrier `id` (1..15; 0 is
 // __syncthreads).

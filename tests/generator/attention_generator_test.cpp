@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 #include <regex>
 
@@ -29,7 +30,7 @@ std::vector<int> array_of(const std::string& source, const std::string& name) {
 TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
   const std::vector<Layout> masks = {layouts::causal(6), layouts::bigbird(6, 1, 1, 1, 7),
                                      Layout::from_coords(6, 6, {{0, 5}, {3, 1}, {3, 2}})};  // empty rows
-  const auto g = generate_attention_forward(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, ""});
+  const auto g = generate_attention_forward(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, ""}, "sm_80");
   const auto starts = array_of(g.source, "kRowStart"), keys = array_of(g.source, "kKeys");
   ASSERT_EQ(starts.size(), 3u * 6 + 1);
   for (std::size_t m = 0; m < masks.size(); ++m)
@@ -41,16 +42,43 @@ TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
   EXPECT_EQ(g.seq_q, 384);
   EXPECT_EQ(g.query_tiles, 6);
   EXPECT_EQ(g.threads, 128);
+  EXPECT_FALSE(g.tma);
   EXPECT_NE(g.source.find("kCausal = true"), std::string::npos);
+  // launch order: every query tile once, the most key blocks (over all masks) first
+  const auto order = array_of(g.source, "kTileOrder");
+  ASSERT_EQ(order.size(), 6u);
+  auto work = [&](int t) { return starts[t + 1] - starts[t] + starts[6 + t + 1] - starts[6 + t] + starts[12 + t + 1] - starts[12 + t]; };
+  std::vector<int> seen(6, 0);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    ++seen.at(order[i]);
+    if (i > 0) {
+      EXPECT_GE(work(order[i - 1]), work(order[i])) << "position " << i;
+    }
+  }
+  EXPECT_EQ(seen, std::vector<int>(6, 1));
+
+  // sm_90a: the warpgroup kernel, one query block per CTA, a consumer warpgroup per 64 rows
+  for (int block : {64, 128}) {
+    const auto h = generate_attention_forward(masks, {block, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a");
+    EXPECT_TRUE(h.tma);
+    EXPECT_EQ(h.threads, 128 + 128 * block / 64);
+    EXPECT_EQ(h.q_rows, block);
+    EXPECT_EQ(h.kv_rows, block);
+    EXPECT_LE(h.shared_bytes, 227 * 1024);
+    EXPECT_NE(h.name_expression.find("attention_forward_tma_kernel"), std::string::npos);
+  }
+  EXPECT_FALSE(generate_attention_forward(masks, {32, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a").tma);
+  EXPECT_FALSE(generate_attention_forward(masks, {64, 32, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a").tma);
+  EXPECT_FALSE(generate_attention_forward(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90").tma);
 }
 
 TEST(AttentionGenerator, RefusesWhatTheKernelDoesNotTake) {
   const std::vector<Layout> one = {layouts::causal(4)};
-  EXPECT_THROW(generate_attention_forward({}, {}), Error);
-  EXPECT_THROW(generate_attention_forward({layouts::causal(4), layouts::causal(5)}, {}), Error);
-  EXPECT_THROW(generate_attention_forward(one, {48, 64, DType::bf16, QkvOrder::bshd, false, ""}), Error);
-  EXPECT_THROW(generate_attention_forward(one, {64, 96, DType::bf16, QkvOrder::bshd, false, ""}), Error);
-  EXPECT_THROW(generate_attention_forward(one, {64, 64, DType::f32, QkvOrder::bshd, false, ""}), Error);
+  EXPECT_THROW(generate_attention_forward({}, {}, "sm_80"), Error);
+  EXPECT_THROW(generate_attention_forward({layouts::causal(4), layouts::causal(5)}, {}, "sm_80"), Error);
+  EXPECT_THROW(generate_attention_forward(one, {48, 64, DType::bf16, QkvOrder::bshd, false, ""}, "sm_90a"), Error);
+  EXPECT_THROW(generate_attention_forward(one, {64, 96, DType::bf16, QkvOrder::bshd, false, ""}, "sm_90a"), Error);
+  EXPECT_THROW(generate_attention_forward(one, {64, 64, DType::f32, QkvOrder::bshd, false, ""}, "sm_90a"), Error);
 }
 
 TEST(AttentionGenerator, EveryVariantCompiles) {
@@ -60,15 +88,18 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
   for (int block : {16, 32, 64, 128})
     for (int d : {32, 64, 128})
       for (DType dt : {DType::bf16, DType::f16}) {
-        // orders, causality and targets alternate to keep the count down
-        all.push_back({block, d, dt, i % 2 ? QkvOrder::bhsd : QkvOrder::bshd, i % 3 == 0, i % 2 ? "sm_80" : "sm_90a"});
+        // orders, causality and targets alternate to keep the count down; every shape of the
+        // Hopper kernel (block and head dim ≥ 64) for sm_90a
+        const bool hopper = block >= 64 && d >= 64;
+        all.push_back({block, d, dt, i % 2 ? QkvOrder::bhsd : QkvOrder::bshd, i % 3 == 0,
+                       hopper || i % 2 == 0 ? "sm_90a" : "sm_80"});
         ++i;
       }
   std::vector<std::future<std::string>> pending;
   std::vector<std::string> failures;
   auto run = [&](AttentionOptions o) -> std::string {
     try {
-      const auto g = generate_attention_forward(masks, o);
+      const auto g = generate_attention_forward(masks, o, o.arch);
       const auto k = runtime::compile(g.source, g.name_expression, g.label, o.arch);
       return k.cubin.size() > 64 ? "" : g.label + ": cubin too small";
     } catch (const std::exception& e) {
@@ -83,6 +114,10 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
   }
   for (const auto& f : failures) ADD_FAILURE() << f;
   EXPECT_EQ(all.size(), 24u);
+  EXPECT_EQ(std::count_if(all.begin(), all.end(), [&](const AttentionOptions& o) {
+              return generate_attention_forward(masks, o, o.arch).tma;
+            }),
+            8);
 }
 
 }  // namespace

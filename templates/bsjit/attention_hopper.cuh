@@ -1,0 +1,205 @@
+// Block-sparse attention, fused forward on Hopper (sm_90a): the same computation as
+// attention_forward_kernel (attention.cuh), with warpgroup tensor cores fed by TMA.
+//
+// A CTA takes one query block (kQTile = 64 · kConsumers rows) of one (batch, head). Warpgroup 0 is
+// the producer: one thread copies the Q tile once, then the K and V tiles of each key block of the
+// row's LUT into a kStages-deep ring (full/empty mbarriers per stage, K and V on separate full
+// barriers so that Q·Kᵀ starts while V is still landing). Each consumer warpgroup owns 64 query
+// rows: S = Q·Kᵀ with both operands in shared memory (K-major), the online softmax in registers
+// (log2 domain), and O += P·V with P straight from registers as wgmma's A operand and V MN-major
+// in shared memory. Tiles are 128-byte swizzled: head dims of 64 or 128 as one or two panels of
+// 64 columns.
+#pragma once
+
+#include "bsjit/attention.cuh"
+#include "bsjit/wgmma.cuh"
+
+namespace bsjit {
+namespace kernels {
+
+template <class Cfg>
+struct AttentionTmaPlan {
+  static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;
+  static constexpr int kKVBytes = Cfg::kKTile * Cfg::kHeadDim * 2;  // one K or V tile
+  static constexpr int kBarriers = 1 + 3 * Cfg::kStages;             // Q, K full, V full, empty
+  static constexpr int kSharedBytes = kQBytes + 2 * Cfg::kStages * kKVBytes + kBarriers * 8 + kSwizzleAtomBytes;
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers == 1 ? 2 : 1)
+    attention_forward_tma_kernel(typename Cfg::T* __restrict__ out, float* __restrict__ lse,
+                                 const unsigned char* __restrict__ key_padding, int heads, float scale_log2,
+                                 const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
+                                 const __grid_constant__ TensorMap map_v) {
+  using T = typename Cfg::T;
+  using Plan = AttentionTmaPlan<Cfg>;
+  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages, kPanels = D / 64;
+  constexpr int kConsumerThreads = Cfg::kConsumers * 128;
+  constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (KT == 64 || KT == 128) && KT == Cfg::kBlock &&
+                    QT == 64 * Cfg::kConsumers && Cfg::kBlock % QT == 0 && S >= 2,
+                "16-bit; head dim 64 or 128; one key block per stage; consumers of 64 query rows");
+  static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
+                                    (kSwizzleAtomBytes - 1));
+  unsigned char* qs = smem;
+  auto ks = [&](int stage) { return smem + Plan::kQBytes + stage * Plan::kKVBytes; };
+  auto vs = [&](int stage) { return smem + Plan::kQBytes + (S + stage) * Plan::kKVBytes; };
+  unsigned long long* q_full = reinterpret_cast<unsigned long long*>(smem + Plan::kQBytes + 2 * S * Plan::kKVBytes);
+  unsigned long long* k_full = q_full + 1;
+  unsigned long long* v_full = k_full + S;
+  unsigned long long* empty = v_full + S;
+
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const int q0 = Cfg::tile_order()[blockIdx.y] * QT, row = q0 / Cfg::kBlock;
+  const int layout = Cfg::kLayouts == 1 ? 0 : h;
+  const int begin = Cfg::row_start()[layout * Cfg::kQBlocks + row];
+  const int total = Cfg::row_start()[layout * Cfg::kQBlocks + row + 1] - begin;
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < S; ++s) mbarrier_init(&k_full[s], 1), mbarrier_init(&v_full[s], 1);
+    for (int s = 0; s < S; ++s) mbarrier_init(&empty[s], kConsumerThreads);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {  // producer
+    if constexpr (Cfg::kConsumers > 1) warpgroup_release_registers<24>();
+    if (threadIdx.x != 0) return;
+    // rows p .. p + rows - 1 of (b, h), panel by panel. Maps are 3-D: (d, heads, batch · seq) for
+    // [batch, seq, heads, d], (d, seq, batch · heads) for [batch, heads, seq, d].
+    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, unsigned long long* bar) {
+#pragma unroll
+      for (int j = 0; j < kPanels; ++j) {
+        if (Cfg::kHeadsFirst) tma_load_3d(dst + j * rows * kSwizzleRowBytes, map, 64 * j, p, b * heads + h, bar);
+        else tma_load_3d(dst + j * rows * kSwizzleRowBytes, map, 64 * j, h, b * seq + p, bar);
+      }
+    };
+    mbarrier_arrive_expect_tx(q_full, Plan::kQBytes);
+    load(qs, map_q, kSeqQ, q0, QT, q_full);
+    for (int i = 0; i < total; ++i) {
+      const int s = i % S, key0 = Cfg::keys()[begin + i] * KT;
+      if (i >= S) mbarrier_wait(&empty[s], (i / S - 1) & 1);
+      mbarrier_arrive_expect_tx(&k_full[s], Plan::kKVBytes);
+      load(ks(s), map_k, kSeqK, key0, KT, &k_full[s]);
+      mbarrier_arrive_expect_tx(&v_full[s], Plan::kKVBytes);
+      load(vs(s), map_v, kSeqK, key0, KT, &v_full[s]);
+    }
+    return;
+  }
+  if constexpr (Cfg::kConsumers > 1) warpgroup_claim_registers<240>();
+
+  const int consumer = warpgroup - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4,
+            t4 = lane % 4;
+  // this thread's accumulator rows (wgmma_epilogue's layout): g and g + 8 of its warp's 16
+  const int my_row[2] = {q0 + consumer * 64 + warp * 16 + g, q0 + consumer * 64 + warp * 16 + g + 8};
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};
+  const unsigned char* qa = qs + consumer * 64 * kSwizzleRowBytes;
+  mbarrier_wait(q_full, 0);
+
+  for (int i = 0; i < total; ++i) {
+    const int s = i % S;
+    const unsigned parity = (i / S) & 1;
+    const int key0 = Cfg::keys()[begin + i] * KT;
+    float sc[KT / 2];
+#pragma unroll
+    for (int j = 0; j < KT / 2; ++j) sc[j] = 0.0f;
+    wgmma_fence_registers(sc);
+    mbarrier_wait(&k_full[s], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_m64k16<T, KT, 0, 0>(sc,
+                                smem_descriptor(qa + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16,
+                                                kSwizzleAtomBytes),
+                                smem_descriptor(ks(s) + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16,
+                                                kSwizzleAtomBytes));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_registers(sc);
+
+    // scale into the log2 domain; mask keys after the query (only where the key block reaches past
+    // the tile's first row) and padded keys
+    const bool causal_here = Cfg::kCausal && key0 + KT - 1 > q0;
+    float tile_max[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+        bool keep = !(causal_here && key > my_row[e >> 1]);
+        if (key_padding != nullptr) keep = keep && key_padding[static_cast<long long>(b) * kSeqK + key] != 0;
+        sc[4 * j + e] = keep ? sc[4 * j + e] * scale_log2 : minus_infinity();
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[4 * j + e]);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      corr[r] = m_new == minus_infinity() ? 1.0f : exp2f(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0], o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+    unsigned pa[KT / 16][4];
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mi = m[e >> 1];
+        sc[4 * j + e] = sc[4 * j + e] == minus_infinity() ? 0.0f : exp2f(sc[4 * j + e] - mi);
+        l[e >> 1] += sc[4 * j + e];
+      }
+    // the accumulator layout of S is the A-fragment layout of P: n8 tiles 2c and 2c + 1 make k16 step c
+#pragma unroll
+    for (int c = 0; c < KT / 16; ++c)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[c][r] = pack_pair<T>(sc[8 * c + 2 * r], sc[8 * c + 2 * r + 1]);
+
+    mbarrier_wait(&v_full[s], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < KT / 16; ++c)
+      wgmma_m64k16_rs<T, D, 1>(o, pa[c],
+                               smem_descriptor(vs(s) + c * 16 * kSwizzleRowBytes, KT * kSwizzleRowBytes,
+                                               kSwizzleAtomBytes));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_registers(o);
+    mbarrier_arrive(&empty[s]);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
+  const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
+  const long long base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqQ * D
+                                          : static_cast<long long>(b) * kSeqQ * heads * D + static_cast<long long>(h) * D;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      store_pair(out + base + my_row[r] * stride + j * 8 + 2 * t4, o[4 * j + 2 * r] * inv[r],
+                 o[4 * j + 2 * r + 1] * inv[r], 0);
+  if (t4 == 0) {
+    constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      lse[(static_cast<long long>(b) * heads + h) * kSeqQ + my_row[r]] =
+          l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2 : minus_infinity();
+  }
+}
+
+}  // namespace kernels
+}  // namespace bsjit

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Suite A's baselines on the same GPU run as `bsjit-bench --suite A`: dense SDPA (causal, flash
+backend) and FlexAttention (compiled) with the block masks bsjit runs: causal, and a causal sliding
+window of 1024 keys plus the first 256 keys global, at blocks 128 and 64, element-causal inside
+the diagonal blocks. B = 4, H = 16, S = 8192, bf16, [batch, heads, seq, d]. Forward and forward +
+backward times (median ms); one line per case, JSON with --json.
+
+The masks follow bsjit::layouts (include/bsjit/attention_layouts.hpp): causal(i, j) = j <= i;
+sliding_window(w)(i, j) = 0 <= i - j < w; global_tokens(g)(i, j) = j < g and j <= i.
+"""
+import argparse
+import json
+import sys
+
+import torch
+from triton.testing import do_bench
+
+B, H, S = 4, 16, 8192
+
+
+def block_mask_table(name, blocks, block):
+    i = torch.arange(blocks).view(-1, 1)
+    j = torch.arange(blocks).view(1, -1)
+    if name == "causal":
+        return j <= i
+    window, glob = 1024 // block, 256 // block
+    return ((i - j >= 0) & (i - j < window)) | ((j < glob) & (j <= i))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    import torch.nn.functional as F
+
+    flex = torch.compile(flex_attention)
+    ms = lambda fn: do_bench(fn, warmup=10, rep=args.reps, return_mode="median")
+    rows = []
+
+    def report(**kv):
+        rows.append(kv)
+        print("torch", " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kv.items()), flush=True)
+
+    for d in (128, 64):
+        q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(B, H, S, d, device="cuda", dtype=torch.bfloat16)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            t_f = ms(fwd)
+            t_fb = ms(lambda: fwd().backward(grad))
+        report(impl="sdpa", mask="causal(dense)", block=0, d=d, fwd_ms=t_f, bwd_ms=t_fb - t_f)
+        for block in (128, 64):
+            for name in ("causal", "window1024+global256"):
+                table = block_mask_table(name, S // block, block).cuda()
+
+                def mask_mod(b, h, qi, ki):
+                    return (qi >= ki) & table[qi // block, ki // block]
+
+                bm = create_block_mask(mask_mod, None, None, S, S, device="cuda", BLOCK_SIZE=block)
+                fwd = lambda: flex(q, k, v, block_mask=bm)
+                try:
+                    t_f = ms(fwd)
+                    t_fb = ms(lambda: fwd().backward(grad))
+                    report(impl="flex", mask=name, block=block, d=d, fwd_ms=t_f, bwd_ms=t_fb - t_f)
+                except Exception as e:  # e.g. a block size the compiled kernel does not take
+                    print(f"torch flex {name} b{block} d{d} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del q, k, v, grad
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
