@@ -29,7 +29,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
     // (b = 128, d = 128: Q 32 KiB + 2 × (K + V) 128 KiB of shared memory).
     qt = kt = o.block, consumers = o.block / 64, stages = 2;
     g.threads = (consumers + 1) * 128;
-    g.shared_bytes = (qt + 2 * stages * kt) * o.head_dim * 2 + (1 + 3 * stages) * 8 + 1024;
+    g.shared_bytes = (qt + 2 * stages * kt) * o.head_dim * 2 + (1 + 4 * stages) * 8 + 1024;
     g.q_rows = qt, g.kv_rows = kt;
   } else {
     // Query and key tiles of 64 rows (the block's own size below that): a CTA of 4 warps holds 64

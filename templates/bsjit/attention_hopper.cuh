@@ -3,12 +3,12 @@
 //
 // A CTA takes one query block (kQTile = 64 · kConsumers rows) of one (batch, head). Warpgroup 0 is
 // the producer: one thread copies the Q tile once, then the K and V tiles of each key block of the
-// row's LUT into a kStages-deep ring (full/empty mbarriers per stage, K and V on separate full
-// barriers so that Q·Kᵀ starts while V is still landing). Each consumer warpgroup owns 64 query
-// rows: S = Q·Kᵀ with both operands in shared memory (K-major), the online softmax in registers
-// (log2 domain), and O += P·V with P straight from registers as wgmma's A operand and V MN-major
-// in shared memory. Tiles are 128-byte swizzled: head dims of 64 or 128 as one or two panels of
-// 64 columns.
+// row's LUT into a kStages-deep ring, with full and empty mbarriers for K and V apart (K of a
+// stage is released as soon as its scores are in). Each consumer warpgroup owns 64 query rows and
+// runs a software pipeline: S = Q·Kᵀ of step i (both operands in shared memory, K-major) and
+// O += P·V of step i - 1 (P straight from registers as wgmma's A operand, V MN-major) are issued
+// together, and the softmax of step i (log2 domain) runs while the product is in the tensor cores.
+// Tiles are 128-byte swizzled: head dims of 64 or 128 as one or two panels of 64 columns.
 #pragma once
 
 #include "bsjit/attention.cuh"
@@ -21,7 +21,7 @@ template <class Cfg>
 struct AttentionTmaPlan {
   static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;
   static constexpr int kKVBytes = Cfg::kKTile * Cfg::kHeadDim * 2;  // one K or V tile
-  static constexpr int kBarriers = 1 + 3 * Cfg::kStages;             // Q, K full, V full, empty
+  static constexpr int kBarriers = 1 + 4 * Cfg::kStages;             // Q; K, V full; K, V empty
   static constexpr int kSharedBytes = kQBytes + 2 * Cfg::kStages * kKVBytes + kBarriers * 8 + kSwizzleAtomBytes;
 };
 
@@ -49,7 +49,8 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   unsigned long long* q_full = reinterpret_cast<unsigned long long*>(smem + Plan::kQBytes + 2 * S * Plan::kKVBytes);
   unsigned long long* k_full = q_full + 1;
   unsigned long long* v_full = k_full + S;
-  unsigned long long* empty = v_full + S;
+  unsigned long long* k_empty = v_full + S;
+  unsigned long long* v_empty = k_empty + S;
 
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int q0 = Cfg::tile_order()[blockIdx.y] * QT, row = q0 / Cfg::kBlock;
@@ -59,14 +60,14 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     for (int s = 0; s < S; ++s) mbarrier_init(&k_full[s], 1), mbarrier_init(&v_full[s], 1);
-    for (int s = 0; s < S; ++s) mbarrier_init(&empty[s], kConsumerThreads);
+    for (int s = 0; s < S; ++s) mbarrier_init(&k_empty[s], kConsumerThreads), mbarrier_init(&v_empty[s], kConsumerThreads);
     fence_barrier_init();
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {  // producer
-    if constexpr (Cfg::kConsumers > 1) warpgroup_release_registers<24>();
+    warpgroup_release_registers<24>();
     if (threadIdx.x != 0) return;
     // rows p .. p + rows - 1 of (b, h), panel by panel. Maps are 3-D: (d, heads, batch · seq) for
     // [batch, seq, heads, d], (d, seq, batch · heads) for [batch, heads, seq, d].
@@ -81,36 +82,37 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     load(qs, map_q, kSeqQ, q0, QT, q_full);
     for (int i = 0; i < total; ++i) {
       const int s = i % S, key0 = Cfg::keys()[begin + i] * KT;
-      if (i >= S) mbarrier_wait(&empty[s], (i / S - 1) & 1);
+      if (i >= S) mbarrier_wait(&k_empty[s], (i / S - 1) & 1);
       mbarrier_arrive_expect_tx(&k_full[s], Plan::kKVBytes);
       load(ks(s), map_k, kSeqK, key0, KT, &k_full[s]);
+      if (i >= S) mbarrier_wait(&v_empty[s], (i / S - 1) & 1);
       mbarrier_arrive_expect_tx(&v_full[s], Plan::kKVBytes);
       load(vs(s), map_v, kSeqK, key0, KT, &v_full[s]);
     }
     return;
   }
-  if constexpr (Cfg::kConsumers > 1) warpgroup_claim_registers<240>();
+  // what the producer gave back: 2 consumers take 240 (one CTA per SM), 1 consumer 232 (two CTAs
+  // of 256 threads, launched at 128 registers each)
+  warpgroup_claim_registers<Cfg::kConsumers == 1 ? 232 : 240>();
 
   const int consumer = warpgroup - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4,
             t4 = lane % 4;
   // this thread's accumulator rows (wgmma_epilogue's layout): g and g + 8 of its warp's 16
   const int my_row[2] = {q0 + consumer * 64 + warp * 16 + g, q0 + consumer * 64 + warp * 16 + g + 8};
-  float o[D / 2];
+  float o[D / 2], sc[KT / 2];
+  unsigned pa[KT / 16][4];  // P of the previous step as A fragments
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};
+  float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f}, corr[2];
   const unsigned char* qa = qs + consumer * 64 * kSwizzleRowBytes;
-  mbarrier_wait(q_full, 0);
 
-  for (int i = 0; i < total; ++i) {
+  // S = Q·Kᵀ of step i, issued (not waited for)
+  auto issue_scores = [&](int i) {
     const int s = i % S;
-    const unsigned parity = (i / S) & 1;
-    const int key0 = Cfg::keys()[begin + i] * KT;
-    float sc[KT / 2];
 #pragma unroll
     for (int j = 0; j < KT / 2; ++j) sc[j] = 0.0f;
     wgmma_fence_registers(sc);
-    mbarrier_wait(&k_full[s], parity);
+    mbarrier_wait(&k_full[s], (i / S) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -120,11 +122,24 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
                                 smem_descriptor(ks(s) + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16,
                                                 kSwizzleAtomBytes));
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_registers(sc);
-
-    // scale into the log2 domain; mask keys after the query (only where the key block reaches past
-    // the tile's first row) and padded keys
+  };
+  // O += P·V of step i, issued
+  auto issue_values = [&](int i) {
+    const int s = i % S;
+    mbarrier_wait(&v_full[s], (i / S) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < KT / 16; ++c)
+      wgmma_m64k16_rs<T, D, 1>(o, pa[c],
+                               smem_descriptor(vs(s) + c * 16 * kSwizzleRowBytes, KT * kSwizzleRowBytes,
+                                               kSwizzleAtomBytes));
+    wgmma_commit();
+  };
+  // Step i's scores (landed in sc) to probabilities in sc: scaled into the log2 domain, keys after
+  // the query masked (only where the key block reaches past the tile's first row) and padded keys;
+  // the running max and sum updated, corr = the factor the output accumulated so far must take.
+  auto softmax = [&](int i) {
+    const int key0 = Cfg::keys()[begin + i] * KT;
     const bool causal_here = Cfg::kCausal && key0 + KT - 1 > q0;
     float tile_max[2] = {minus_infinity(), minus_infinity()};
 #pragma unroll
@@ -137,7 +152,6 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
         sc[4 * j + e] = keep ? sc[4 * j + e] * scale_log2 : minus_infinity();
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[4 * j + e]);
       }
-    float corr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
@@ -148,33 +162,54 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
       l[r] *= corr[r];
     }
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0], o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
-    unsigned pa[KT / 16][4];
-#pragma unroll
     for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float mi = m[e >> 1];
-        sc[4 * j + e] = sc[4 * j + e] == minus_infinity() ? 0.0f : exp2f(sc[4 * j + e] - mi);
+        sc[4 * j + e] = sc[4 * j + e] == minus_infinity() ? 0.0f : exp2f(sc[4 * j + e] - m[e >> 1]);
         l[e >> 1] += sc[4 * j + e];
       }
-    // the accumulator layout of S is the A-fragment layout of P: n8 tiles 2c and 2c + 1 make k16 step c
+  };
+  // the accumulator layout of S is the A-fragment layout of P: n8 tiles 2c and 2c + 1 make k16 step c
+  auto pack_probabilities = [&] {
 #pragma unroll
     for (int c = 0; c < KT / 16; ++c)
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[c][r] = pack_pair<T>(sc[8 * c + 2 * r], sc[8 * c + 2 * r + 1]);
+  };
 
-    mbarrier_wait(&v_full[s], parity);
-    wgmma_fence();
+  // Software pipeline: step i's Q·Kᵀ and step i - 1's P·V run on the tensor cores while this
+  // warpgroup computes step i's softmax; K of a stage is released once its scores are in, V once
+  // its product is.
+  mbarrier_wait(q_full, 0);
+  if (total > 0) {
+    issue_scores(0);
+    wgmma_wait<0>();
+    wgmma_fence_registers(sc);
+    mbarrier_arrive(&k_empty[0]);
+    softmax(0);
+    pack_probabilities();
+  }
+  for (int i = 1; i < total; ++i) {
+    issue_scores(i);
+    issue_values(i - 1);
+    wgmma_wait<1>();  // the scores (committed first)
+    wgmma_fence_registers(sc);
+    mbarrier_arrive(&k_empty[i % S]);
+    softmax(i);
+    wgmma_wait<0>();  // the product, which read pa and accumulated into o
+    wgmma_fence_registers(o);
+    wgmma_fence_registers(pa);
+    mbarrier_arrive(&v_empty[(i - 1) % S]);
 #pragma unroll
-    for (int c = 0; c < KT / 16; ++c)
-      wgmma_m64k16_rs<T, D, 1>(o, pa[c],
-                               smem_descriptor(vs(s) + c * 16 * kSwizzleRowBytes, KT * kSwizzleRowBytes,
-                                               kSwizzleAtomBytes));
-    wgmma_commit();
+    for (int j = 0; j < D / 8; ++j) o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0], o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+    pack_probabilities();
+  }
+  if (total > 0) {
+    issue_values(total - 1);
     wgmma_wait<0>();
     wgmma_fence_registers(o);
-    mbarrier_arrive(&empty[s]);
+    wgmma_fence_registers(pa);
+    mbarrier_arrive(&v_empty[(total - 1) % S]);
   }
 
 #pragma unroll

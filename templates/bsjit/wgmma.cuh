@@ -59,6 +59,16 @@ __device__ __forceinline__ void wgmma_fence_registers(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A fragments in registers, which an in-flight wgmma still reads: kept live (not
+// reused by the compiler) until after the wait.
+template <int R, int C>
+__device__ __forceinline__ void wgmma_fence_registers(unsigned (&a)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
 template <class T>
 struct IsBfloat16 {
   static constexpr bool value = false;
