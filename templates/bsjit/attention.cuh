@@ -33,6 +33,13 @@ __device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
 
 __device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
 
+// 2^x on the special-function unit (2 ulp; exp2(-inf) = 0), without exp2f's denormal handling.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <class Cfg>
 struct AttentionPlan {
   static constexpr int kS = Cfg::kHeadDim + kPad;  // row stride of the Q, K and V tiles

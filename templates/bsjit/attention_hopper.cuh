@@ -135,39 +135,42 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
                                                kSwizzleAtomBytes));
     wgmma_commit();
   };
-  // Step i's scores (landed in sc) to probabilities in sc: scaled into the log2 domain, keys after
-  // the query masked (only where the key block reaches past the tile's first row) and padded keys;
-  // the running max and sum updated, corr = the factor the output accumulated so far must take.
+  // Step i's scores (landed in sc) to probabilities in sc, in the log2 domain: masked keys (after
+  // the query, only where the key block reaches past the tile's first row; padded keys) set to
+  // -inf, the running max and sum updated, corr = the factor the output so far must take. The
+  // scale folds into one FFMA per score: max(scale · s) = scale · max(s) for scale > 0.
   auto softmax = [&](int i) {
     const int key0 = Cfg::keys()[begin + i] * KT;
-    const bool causal_here = Cfg::kCausal && key0 + KT - 1 > q0;
-    float tile_max[2] = {minus_infinity(), minus_infinity()};
+    if ((Cfg::kCausal && key0 + KT - 1 > q0) || key_padding != nullptr) {
 #pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
+      for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + 8 * j + 2 * t4 + (e & 1);
-        bool keep = !(causal_here && key > my_row[e >> 1]);
-        if (key_padding != nullptr) keep = keep && key_padding[static_cast<long long>(b) * kSeqK + key] != 0;
-        sc[4 * j + e] = keep ? sc[4 * j + e] * scale_log2 : minus_infinity();
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[4 * j + e]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+          bool keep = !(Cfg::kCausal && key > my_row[e >> 1]);
+          if (key_padding != nullptr) keep = keep && key_padding[static_cast<long long>(b) * kSeqK + key] != 0;
+          if (!keep) sc[4 * j + e] = minus_infinity();
+        }
+    }
+    float tile_max[2] = {minus_infinity(), minus_infinity()}, m_use[2];
+#pragma unroll
+    for (int j = 0; j < KT / 2; ++j) tile_max[(j >> 1) & 1] = fmaxf(tile_max[(j >> 1) & 1], sc[j]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      corr[r] = m_new == minus_infinity() ? 1.0f : exp2f(m[r] - m_new);
+      const float m_new = fmaxf(m[r], tile_max[r] * scale_log2);
+      m_use[r] = m_new == minus_infinity() ? 0.0f : m_new;  // a row with no key yet: every p is 0
+      corr[r] = fast_exp2(m[r] - m_use[r]);
       m[r] = m_new;
       l[r] *= corr[r];
     }
 #pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[4 * j + e] = sc[4 * j + e] == minus_infinity() ? 0.0f : exp2f(sc[4 * j + e] - m[e >> 1]);
-        l[e >> 1] += sc[4 * j + e];
-      }
+    for (int j = 0; j < KT / 2; ++j) {
+      const int r = (j >> 1) & 1;
+      sc[j] = fast_exp2(fmaf(sc[j], scale_log2, -m_use[r]));
+      l[r] += sc[j];
+    }
   };
   // the accumulator layout of S is the A-fragment layout of P: n8 tiles 2c and 2c + 1 make k16 step c
   auto pack_probabilities = [&] {
@@ -177,12 +180,25 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
       for (int r = 0; r < 4; ++r) pa[c][r] = pack_pair<T>(sc[8 * c + 2 * r], sc[8 * c + 2 * r + 1]);
   };
 
+  // Two consumers take turns at the tensor cores (named barriers 2 and 3, consumer 0 first): one
+  // issues its products while the other computes a softmax, so the exponentials of one hide
+  // behind the matrix products of the other.
+  auto my_turn = [&] {
+    if constexpr (Cfg::kConsumers == 2) named_barrier_sync(2 + consumer, 256);
+  };
+  auto their_turn = [&] {
+    if constexpr (Cfg::kConsumers == 2) named_barrier_arrive(3 - consumer, 256);
+  };
+  if (consumer == 1) their_turn();
+
   // Software pipeline: step i's Q·Kᵀ and step i - 1's P·V run on the tensor cores while this
   // warpgroup computes step i's softmax; K of a stage is released once its scores are in, V once
   // its product is.
   mbarrier_wait(q_full, 0);
   if (total > 0) {
+    my_turn();
     issue_scores(0);
+    their_turn();
     wgmma_wait<0>();
     wgmma_fence_registers(sc);
     mbarrier_arrive(&k_empty[0]);
@@ -190,8 +206,10 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     pack_probabilities();
   }
   for (int i = 1; i < total; ++i) {
+    my_turn();
     issue_scores(i);
     issue_values(i - 1);
+    their_turn();
     wgmma_wait<1>();  // the scores (committed first)
     wgmma_fence_registers(sc);
     mbarrier_arrive(&k_empty[i % S]);
@@ -205,12 +223,15 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     pack_probabilities();
   }
   if (total > 0) {
+    my_turn();
     issue_values(total - 1);
+    their_turn();
     wgmma_wait<0>();
     wgmma_fence_registers(o);
     wgmma_fence_registers(pa);
     mbarrier_arrive(&v_empty[(total - 1) % S]);
   }
+  if (consumer == 0) my_turn();  // consumer 1's last hand-over: every barrier phase completes
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
