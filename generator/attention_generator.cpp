@@ -25,9 +25,13 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   g.tma = arch == "sm_90a" && o.block >= 64 && o.head_dim >= 64;
   int qt, kt, consumers = 0, stages = 0;
   if (g.tma) {
-    // One query block per CTA, 64 rows per consumer warpgroup, one key block per stage, 2 stages
-    // (b = 128, d = 128: Q 32 KiB + 2 × (K + V) 128 KiB of shared memory).
-    qt = kt = o.block, consumers = o.block / 64, stages = 2;
+    // One query block per CTA, 64 rows per consumer warpgroup, one key block per stage. Block 128:
+    // 2 consumers taking turns at the tensor cores, one CTA per SM, as many stages as fit up to 4
+    // (d = 128: Q 32 KiB + 3 × (K + V) 192 KiB). Block 64: one consumer, two CTAs per SM, 2 stages
+    // (Q 16 KiB + 2 × 32 KiB each).
+    qt = kt = o.block, consumers = o.block / 64;
+    const int stage_bytes = 2 * kt * o.head_dim * 2, fixed = qt * o.head_dim * 2 + 1024;
+    stages = o.block == 64 ? 2 : std::min(4, (227 * 1024 - fixed - 17 * 8) / stage_bytes);
     g.threads = (consumers + 1) * 128;
     g.shared_bytes = (qt + 2 * stages * kt) * o.head_dim * 2 + (1 + 4 * stages) * 8 + 1024;
     g.q_rows = qt, g.kv_rows = kt;

@@ -109,9 +109,6 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   // S = Q·Kᵀ of step i, issued (not waited for)
   auto issue_scores = [&](int i) {
     const int s = i % S;
-#pragma unroll
-    for (int j = 0; j < KT / 2; ++j) sc[j] = 0.0f;
-    wgmma_fence_registers(sc);
     mbarrier_wait(&k_full[s], (i / S) & 1);
     wgmma_fence();
 #pragma unroll
@@ -120,7 +117,8 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
                                 smem_descriptor(qa + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16,
                                                 kSwizzleAtomBytes),
                                 smem_descriptor(ks(s) + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16,
-                                                kSwizzleAtomBytes));
+                                                kSwizzleAtomBytes),
+                                kk > 0);  // the first k step overwrites the last step's scores
     wgmma_commit();
   };
   // O += P·V of step i, issued

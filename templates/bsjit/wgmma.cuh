@@ -89,7 +89,7 @@ struct IsBfloat16<bfloat16_t> {
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
                  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
                  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-               : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B))
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 
 #define BSJIT_WGMMA_M64N128K16(TYPE)                                                  \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                           \
@@ -107,13 +107,13 @@ struct IsBfloat16<bfloat16_t> {
                  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
                  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
                  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-               : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B))
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 
-// d (64 × N, fp32) += A (64 × 16) · B (16 × N), both from shared memory. TRANS_A / TRANS_B: 0 for
-// K-major, 1 for MN-major tiles.
+// d (64 × N, fp32) += A (64 × 16) · B (16 × N), both from shared memory (accumulate = 0: d = A·B).
+// TRANS_A / TRANS_B: 0 for K-major, 1 for MN-major tiles.
 template <class T, int N, int TRANS_A, int TRANS_B>
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long long desc_a,
-                                             unsigned long long desc_b) {
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
+                                             int accumulate = 1) {
 #ifdef BSJIT_NO_WGMMA
   static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
 #else
