@@ -7,9 +7,9 @@
 #include "bsjit/error.hpp"
 
 namespace bsjit::generator {
+namespace {
 
-GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& o,
-                                              const std::string& arch) {
+void check(const std::vector<Layout>& masks, const AttentionOptions& o) {
   if (masks.empty()) throw Error("bsjit: attention: no block mask given");
   for (const auto& m : masks)
     if (m.rows() != masks[0].rows() || m.cols() != masks[0].cols())
@@ -20,7 +20,57 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   if (o.head_dim != 32 && o.head_dim != 64 && o.head_dim != 128)
     throw Error(fmt::format("bsjit: attention: head_dim {} is not supported; expected 32, 64 or 128", o.head_dim));
   if (o.dtype == DType::f32) throw Error("bsjit: attention: dtype f32 is not supported; expected f16 or bf16");
+}
 
+// Per mask and block row (transposed: per block column), the column (row) indices, ascending:
+// starts has masks · lines + 1 entries, line i of mask m is indices[starts[m · lines + i] ..
+// starts[m · lines + i + 1]).
+struct Lists {
+  std::vector<int> starts{0}, indices;
+};
+Lists block_lists(const std::vector<Layout>& masks, bool transposed) {
+  Lists out;
+  for (const auto& m : masks) {
+    const std::int64_t lines = transposed ? m.cols() : m.rows();
+    std::vector<std::vector<int>> per(lines);
+    for (const auto& [r, c] : m.coords()) per[transposed ? c : r].push_back(static_cast<int>(transposed ? r : c));
+    for (auto& line : per) {
+      std::sort(line.begin(), line.end());
+      out.indices.insert(out.indices.end(), line.begin(), line.end());
+      out.starts.push_back(static_cast<int>(out.indices.size()));
+    }
+  }
+  return out;
+}
+
+// Tiles of `tile` positions in launch order, the most blocks (summed over the masks) first: with
+// causal or uneven masks the long rows start in the first wave instead of trailing the last one.
+std::vector<int> launch_order(const Lists& lists, std::int64_t lines, std::size_t masks, std::int64_t tiles, int tile,
+                              int block) {
+  std::vector<int> order(tiles), work(tiles, 0);
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    order[t] = static_cast<int>(t);
+    const std::int64_t line = t * tile / block;
+    for (std::size_t i = 0; i < masks; ++i) work[t] += lists.starts[i * lines + line + 1] - lists.starts[i * lines + line];
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[a] > work[b]; });
+  return order;
+}
+
+std::string array_body(const std::vector<int>& v) {
+  if (v.empty()) return "0";
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{},", i % 16 == 0 ? "\n   " : " ", v[i]);
+  return s + "\n";
+}
+
+const char* type_name(DType dt) { return dt == DType::bf16 ? "bsjit::kernels::bfloat16_t" : "bsjit::kernels::half_t"; }
+
+}  // namespace
+
+GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& o,
+                                              const std::string& arch) {
+  check(masks, o);
   GeneratedAttention g;
   g.tma = arch == "sm_90a" && o.block >= 64 && o.head_dim >= 64;
   int qt, kt, consumers = 0, stages = 0;
@@ -51,32 +101,8 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, o.head_dim,
                         to_string(o.order), o.causal ? "-causal" : "", g.tma ? "-tma" : "");
 
-  // Per mask and query block row: the key blocks, ascending (the masks' block order is row-major).
-  std::vector<int> starts{0}, keys;
-  for (const auto& m : masks) {
-    std::int64_t row = 0;
-    for (const auto& [r, c] : m.coords()) {
-      while (row < r) starts.push_back(static_cast<int>(keys.size())), ++row;
-      keys.push_back(c);
-    }
-    while (row < m.rows()) starts.push_back(static_cast<int>(keys.size())), ++row;
-  }
-  // Query tiles in launch order, the most key blocks (summed over the masks) first: with causal or
-  // uneven masks the long rows start in the first wave instead of trailing behind the last one.
-  std::vector<int> order(g.query_tiles), work(g.query_tiles, 0);
-  for (std::int64_t t = 0; t < g.query_tiles; ++t) {
-    order[t] = static_cast<int>(t);
-    const std::int64_t row = t * qt / o.block;
-    for (std::size_t i = 0; i < masks.size(); ++i)
-      work[t] += starts[i * masks[0].rows() + row + 1] - starts[i * masks[0].rows() + row];
-  }
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[a] > work[b]; });
-  auto body = [](const std::vector<int>& v) {
-    if (v.empty()) return std::string("0");
-    std::string s;
-    for (std::size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{},", i % 16 == 0 ? "\n   " : " ", v[i]);
-    return s + "\n";
-  };
+  const Lists rows = block_lists(masks, false);
+  const std::vector<int> order = launch_order(rows, masks[0].rows(), masks.size(), g.query_tiles, qt, o.block);
   g.name_expression = g.tma ? "bsjit::kernels::attention_forward_tma_kernel<bsjit_generated::Config>"
                             : "bsjit::kernels::attention_forward_kernel<bsjit_generated::Config>";
   g.source = fmt::format(
@@ -105,13 +131,67 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       "\n"
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("rows", masks[0].rows()),
-      fmt::arg("cols", masks[0].cols()), fmt::arg("starts", body(starts)), fmt::arg("keys", body(keys)),
-      fmt::arg("type", o.dtype == DType::bf16 ? "bsjit::kernels::bfloat16_t" : "bsjit::kernels::half_t"),
+      fmt::arg("cols", masks[0].cols()), fmt::arg("starts", array_body(rows.starts)), fmt::arg("keys", array_body(rows.indices)),
+      fmt::arg("type", type_name(o.dtype)),
       fmt::arg("block", o.block), fmt::arg("d", o.head_dim), fmt::arg("qt", qt), fmt::arg("kt", kt),
       fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
-      fmt::arg("consumers", consumers), fmt::arg("stages", stages), fmt::arg("order", body(order)),
+      fmt::arg("consumers", consumers), fmt::arg("stages", stages), fmt::arg("order", array_body(order)),
       fmt::arg("header", g.tma ? "attention_hopper.cuh" : "attention.cuh"));
+  return g;
+}
+
+GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks, const AttentionOptions& o) {
+  check(masks, o);
+  // Key and query tiles of 64 positions (the block's own size below that): KT / 16 warps of 16
+  // keys; shared memory K, V, 2 stages of Q and dO, and dSᵀ.
+  const int tile = std::min(o.block, 64), d = o.head_dim;
+  GeneratedAttentionBackward g;
+  g.threads = tile * 2;
+  g.shared_bytes = (2 * tile + 4 * tile) * (d + 8) * 2 + tile * (tile + 8) * 2;
+  g.key_tiles = masks[0].cols() * o.block / tile;
+  g.query_rows16 = masks[0].rows() * o.block / 16;
+  if (g.key_tiles > 65535 || g.query_rows16 > 65535)
+    throw Error(fmt::format("bsjit: attention: sequences of {} and {} positions are too long for the backward",
+                            masks[0].rows() * o.block, masks[0].cols() * o.block));
+  g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, d, to_string(o.order),
+                        o.causal ? "-causal" : "");
+  const Lists cols = block_lists(masks, true);
+  const std::vector<int> order = launch_order(cols, masks[0].cols(), masks.size(), g.key_tiles, tile, o.block);
+  g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
+  g.main = "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";
+  g.dq = "bsjit::kernels::attention_backward_dq_kernel<bsjit_generated::Config>";
+  g.source = fmt::format(
+      "// Generated by bsjit: {label}\n"
+      "// {masks} block mask(s) of [{rows}, {cols}] blocks\n"
+      "#include \"bsjit/attention_backward.cuh\"\n"
+      "\n"
+      "namespace bsjit_generated {{\n"
+      "\n"
+      "// Mask i, key block column c: query blocks kQueryBlocks[kColStart[i * cols + c] .. kColStart[i * cols + c + 1]].\n"
+      "__device__ const int kColStart[] = {{{starts}}};\n"
+      "__device__ const int kQueryBlocks[] = {{{queries}}};\n"
+      "// Key tiles in launch order (grid y).\n"
+      "__device__ const int kKeyTileOrder[] = {{{order}}};\n"
+      "\n"
+      "struct Config {{\n"
+      "  using T = {type};\n"
+      "  static constexpr int kBlock = {block}, kHeadDim = {d}, kQTile = {tile}, kKTile = {tile};\n"
+      "  static constexpr int kQBlocks = {rows}, kKBlocks = {cols}, kLayouts = {masks};\n"
+      "  static constexpr bool kCausal = {causal}, kHeadsFirst = {heads_first};\n"
+      "  static constexpr int kBackwardSharedBytes = {smem};\n"
+      "  __device__ static const int* col_start() {{ return kColStart; }}\n"
+      "  __device__ static const int* query_blocks() {{ return kQueryBlocks; }}\n"
+      "  __device__ static const int* key_tile_order() {{ return kKeyTileOrder; }}\n"
+      "}};\n"
+      "\n"
+      "}}  // namespace bsjit_generated\n",
+      fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("rows", masks[0].rows()),
+      fmt::arg("cols", masks[0].cols()), fmt::arg("starts", array_body(cols.starts)),
+      fmt::arg("queries", array_body(cols.indices)), fmt::arg("order", array_body(order)),
+      fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block), fmt::arg("d", d), fmt::arg("tile", tile),
+      fmt::arg("causal", o.causal ? "true" : "false"),
+      fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes));
   return g;
 }
 

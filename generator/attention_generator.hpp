@@ -27,4 +27,15 @@ struct GeneratedAttention {
 GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& options,
                                               const std::string& arch);
 
+// The backward: one source, three kernels run in order (templates/bsjit/attention_backward.cuh):
+// prep (Delta, zeroes the dQ accumulator; grid batch · heads × query_rows16, 128 threads), main
+// (grid batch · heads × key_tiles, `threads`, `shared_bytes`), dq (like prep).
+struct GeneratedAttentionBackward {
+  std::string source, label, prep, main, dq;  // prep, main, dq: name expressions
+  int threads = 0, shared_bytes = 0;
+  std::int64_t key_tiles = 0, query_rows16 = 0;
+};
+GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks,
+                                                       const AttentionOptions& options);
+
 }  // namespace bsjit::generator

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "bsjit/error.hpp"
 #include "cache/kernel_cache.hpp"
@@ -50,6 +51,43 @@ struct Attention::Impl {
                              return k;
                            }};
     return cache::KernelCache::global().get(request, on_miss, now);
+  }
+
+  // The backward: one source, three kernels (generator::GeneratedAttentionBackward), compiled
+  // and cached apart; a workspace per context (dQ accumulator and Delta, in floats).
+  std::optional<generator::GeneratedAttentionBackward> backward_source;
+  struct Backward {
+    CUfunction prep = nullptr, main = nullptr, dq = nullptr;
+    std::unique_ptr<runtime::DeviceMemory> workspace;
+  };
+  std::map<CUcontext, Backward> backwards;
+
+  Backward& backward(CUcontext ctx, std::size_t workspace_bytes) {
+    std::lock_guard lock(mutex);
+    if (!backward_source) backward_source = generator::generate_attention_backward(masks, options);
+    auto& bw = backwards[ctx];
+    if (!bw.main) {
+      const std::string arch = arch_for(ctx);
+      runtime::check_arch(arch);
+      const auto& g = *backward_source;
+      auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
+      auto get = [&](const std::string& name, const std::string& part, int shared) {
+        const std::string label = g.label + part;
+        const std::string key = cache::make_key(cache::key_inputs(g.source + "\n// kernel: " + name, arch));
+        cache::Request request{key, label, arch, masks_hash, [&] {
+                                 auto k = runtime::compile(g.source, name, label, arch);
+                                 k.shared_bytes = shared;
+                                 return k;
+                               }};
+        return runtime::load(*cache::KernelCache::global().get(request, on_miss), ctx).function;
+      };
+      bw.prep = get(g.prep, "-prep", 0);
+      bw.dq = get(g.dq, "-dq", 0);
+      bw.main = get(g.main, "", g.shared_bytes);
+    }
+    if (!bw.workspace || bw.workspace->bytes < workspace_bytes)
+      bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
+    return bw;
   }
 
   std::pair<CUfunction, const generator::GeneratedAttention*> function(CUcontext ctx) {
@@ -132,6 +170,47 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
   void* args[] = {&out, &lse, &padding, &heads_arg, &scale_log2, &mq, &mk, &mv};
   BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
                                             static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
+}
+
+void Attention::backward(const void* q, const void* k, const void* v, const void* out, const float* lse,
+                         const void* dout, void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads,
+                         Stream stream, float scale, const std::uint8_t* key_padding) const {
+  const char* names[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+  const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
+  for (int i = 0; i < 9; ++i) {
+    if (ptrs[i] == nullptr) throw Error(fmt::format("bsjit: attention backward: {} is a null pointer", names[i]));
+    if (reinterpret_cast<std::uintptr_t>(ptrs[i]) % 16 != 0)
+      throw Error(fmt::format("bsjit: attention backward: {} ({}) is not 16-byte aligned", names[i], ptrs[i]));
+  }
+  const auto masks = static_cast<std::int64_t>(impl_->masks.size());
+  if (heads <= 0 || heads > 65535 || (masks > 1 && heads != masks))
+    throw Error(fmt::format("bsjit: attention: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", heads,
+                            masks));
+  if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: attention: batch = {} out of 1..65535", batch));
+  const std::int64_t seq = std::max(seq_q(), seq_k()), d = impl_->options.head_dim;
+  if (batch * heads * seq * d > INT64_MAX / 4 || batch * heads > INT32_MAX)
+    throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
+  float s = scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+  float scale_log2 = s * 1.4426950408889634f;
+  int heads_arg = static_cast<int>(heads);
+  CUcontext ctx = runtime::current_context();
+  const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
+  auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float));
+  const auto& g = *impl_->backward_source;
+  float* dq_acc = static_cast<float*>(bw.workspace->get());
+  float* delta = dq_acc + rows * d;
+  const unsigned char* padding = key_padding;
+  const auto bh = static_cast<unsigned>(batch * heads);
+  const CUstream cu = reinterpret_cast<CUstream>(stream);
+  const runtime::Driver& drv = runtime::driver();
+  void* prep_args[] = {&out, &dout, &delta, &dq_acc, &heads_arg};
+  BSJIT_CU(drv.cuLaunchKernel(bw.prep, bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, prep_args,
+                              nullptr));
+  void* main_args[] = {&q, &k, &v, &dout, &lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s};
+  BSJIT_CU(drv.cuLaunchKernel(bw.main, bh, static_cast<unsigned>(g.key_tiles), 1, static_cast<unsigned>(g.threads), 1,
+                              1, static_cast<unsigned>(g.shared_bytes), cu, main_args, nullptr));
+  void* dq_args[] = {&dq_acc, &dq, &heads_arg, &s};
+  BSJIT_CU(drv.cuLaunchKernel(bw.dq, bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
 }
 
 bool Attention::precompile(const std::string& arch) const {

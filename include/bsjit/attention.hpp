@@ -40,6 +40,14 @@ class Attention {
                std::int64_t heads, Stream stream = nullptr, float scale = 0,
                const std::uint8_t* key_padding = nullptr) const;
 
+  // dq, dk, dv (shaped like q, k, v) from the forward's inputs, its out and lse, and dout; the
+  // same batch, heads, scale and key_padding as the forward. Uses a workspace of batch · heads ·
+  // seq_q · (head_dim + 1) floats per context, kept between calls: calls on one Attention must not
+  // overlap on different streams.
+  void backward(const void* q, const void* k, const void* v, const void* out, const float* lse, const void* dout,
+                void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads, Stream stream = nullptr,
+                float scale = 0, const std::uint8_t* key_padding = nullptr) const;
+
   // Compiles the forward kernel for arch into the cache (no GPU needed); true when compiled now.
   bool precompile(const std::string& arch) const;
 

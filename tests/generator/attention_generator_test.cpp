@@ -101,7 +101,12 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
     try {
       const auto g = generate_attention_forward(masks, o, o.arch);
       const auto k = runtime::compile(g.source, g.name_expression, g.label, o.arch);
-      return k.cubin.size() > 64 ? "" : g.label + ": cubin too small";
+      if (k.cubin.size() <= 64) return g.label + ": cubin too small";
+      // the backward's three kernels from one source
+      const auto bw = generate_attention_backward(masks, o);
+      for (const auto& name : {bw.prep, bw.main, bw.dq})
+        if (runtime::compile(bw.source, name, bw.label, o.arch).cubin.size() <= 64) return bw.label + ": cubin too small";
+      return "";
     } catch (const std::exception& e) {
       return e.what();
     }

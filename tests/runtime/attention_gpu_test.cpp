@@ -100,6 +100,60 @@ TEST_P(AttentionGpu, ForwardMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(All, AttentionGpu, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
+// The backward on a third of the cases (every block size, head dim, dtype and order appear):
+// dQ, dK, dV against the reference's gradients, from the GPU's own forward (out, lse), with
+// per-head masks (an empty block row among them), key padding, outputs poisoned.
+std::vector<Case> backward_cases() {
+  std::vector<Case> v;
+  const auto all = all_cases();
+  for (std::size_t i = 0; i < all.size(); i += 3) v.push_back(all[i]);
+  return v;
+}
+class AttentionBackwardGpu : public AttentionGpu {};
+
+TEST_P(AttentionBackwardGpu, GradientsMatchReference) {
+  const Case c = GetParam();
+  const std::int64_t blocks = std::max(2, 256 / c.block), seq = blocks * c.block, batch = 2, heads = 3;
+  std::mt19937_64 rng(300 + c.block + c.head_dim);
+  std::vector<std::uint8_t> random_mask(blocks * blocks);
+  for (auto& x : random_mask) x = rng() % 3 == 0;
+  for (std::int64_t j = 0; j < blocks; ++j) random_mask[1 * blocks + j] = 0;
+  random_mask[blocks - 1] = 1;  // a key block above the diagonal: fully masked when causal
+  const std::vector<Layout> masks{layouts::causal(blocks), layouts::sliding_window(blocks, 2, false),
+                                  Layout::from_dense(blocks, blocks, random_mask)};
+  Attention attn(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, ""});
+  reference::AttentionProblem p;
+  p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = seq, p.head_dim = c.head_dim, p.block = c.block;
+  p.layouts = masks, p.order = c.order, p.causal = c.causal;
+  p.key_padding.assign(batch * seq, 1);
+  for (std::int64_t j = seq - 5; j < seq; ++j) p.key_padding[0 * seq + j] = 0;
+  const std::size_t n = batch * seq * heads * c.head_dim;
+  const auto q = reference::random_values(c.dtype, n, rng), k = reference::random_values(c.dtype, n, rng),
+             v = reference::random_values(c.dtype, n, rng), dout = reference::random_values(c.dtype, n, rng);
+  tools::DeviceBuffer dq_in(n * 2), dk_in(n * 2), dv_in(n * 2), d_out(n * 2), d_dout(n * 2),
+      dlse(batch * heads * seq * 4), dpad(batch * seq), dq(n * 2), dk(n * 2), dv(n * 2);
+  dq_in.upload(reference::encode(c.dtype, q));
+  dk_in.upload(reference::encode(c.dtype, k));
+  dv_in.upload(reference::encode(c.dtype, v));
+  d_dout.upload(reference::encode(c.dtype, dout));
+  dpad.upload(p.key_padding);
+  for (auto* b : {&dq, &dk, &dv}) BSJIT_CU(runtime::driver().cuMemsetD8(b->ptr, 0xff, n * 2));  // NaN poison
+  const auto* pad = static_cast<const std::uint8_t*>(dpad.get());
+  attn.forward(dq_in.get(), dk_in.get(), dv_in.get(), d_out.get(), static_cast<float*>(dlse.get()), batch, heads,
+               nullptr, 0, pad);
+  attn.backward(dq_in.get(), dk_in.get(), dv_in.get(), d_out.get(), static_cast<const float*>(dlse.get()),
+                d_dout.get(), dq.get(), dk.get(), dv.get(), batch, heads, nullptr, 0, pad);
+  BSJIT_CU(runtime::driver().cuCtxSynchronize());
+  const auto want = reference::attention_backward(p, q, k, v, dout);
+  SCOPED_TRACE(case_name(c));
+  EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dq.download()), want.dq), 1e-2) << "dq";
+  EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dk.download()), want.dk), 1e-2) << "dk";
+  EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dv.download()), want.dv), 1e-2) << "dv";
+}
+
+INSTANTIATE_TEST_SUITE_P(Some, AttentionBackwardGpu, ::testing::ValuesIn(backward_cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
 TEST(AttentionApi, ChecksItsArguments) {
   Attention attn({layouts::causal(4), layouts::causal(4)}, {64, 64, DType::bf16, QkvOrder::bshd, true, ""});
   EXPECT_EQ(attn.seq_q(), 256);

@@ -464,9 +464,10 @@ int main(int argc, char** argv) {
       for (const auto& r : small_rows) fmt::print("b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.b, r.op, r.ms, r.sol);
     }
     if (!attention_rows.empty()) {
-      fmt::print("\n== suite A (B=4, H=16, S=8192, bf16, causal inside the diagonal): fused forward ==\n");
+      fmt::print("\n== suite A (B=4, H=16, S=8192, bf16, causal inside the diagonal): fused forward, backward ==\n");
       for (const auto& r : attention_rows)
-        fmt::print("{:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s\n", r.mask, r.block, r.head_dim, r.ms, r.tflops);
+        fmt::print("{:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s   backward {:8.3f} ms\n", r.mask, r.block, r.head_dim,
+                   r.ms, r.tflops, r.backward_ms);
     }
     if (!jit.empty()) {
       fmt::print("\n== JIT figures ==\n");

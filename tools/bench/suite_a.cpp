@@ -46,6 +46,7 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
     const std::size_t n = static_cast<std::size_t>(kBatch * kHeads * kSeq * d);
     const auto q = random_bf16_bits(n, 1), k = random_bf16_bits(n, 2), v = random_bf16_bits(n, 3);
     tools::DeviceBuffer dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(kBatch * kHeads * kSeq * 4);
+    tools::DeviceBuffer dgq(n * 2), dgk(n * 2), dgv(n * 2);  // gradients (dO: q's values, unchecked here)
     dq.upload(q), dk.upload(k), dv.upload(v);
     for (int block : {128, 64}) {
       const std::int64_t blocks = kSeq / block;
@@ -94,9 +95,16 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
         for (const auto& [r, c] : mask.coords())
           pairs += r == c ? block * (block + 1) / 2.0 : static_cast<double>(block) * block;
         const double ms = time_ms(fn, stream, 3, reps);
-        rows.push_back({name, block, d, ms, 4.0 * kBatch * kHeads * pairs * d / ms / 1e9, err});
-        fmt::print("suite A  {:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s  err {:.1e}{}\n", name, block, d, ms,
-                   rows.back().tflops, err, err > 1e-2 ? "  WRONG" : "");
+        const double bw_ms = time_ms(
+            [&] {
+              attn.backward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<const float*>(dlse.get()), dq.get(),
+                            dgq.get(), dgk.get(), dgv.get(), kBatch, kHeads, stream);
+            },
+            stream, 3, reps);
+        rows.push_back({name, block, d, ms, 4.0 * kBatch * kHeads * pairs * d / ms / 1e9, err, bw_ms});
+        fmt::print("suite A  {:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s  err {:.1e}{}  backward {:8.3f} ms {:7.1f} TF/s\n",
+                   name, block, d, ms, rows.back().tflops, err, err > 1e-2 ? "  WRONG" : "", bw_ms,
+                   10.0 * kBatch * kHeads * pairs * d / bw_ms / 1e9);
         std::fflush(stdout);
       }
     }

@@ -1,0 +1,262 @@
+// Block-sparse attention, fused backward (flash-style, mma.sync): dQ, dK and dV from Q, K, V, the
+// forward's output O and log-sum-exp, and dO, over only the mask's blocks. Three kernels, run in
+// order on one stream:
+// - attention_backward_prep_kernel: Delta = rowsum(dO ∘ O) per query row; zeroes the fp32 dQ
+//   accumulator.
+// - attention_backward_kernel: one CTA per key tile of KT keys of one (batch, head), KT / 16 warps
+//   of 16 keys each. It walks the query blocks whose row holds its key block (the mask's column,
+//   from the generator's column LUT), QT queries at a time through a 2-stage cp.async pipeline of
+//   Q and dO tiles, and computes in registers, rows being keys: Sᵀ = K·Qᵀ, Pᵀ = exp(scale·Sᵀ − lse),
+//   dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ·Q; dSᵀ goes through shared
+//   memory for dQ = dS·K, added to the fp32 accumulator with atomics (other key tiles add theirs).
+// - attention_backward_dq_kernel: the accumulator, scaled, to dQ in the tensors' order.
+#pragma once
+
+#include "bsjit/attention.cuh"
+
+namespace bsjit {
+namespace kernels {
+
+template <class Cfg>
+struct AttentionBackwardPlan {
+  static constexpr int kS = Cfg::kHeadDim + kPad;  // K, V, Q and dO rows
+  static constexpr int kSd = Cfg::kQTile + kPad;   // dSᵀ rows
+  static constexpr int kSharedBytes = (2 * Cfg::kKTile + 2 * 2 * Cfg::kQTile) * kS * 2 + Cfg::kKTile * kSd * 2;
+};
+
+// Position p of (b, h) in a [batch, seq, heads, d] or [batch, heads, seq, d] tensor: base + p · stride.
+template <class Cfg>
+struct QkvIndex {
+  long long base, stride;
+  __device__ QkvIndex(int b, int h, int heads, long long seq) {
+    stride = Cfg::kHeadsFirst ? Cfg::kHeadDim : static_cast<long long>(heads) * Cfg::kHeadDim;
+    base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq * Cfg::kHeadDim
+                            : static_cast<long long>(b) * seq * heads * Cfg::kHeadDim +
+                                  static_cast<long long>(h) * Cfg::kHeadDim;
+  }
+  __device__ long long at(long long p) const { return base + p * stride; }
+};
+
+// grid (batch · heads, seq_q / 16), 128 threads: 8 threads per query row.
+template <class Cfg>
+__global__ void __launch_bounds__(128)
+    attention_backward_prep_kernel(const typename Cfg::T* __restrict__ out, const typename Cfg::T* __restrict__ dout,
+                                   float* __restrict__ delta, float* __restrict__ dq_acc, int heads) {
+  constexpr int D = Cfg::kHeadDim, kPer = D / 8;
+  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const long long row = static_cast<long long>(blockIdx.y) * 16 + threadIdx.x / 8;
+  const int part = threadIdx.x % 8;
+  const QkvIndex<Cfg> ix(b, h, heads, kSeqQ);
+  const auto* o = out + ix.at(row) + part * kPer;
+  const auto* d = dout + ix.at(row) + part * kPer;
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) sum += to_float(o[i]) * to_float(d[i]);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+  const long long r = static_cast<long long>(blockIdx.x) * kSeqQ + row;
+  if (part == 0) delta[r] = sum;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) dq_acc[r * D + part * kPer + i] = 0.0f;
+}
+
+// grid (batch · heads, seq_q / 16), 128 threads: dQ = scale · accumulator.
+template <class Cfg>
+__global__ void __launch_bounds__(128)
+    attention_backward_dq_kernel(const float* __restrict__ dq_acc, typename Cfg::T* __restrict__ dq, int heads,
+                                 float scale) {
+  constexpr int D = Cfg::kHeadDim, kPer = D / 8;
+  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const long long row = static_cast<long long>(blockIdx.y) * 16 + threadIdx.x / 8;
+  const int part = threadIdx.x % 8;
+  const QkvIndex<Cfg> ix(b, h, heads, kSeqQ);
+  const float* src = dq_acc + (static_cast<long long>(blockIdx.x) * kSeqQ + row) * D + part * kPer;
+#pragma unroll
+  for (int i = 0; i < kPer; i += 2) store_pair(dq + ix.at(row) + part * kPer + i, src[i] * scale, src[i + 1] * scale, 0);
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kKTile * 2)
+    attention_backward_kernel(const typename Cfg::T* __restrict__ q, const typename Cfg::T* __restrict__ k,
+                              const typename Cfg::T* __restrict__ v, const typename Cfg::T* __restrict__ dout,
+                              const float* __restrict__ lse, const float* __restrict__ delta,
+                              const unsigned char* __restrict__ key_padding, float* __restrict__ dq_acc,
+                              typename Cfg::T* __restrict__ dk, typename Cfg::T* __restrict__ dv, int heads,
+                              float scale_log2, float scale) {
+  using T = typename Cfg::T;
+  using Plan = AttentionBackwardPlan<Cfg>;
+  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Plan::kS, SD = Plan::kSd;
+  constexpr int kThreads = KT * 2, kSubTiles = Cfg::kBlock / QT;
+  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
+  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+  static_assert(sizeof(T) == 2 && D % 16 == 0 && QT == KT && KT % 16 == 0 && Cfg::kBlock % KT == 0,
+                "16-bit; query and key tiles alike, whole mma tiles dividing the block");
+  static_assert(Plan::kSharedBytes == Cfg::kBackwardSharedBytes, "host and device disagree on shared memory");
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Ks = reinterpret_cast<T*>(smem);
+  T* Vs = Ks + KT * S;
+  T* Qs = Vs + KT * S;       // [2][QT][S]
+  T* Os = Qs + 2 * QT * S;   // dO, [2][QT][S]
+  T* dSs = Os + 2 * QT * S;  // dSᵀ, [KT][SD]
+
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const long long bh = blockIdx.x;
+  const long long k0 = static_cast<long long>(Cfg::key_tile_order()[blockIdx.y]) * KT;
+  const int layout = Cfg::kLayouts == 1 ? 0 : h;
+  const int col = static_cast<int>(k0 / Cfg::kBlock);
+  const int begin = Cfg::col_start()[layout * Cfg::kKBlocks + col];
+  const int total = (Cfg::col_start()[layout * Cfg::kKBlocks + col + 1] - begin) * kSubTiles;
+  const QkvIndex<Cfg> qi(b, h, heads, kSeqQ), ki(b, h, heads, kSeqK);
+  auto query0 = [&](int step) {
+    return static_cast<long long>(Cfg::query_blocks()[begin + step / kSubTiles]) * Cfg::kBlock + (step % kSubTiles) * QT;
+  };
+
+  copy_tile_async<KT, D, S, kThreads>(Ks, [&](int r) { return k + ki.at(k0 + r); }, [](int) { return true; });
+  copy_tile_async<KT, D, S, kThreads>(Vs, [&](int r) { return v + ki.at(k0 + r); }, [](int) { return true; });
+  auto load = [&](int step) {
+    const long long q0 = query0(step);
+    copy_tile_async<QT, D, S, kThreads>(Qs + (step % 2) * QT * S, [&](int r) { return q + qi.at(q0 + r); },
+                                        [](int) { return true; });
+    copy_tile_async<QT, D, S, kThreads>(Os + (step % 2) * QT * S, [&](int r) { return dout + qi.at(q0 + r); },
+                                        [](int) { return true; });
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, quad = lane / 8,
+            r8 = lane % 8;
+  const long long my_key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  bool live[2] = {true, true};  // not a padded key
+  if (key_padding != nullptr)
+    for (int i = 0; i < 2; ++i) live[i] = key_padding[b * kSeqK + my_key[i]] != 0;
+  float dkacc[D / 8][4], dvacc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dkacc[j][e] = dvacc[j][e] = 0.0f;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  run_pipeline<2>(total, load, [&](int step) {
+    const T* qs = Qs + (step % 2) * QT * S;
+    const T* os = Os + (step % 2) * QT * S;
+    const long long q0 = query0(step);
+    // Sᵀ = K·Qᵀ: this warp's 16 keys × QT queries (Q tiles are K-major B operands)
+    float p[QT / 8][4];
+#pragma unroll
+    for (int j = 0; j < QT / 8; ++j) p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      unsigned a[4];
+      ldmatrix_x4(a, Ks + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < QT / 8; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4(r, qs + (j * 8 + r8 + (quad / 2) * 8) * S + kk * 16 + (quad % 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(p[j], a, b0);
+        Mma16816<T>::run(p[j + 1], a, b1);
+      }
+    }
+    // Pᵀ = exp2(scale_log2 · Sᵀ − lse · log2 e); 0 for masked pairs and rows with no key
+    const bool causal_here = Cfg::kCausal && k0 + KT - 1 > q0;
+#pragma unroll
+    for (int j = 0; j < QT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const long long query = q0 + 8 * j + 2 * t4 + (e & 1);
+        const float l = lse[bh * kSeqQ + query];
+        const bool keep = live[e >> 1] && !(causal_here && my_key[e >> 1] > query) && l != minus_infinity();
+        p[j][e] = keep ? fast_exp2(fmaf(p[j][e], scale_log2, -l * kLog2e)) : 0.0f;
+      }
+    // dV += Pᵀ·dO (dO MN-major)
+#pragma unroll
+    for (int c = 0; c < QT / 16; ++c) {
+      const unsigned pa[4] = {pack_pair<T>(p[2 * c][0], p[2 * c][1]), pack_pair<T>(p[2 * c][2], p[2 * c][3]),
+                              pack_pair<T>(p[2 * c + 1][0], p[2 * c + 1][1]),
+                              pack_pair<T>(p[2 * c + 1][2], p[2 * c + 1][3])};
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4_trans(r, os + (c * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(dvacc[j], pa, b0);
+        Mma16816<T>::run(dvacc[j + 1], pa, b1);
+      }
+    }
+    // dPᵀ = V·dOᵀ (dO K-major), then dSᵀ = Pᵀ ∘ (dPᵀ − Delta)
+    float ds[QT / 8][4];
+#pragma unroll
+    for (int j = 0; j < QT / 8; ++j) ds[j][0] = ds[j][1] = ds[j][2] = ds[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      unsigned a[4];
+      ldmatrix_x4(a, Vs + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < QT / 8; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4(r, os + (j * 8 + r8 + (quad / 2) * 8) * S + kk * 16 + (quad % 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(ds[j], a, b0);
+        Mma16816<T>::run(ds[j + 1], a, b1);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < QT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[j][e] = p[j][e] * (ds[j][e] - delta[bh * kSeqQ + q0 + 8 * j + 2 * t4 + (e & 1)]);
+    // dK += dSᵀ·Q (Q MN-major); dSᵀ to shared memory for dQ
+#pragma unroll
+    for (int c = 0; c < QT / 16; ++c) {
+      const unsigned da[4] = {pack_pair<T>(ds[2 * c][0], ds[2 * c][1]), pack_pair<T>(ds[2 * c][2], ds[2 * c][3]),
+                              pack_pair<T>(ds[2 * c + 1][0], ds[2 * c + 1][1]),
+                              pack_pair<T>(ds[2 * c + 1][2], ds[2 * c + 1][3])};
+      *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g) * SD + 16 * c + 2 * t4) = da[0];
+      *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g + 8) * SD + 16 * c + 2 * t4) = da[1];
+      *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g) * SD + 16 * c + 8 + 2 * t4) = da[2];
+      *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g + 8) * SD + 16 * c + 8 + 2 * t4) = da[3];
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4_trans(r, qs + (c * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(dkacc[j], da, b0);
+        Mma16816<T>::run(dkacc[j + 1], da, b1);
+      }
+    }
+    __syncthreads();
+    // dQ (this warp's 16 queries × D) = dS·K: dS read transposed from dSᵀ, K MN-major
+    float dq[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < KT / 16; ++c) {
+      unsigned a[4];
+      ldmatrix_x4_trans(a, dSs + (c * 16 + r8 + (quad / 2) * 8) * SD + warp * 16 + (quad % 2) * 8);
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4_trans(r, Ks + (c * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
+        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        Mma16816<T>::run(dq[j], a, b0);
+        Mma16816<T>::run(dq[j + 1], a, b1);
+      }
+    }
+    float* acc = dq_acc + (bh * kSeqQ + q0 + warp * 16 + g) * D;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) atomicAdd(acc + (e >> 1) * 8 * D + 8 * j + 2 * t4 + (e & 1), dq[j][e]);
+  });
+
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      store_pair(dk + ki.at(my_key[i]) + 8 * j + 2 * t4, dkacc[j][2 * i] * scale, dkacc[j][2 * i + 1] * scale, 0);
+      store_pair(dv + ki.at(my_key[i]) + 8 * j + 2 * t4, dvacc[j][2 * i], dvacc[j][2 * i + 1], 0);
+    }
+}
+
+}  // namespace kernels
+}  // namespace bsjit
