@@ -31,6 +31,43 @@ __device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
   return r;
 }
 
+// The A fragment of k16 step c (n8 accumulator tiles 2c and 2c + 1 of a warp's 16 rows, the
+// mma accumulator layout being the A-fragment layout), rounded to 16 bits.
+template <class T, int N>
+__device__ __forceinline__ void accumulator_fragment(unsigned (&a)[4], const float (&acc)[N][4], int c) {
+  a[0] = pack_pair<T>(acc[2 * c][0], acc[2 * c][1]);
+  a[1] = pack_pair<T>(acc[2 * c][2], acc[2 * c][3]);
+  a[2] = pack_pair<T>(acc[2 * c + 1][0], acc[2 * c + 1][1]);
+  a[3] = pack_pair<T>(acc[2 * c + 1][2], acc[2 * c + 1][3]);
+}
+
+// acc (a warp's 16 rows × N) += a (16 × 16 A fragments) · B, B's 16 k rows × N at b in a
+// K-major tile (row n holds the k indices, stride STRIDE) or an MN-major one (row k holds n).
+template <class T, int N, int STRIDE>
+__device__ __forceinline__ void warp_mma_k_major(float (&acc)[N / 8][4], const unsigned (&a)[4], const T* b) {
+  const int lane = threadIdx.x % 32, quad = lane / 8, r8 = lane % 8;
+#pragma unroll
+  for (int j = 0; j < N / 8; j += 2) {
+    unsigned r[4];
+    ldmatrix_x4(r, b + (j * 8 + r8 + (quad / 2) * 8) * STRIDE + (quad % 2) * 8);
+    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    Mma16816<T>::run(acc[j], a, b0);
+    Mma16816<T>::run(acc[j + 1], a, b1);
+  }
+}
+template <class T, int N, int STRIDE>
+__device__ __forceinline__ void warp_mma_mn_major(float (&acc)[N / 8][4], const unsigned (&a)[4], const T* b) {
+  const int lane = threadIdx.x % 32, quad = lane / 8, r8 = lane % 8;
+#pragma unroll
+  for (int j = 0; j < N / 8; j += 2) {
+    unsigned r[4];
+    ldmatrix_x4_trans(r, b + (r8 + (quad % 2) * 8) * STRIDE + j * 8 + (quad / 2) * 8);
+    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    Mma16816<T>::run(acc[j], a, b0);
+    Mma16816<T>::run(acc[j + 1], a, b1);
+  }
+}
+
 __device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
 
 // 2^x on the special-function unit (2 ulp; exp2(-inf) = 0), without exp2f's denormal handling.
@@ -93,8 +130,7 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
                                         [](int) { return true; });
   };
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, quad = lane / 8,
-            r8 = lane % 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   unsigned qa[D / 16][4];  // this warp's 16 query rows as A fragments, loaded once the tile lands
   float o[D / 8][4];
 #pragma unroll
@@ -115,15 +151,7 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
 #pragma unroll
     for (int j = 0; j < KT / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int j = 0; j < KT / 8; j += 2) {
-        unsigned r[4];  // K rows are keys (n), d contiguous: a K-major B tile
-        ldmatrix_x4(r, ks + (j * 8 + r8 + (quad / 2) * 8) * S + kk * 16 + (quad % 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(s[j], qa[kk], b0);
-        Mma16816<T>::run(s[j + 1], qa[kk], b1);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) warp_mma_k_major<T, KT, S>(s, qa[kk], ks + kk * 16);  // K rows: keys
     // scale into the log2 domain, mask, and fold into the running max and sum
     float tile_max[2] = {minus_infinity(), minus_infinity()};
 #pragma unroll
@@ -159,17 +187,9 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
     // O += P · V: P's accumulator layout is the A-fragment layout, two n8 tiles per k16 step
 #pragma unroll
     for (int kc = 0; kc < KT / 16; ++kc) {
-      const unsigned pa[4] = {pack_pair<T>(s[2 * kc][0], s[2 * kc][1]), pack_pair<T>(s[2 * kc][2], s[2 * kc][3]),
-                              pack_pair<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              pack_pair<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-      for (int j = 0; j < D / 8; j += 2) {
-        unsigned r[4];  // V rows are keys (k), d contiguous: an MN-major B tile
-        ldmatrix_x4_trans(r, vs + (kc * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(o[j], pa, b0);
-        Mma16816<T>::run(o[j + 1], pa, b1);
-      }
+      unsigned pa[4];
+      accumulator_fragment<T>(pa, s, kc);
+      warp_mma_mn_major<T, D, S>(o, pa, vs + kc * 16 * S);  // V rows: keys (k), d contiguous
     }
   });
 

@@ -149,14 +149,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     for (int kk = 0; kk < D / 16; ++kk) {
       unsigned a[4];
       ldmatrix_x4(a, Ks + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int j = 0; j < QT / 8; j += 2) {
-        unsigned r[4];
-        ldmatrix_x4(r, qs + (j * 8 + r8 + (quad / 2) * 8) * S + kk * 16 + (quad % 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(p[j], a, b0);
-        Mma16816<T>::run(p[j + 1], a, b1);
-      }
+      warp_mma_k_major<T, QT, S>(p, a, qs + kk * 16);
     }
     // Pᵀ = exp2(scale_log2 · Sᵀ − lse · log2 e); 0 for masked pairs and rows with no key
     const bool causal_here = Cfg::kCausal && k0 + KT - 1 > q0;
@@ -172,17 +165,9 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     // dV += Pᵀ·dO (dO MN-major)
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c) {
-      const unsigned pa[4] = {pack_pair<T>(p[2 * c][0], p[2 * c][1]), pack_pair<T>(p[2 * c][2], p[2 * c][3]),
-                              pack_pair<T>(p[2 * c + 1][0], p[2 * c + 1][1]),
-                              pack_pair<T>(p[2 * c + 1][2], p[2 * c + 1][3])};
-#pragma unroll
-      for (int j = 0; j < D / 8; j += 2) {
-        unsigned r[4];
-        ldmatrix_x4_trans(r, os + (c * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(dvacc[j], pa, b0);
-        Mma16816<T>::run(dvacc[j + 1], pa, b1);
-      }
+      unsigned pa[4];
+      accumulator_fragment<T>(pa, p, c);
+      warp_mma_mn_major<T, D, S>(dvacc, pa, os + c * 16 * S);
     }
     // dPᵀ = V·dOᵀ (dO K-major), then dSᵀ = Pᵀ ∘ (dPᵀ − Delta)
     float ds[QT / 8][4];
@@ -192,14 +177,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     for (int kk = 0; kk < D / 16; ++kk) {
       unsigned a[4];
       ldmatrix_x4(a, Vs + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int j = 0; j < QT / 8; j += 2) {
-        unsigned r[4];
-        ldmatrix_x4(r, os + (j * 8 + r8 + (quad / 2) * 8) * S + kk * 16 + (quad % 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(ds[j], a, b0);
-        Mma16816<T>::run(ds[j + 1], a, b1);
-      }
+      warp_mma_k_major<T, QT, S>(ds, a, os + kk * 16);
     }
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j)
@@ -208,21 +186,13 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     // dK += dSᵀ·Q (Q MN-major); dSᵀ to shared memory for dQ
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c) {
-      const unsigned da[4] = {pack_pair<T>(ds[2 * c][0], ds[2 * c][1]), pack_pair<T>(ds[2 * c][2], ds[2 * c][3]),
-                              pack_pair<T>(ds[2 * c + 1][0], ds[2 * c + 1][1]),
-                              pack_pair<T>(ds[2 * c + 1][2], ds[2 * c + 1][3])};
+      unsigned da[4];
+      accumulator_fragment<T>(da, ds, c);
       *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g) * SD + 16 * c + 2 * t4) = da[0];
       *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g + 8) * SD + 16 * c + 2 * t4) = da[1];
       *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g) * SD + 16 * c + 8 + 2 * t4) = da[2];
       *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g + 8) * SD + 16 * c + 8 + 2 * t4) = da[3];
-#pragma unroll
-      for (int j = 0; j < D / 8; j += 2) {
-        unsigned r[4];
-        ldmatrix_x4_trans(r, qs + (c * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(dkacc[j], da, b0);
-        Mma16816<T>::run(dkacc[j + 1], da, b1);
-      }
+      warp_mma_mn_major<T, D, S>(dkacc, da, qs + c * 16 * S);
     }
     __syncthreads();
     // dQ (this warp's 16 queries × D) = dS·K: dS read transposed from dSᵀ, K MN-major
@@ -233,14 +203,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     for (int c = 0; c < KT / 16; ++c) {
       unsigned a[4];
       ldmatrix_x4_trans(a, dSs + (c * 16 + r8 + (quad / 2) * 8) * SD + warp * 16 + (quad % 2) * 8);
-#pragma unroll
-      for (int j = 0; j < D / 8; j += 2) {
-        unsigned r[4];
-        ldmatrix_x4_trans(r, Ks + (c * 16 + r8 + (quad % 2) * 8) * S + j * 8 + (quad / 2) * 8);
-        const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        Mma16816<T>::run(dq[j], a, b0);
-        Mma16816<T>::run(dq[j + 1], a, b1);
-      }
+      warp_mma_mn_major<T, D, S>(dq, a, Ks + c * 16 * S);
     }
     float* acc = dq_acc + (bh * kSeqQ + q0 + warp * 16 + g) * D;
 #pragma unroll
