@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,27 @@ struct Attention::Impl {
   std::mutex mutex;
   std::map<std::string, generator::GeneratedAttention> generated;  // per arch
   std::map<CUcontext, std::pair<CUfunction, const generator::GeneratedAttention*>> functions;
+
+  // The checks every call makes before any GPU work: device pointers set and 16-byte aligned,
+  // heads fitting the masks, batch in range, sizes that fit 64-bit offsets. Returns the scale the
+  // kernels take (0: 1 / sqrt(head_dim)).
+  float check_call(const char* op, std::initializer_list<std::pair<const char*, const void*>> pointers,
+                   std::int64_t batch, std::int64_t heads, float scale) const {
+    for (const auto& [name, ptr] : pointers) {
+      if (ptr == nullptr) throw Error(fmt::format("bsjit: {}: {} is a null pointer", op, name));
+      if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
+        throw Error(fmt::format("bsjit: {}: {} ({}) is not 16-byte aligned", op, name, ptr));
+    }
+    const auto count = static_cast<std::int64_t>(masks.size());
+    if (heads <= 0 || heads > 65535 || (count > 1 && heads != count))
+      throw Error(fmt::format("bsjit: attention: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", heads,
+                              count));
+    if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: attention: batch = {} out of 1..65535", batch));
+    const std::int64_t seq = std::max(masks[0].rows(), masks[0].cols()) * options.block, d = options.head_dim;
+    if (batch * heads * seq * d > INT64_MAX / 4 || batch * heads > INT32_MAX)
+      throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
+    return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+  }
 
   std::string arch_for(CUcontext ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
@@ -124,23 +146,11 @@ Attention& Attention::operator=(Attention&&) noexcept = default;
 
 void Attention::forward(const void* q, const void* k, const void* v, void* out, float* lse, std::int64_t batch,
                         std::int64_t heads, Stream stream, float scale, const std::uint8_t* key_padding) const {
-  const char* names[] = {"q", "k", "v", "out"};
-  const void* ptrs[] = {q, k, v, out};
-  for (int i = 0; i < 4; ++i) {
-    if (ptrs[i] == nullptr) throw Error(fmt::format("bsjit: attention: {} is a null pointer", names[i]));
-    if (reinterpret_cast<std::uintptr_t>(ptrs[i]) % 16 != 0)
-      throw Error(fmt::format("bsjit: attention: {} ({}) is not 16-byte aligned", names[i], ptrs[i]));
-  }
   if (lse == nullptr) throw Error("bsjit: attention: lse is a null pointer");
-  const auto masks = static_cast<std::int64_t>(impl_->masks.size());
-  if (heads <= 0 || heads > 65535 || (masks > 1 && heads != masks))
-    throw Error(fmt::format("bsjit: attention: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", heads,
-                            masks));
-  if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: attention: batch = {} out of 1..65535", batch));
+  const float s = impl_->check_call("attention", {{"q", q}, {"k", k}, {"v", v}, {"out", out}}, batch, heads, scale);
   const std::int64_t seq = std::max(seq_q(), seq_k()), d = impl_->options.head_dim;
-  if (batch * heads * seq * d > INT64_MAX / 4 || batch * std::max(heads, seq) > INT32_MAX)
+  if (batch * seq > INT32_MAX)  // TMA coordinates are 32-bit
     throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
-  const float s = scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
@@ -175,22 +185,11 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
 void Attention::backward(const void* q, const void* k, const void* v, const void* out, const float* lse,
                          const void* dout, void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads,
                          Stream stream, float scale, const std::uint8_t* key_padding) const {
-  const char* names[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
-  const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
-  for (int i = 0; i < 9; ++i) {
-    if (ptrs[i] == nullptr) throw Error(fmt::format("bsjit: attention backward: {} is a null pointer", names[i]));
-    if (reinterpret_cast<std::uintptr_t>(ptrs[i]) % 16 != 0)
-      throw Error(fmt::format("bsjit: attention backward: {} ({}) is not 16-byte aligned", names[i], ptrs[i]));
-  }
-  const auto masks = static_cast<std::int64_t>(impl_->masks.size());
-  if (heads <= 0 || heads > 65535 || (masks > 1 && heads != masks))
-    throw Error(fmt::format("bsjit: attention: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", heads,
-                            masks));
-  if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: attention: batch = {} out of 1..65535", batch));
-  const std::int64_t seq = std::max(seq_q(), seq_k()), d = impl_->options.head_dim;
-  if (batch * heads * seq * d > INT64_MAX / 4 || batch * heads > INT32_MAX)
-    throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
-  float s = scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+  float s = impl_->check_call("attention backward",
+                              {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout}, {"dq", dq},
+                               {"dk", dk}, {"dv", dv}},
+                              batch, heads, scale);
+  const std::int64_t d = impl_->options.head_dim;
   float scale_log2 = s * 1.4426950408889634f;
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();

@@ -165,6 +165,25 @@ TEST(AttentionApi, ChecksItsArguments) {
   EXPECT_THROW(attn.forward(buf + 1, buf, buf, buf, lse, 1, 2), Error);
   EXPECT_THROW(attn.forward(buf, buf, buf, buf, nullptr, 1, 2), Error);
   EXPECT_THROW(attn.forward(buf, buf, buf, buf, lse, 0, 2), Error);
+  // the backward's: every pointer set and aligned, heads fitting the masks (the message says which,
+  // so that a failure further on, e.g. no driver, does not pass for the check)
+  auto* l = reinterpret_cast<const float*>(buf);
+  auto message = [](auto call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { attn.backward(buf, buf, buf, buf, l, buf, buf, buf, buf, 1, 3); }).find("heads = 3"),
+            std::string::npos);
+  EXPECT_NE(message([&] { attn.backward(buf, buf, buf, buf, l, buf, nullptr, buf, buf, 1, 2); }).find("dq is a null"),
+            std::string::npos);
+  EXPECT_NE(message([&] { attn.backward(buf, buf, buf, buf, l, buf, buf, buf + 2, buf, 1, 2); }).find("dk ("),
+            std::string::npos);
+  EXPECT_NE(message([&] { attn.backward(buf, buf, buf, buf, nullptr, buf, buf, buf, buf, 1, 2); }).find("lse is a null"),
+            std::string::npos);
 }
 
 }  // namespace
