@@ -38,4 +38,17 @@ struct GeneratedAttentionBackward {
 GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks,
                                                        const AttentionOptions& options);
 
+// The decomposed ops (templates/bsjit/attention_ops.cuh): one source, five kernels, each grid's x
+// being batch · heads. Products in tiles of `tile` rows (threads = 2 · tile); softmax kernels 128
+// threads, a warp per query row.
+struct GeneratedAttentionOps {
+  std::string source, label, scores, softmax, softmax_grad, probs_v, probs_t;  // name expressions
+  int tile = 0, threads = 0, scores_shared = 0, product_shared = 0;
+  std::int64_t score_tiles = 0;  // scores' grid y: the most blocks of a mask × (block / tile)²
+  std::int64_t query_tiles = 0, key_tiles = 0, softmax_rows4 = 0;  // grid y of probs_v, probs_t, softmax
+  std::int64_t mask_blocks = 0;  // nonzero blocks of all masks together (positions of the tables)
+  std::vector<std::int64_t> blocks_per_mask;
+};
+GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, const AttentionOptions& options);
+
 }  // namespace bsjit::generator

@@ -3,9 +3,6 @@
 #include "bsjit/attention.hpp"
 
 #include <fmt/format.h>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +15,7 @@
 #include "cache/kernel_cache.hpp"
 #include "compiler.hpp"
 #include "driver.hpp"
+#include "attention_common.hpp"
 #include "generator/attention_generator.hpp"
 #include "module.hpp"
 
@@ -31,29 +29,9 @@ struct Attention::Impl {
   std::map<std::string, generator::GeneratedAttention> generated;  // per arch
   std::map<CUcontext, std::pair<CUfunction, const generator::GeneratedAttention*>> functions;
 
-  // The checks every call makes before any GPU work: device pointers set and 16-byte aligned,
-  // heads fitting the masks, batch in range, sizes that fit 64-bit offsets. Returns the scale the
-  // kernels take (0: 1 / sqrt(head_dim)).
   float check_call(const char* op, std::initializer_list<std::pair<const char*, const void*>> pointers,
                    std::int64_t batch, std::int64_t heads, float scale) const {
-    for (const auto& [name, ptr] : pointers) {
-      if (ptr == nullptr) throw Error(fmt::format("bsjit: {}: {} is a null pointer", op, name));
-      if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
-        throw Error(fmt::format("bsjit: {}: {} ({}) is not 16-byte aligned", op, name, ptr));
-    }
-    const auto count = static_cast<std::int64_t>(masks.size());
-    if (heads <= 0 || heads > 65535 || (count > 1 && heads != count))
-      throw Error(fmt::format("bsjit: attention: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", heads,
-                              count));
-    if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: attention: batch = {} out of 1..65535", batch));
-    const std::int64_t seq = std::max(masks[0].rows(), masks[0].cols()) * options.block, d = options.head_dim;
-    if (batch * heads * seq * d > INT64_MAX / 4 || batch * heads > INT32_MAX)
-      throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
-    return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
-  }
-
-  std::string arch_for(CUcontext ctx) const {
-    return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
+    return runtime::check_attention_call(op, pointers, batch, heads, masks, options, scale);
   }
 
   const generator::GeneratedAttention& generated_for(const std::string& arch) {
@@ -66,13 +44,7 @@ struct Attention::Impl {
   cache::KernelCache::Compiled compiled(const std::string& arch, cache::OnMiss on_miss, bool* now = nullptr) {
     runtime::check_arch(arch);
     const generator::GeneratedAttention& g = generated_for(arch);
-    const std::string key = cache::make_key(cache::key_inputs(g.source, arch));
-    cache::Request request{key, g.label, arch, masks_hash, [&g, arch] {
-                             auto k = runtime::compile(g.source, g.name_expression, g.label, arch);
-                             k.shared_bytes = g.shared_bytes;
-                             return k;
-                           }};
-    return cache::KernelCache::global().get(request, on_miss, now);
+    return runtime::cached_kernel(g.source, g.name_expression, g.label, g.shared_bytes, arch, masks_hash, on_miss, now);
   }
 
   // The backward: one source, three kernels (generator::GeneratedAttentionBackward), compiled
@@ -89,19 +61,12 @@ struct Attention::Impl {
     if (!backward_source) backward_source = generator::generate_attention_backward(masks, options);
     auto& bw = backwards[ctx];
     if (!bw.main) {
-      const std::string arch = arch_for(ctx);
-      runtime::check_arch(arch);
+      const std::string arch = runtime::attention_arch(options, ctx);
       const auto& g = *backward_source;
-      auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
       auto get = [&](const std::string& name, const std::string& part, int shared) {
-        const std::string label = g.label + part;
-        const std::string key = cache::make_key(cache::key_inputs(g.source + "\n// kernel: " + name, arch));
-        cache::Request request{key, label, arch, masks_hash, [&] {
-                                 auto k = runtime::compile(g.source, name, label, arch);
-                                 k.shared_bytes = shared;
-                                 return k;
-                               }};
-        return runtime::load(*cache::KernelCache::global().get(request, on_miss), ctx).function;
+        const auto k = runtime::cached_kernel(g.source, name, g.label + part, shared, arch, masks_hash,
+                                              runtime::default_on_miss());
+        return runtime::load(*k, ctx).function;
       };
       bw.prep = get(g.prep, "-prep", 0);
       bw.dq = get(g.dq, "-dq", 0);
@@ -118,9 +83,8 @@ struct Attention::Impl {
       auto it = functions.find(ctx);
       if (it != functions.end()) return it->second;
     }
-    const std::string arch = arch_for(ctx);
-    auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
-    const CUfunction f = runtime::load(*compiled(arch, on_miss), ctx).function;
+    const std::string arch = runtime::attention_arch(options, ctx);
+    const CUfunction f = runtime::load(*compiled(arch, runtime::default_on_miss()), ctx).function;
     const generator::GeneratedAttention* g = &generated_for(arch);
     std::lock_guard lock(mutex);
     return functions[ctx] = {f, g};
@@ -131,10 +95,7 @@ Attention::Attention(std::vector<Layout> masks, AttentionOptions options) : impl
   // generated once here for the options' checks and the sequence lengths; per arch when used
   const auto g = generator::generate_attention_forward(masks, options, options.arch);
   impl_->generated.emplace(options.arch, g);
-  std::string material;
-  for (const auto& m : masks) material += m.hash().hex();
-  XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
-  impl_->masks_hash = fmt::format("{:016x}{:016x}", h.high64, h.low64);
+  impl_->masks_hash = runtime::masks_hash(masks);
   impl_->masks = std::move(masks);
   impl_->options = std::move(options);
   if (!impl_->options.arch.empty()) runtime::check_arch(impl_->options.arch);

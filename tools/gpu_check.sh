@@ -4,6 +4,8 @@
 # dependencies (tools/build.sh) and copied here: its binaries find libbsjit.so through $ORIGIN and
 # need only the driver and libnvrtc on this machine.
 #   tools/gpu_check.sh [build-dir] [gtest filter]
+# BSJIT_GPU_TESTS: the test programs to run (default: all); BSJIT_BENCH_ARGS: the benchmark's
+# arguments ("none": no benchmark).
 set -uo pipefail
 build=${1:-build}
 filter=${2:-*}
@@ -13,7 +15,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 
 status=()
-for t in matmul_gpu_test attention_gpu_test deploy_gpu_test; do
+for t in ${BSJIT_GPU_TESTS:-matmul_gpu_test attention_gpu_test attention_ops_gpu_test deploy_gpu_test}; do
   start=$(date +%s)
   "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
   status+=("$t: exit ${PIPESTATUS[0]}, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ') $(($(date +%s) - start)) s")

@@ -1,8 +1,9 @@
-// bsjit: block-sparse matmul compiled at run time for each layout. Everything public.
+// bsjit: block-sparse matmul and attention compiled at run time for each layout. Everything public.
 #pragma once
 
 #include "bsjit/attention.hpp"
 #include "bsjit/attention_layouts.hpp"
+#include "bsjit/attention_ops.hpp"
 #include "bsjit/cache.hpp"
 #include "bsjit/deploy.hpp"
 #include "bsjit/error.hpp"

@@ -77,6 +77,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Position p of (b, h) in a [batch, seq, heads, d] or [batch, heads, seq, d] tensor: base + p · stride.
+template <class Cfg>
+struct QkvIndex {
+  long long base, stride;
+  __device__ QkvIndex(int b, int h, int heads, long long seq) {
+    stride = Cfg::kHeadsFirst ? Cfg::kHeadDim : static_cast<long long>(heads) * Cfg::kHeadDim;
+    base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq * Cfg::kHeadDim
+                            : static_cast<long long>(b) * seq * heads * Cfg::kHeadDim +
+                                  static_cast<long long>(h) * Cfg::kHeadDim;
+  }
+  __device__ long long at(long long p) const { return base + p * stride; }
+};
+
 template <class Cfg>
 struct AttentionPlan {
   static constexpr int kS = Cfg::kHeadDim + kPad;  // row stride of the Q, K and V tiles

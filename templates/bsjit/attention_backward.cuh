@@ -24,19 +24,6 @@ struct AttentionBackwardPlan {
   static constexpr int kSharedBytes = (2 * Cfg::kKTile + 2 * 2 * Cfg::kQTile) * kS * 2 + Cfg::kKTile * kSd * 2;
 };
 
-// Position p of (b, h) in a [batch, seq, heads, d] or [batch, heads, seq, d] tensor: base + p · stride.
-template <class Cfg>
-struct QkvIndex {
-  long long base, stride;
-  __device__ QkvIndex(int b, int h, int heads, long long seq) {
-    stride = Cfg::kHeadsFirst ? Cfg::kHeadDim : static_cast<long long>(heads) * Cfg::kHeadDim;
-    base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq * Cfg::kHeadDim
-                            : static_cast<long long>(b) * seq * heads * Cfg::kHeadDim +
-                                  static_cast<long long>(h) * Cfg::kHeadDim;
-  }
-  __device__ long long at(long long p) const { return base + p * stride; }
-};
-
 // grid (batch · heads, seq_q / 16), 128 threads: 8 threads per query row.
 template <class Cfg>
 __global__ void __launch_bounds__(128)

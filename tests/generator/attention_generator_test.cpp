@@ -72,6 +72,45 @@ TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
   EXPECT_FALSE(generate_attention_forward(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90").tma);
 }
 
+// The decomposed ops' tables: every block of every mask at one table position, found from its row
+// (kRowStart, kKeys, kBlockRows) and from its column (kColStart, kQueryBlocks, kColPositions).
+TEST(AttentionGenerator, OpsTablesFindEveryBlockByRowAndColumn) {
+  const std::vector<Layout> masks = {layouts::causal(5), Layout::from_coords(5, 5, {{0, 4}, {3, 1}, {3, 2}, {4, 1}})};
+  const auto g = generate_attention_ops(masks, {32, 64, DType::f16, QkvOrder::bhsd, false, ""});
+  const auto row_start = array_of(g.source, "kRowStart"), keys = array_of(g.source, "kKeys"),
+             block_rows = array_of(g.source, "kBlockRows"), col_start = array_of(g.source, "kColStart"),
+             queries = array_of(g.source, "kQueryBlocks"), positions = array_of(g.source, "kColPositions");
+  EXPECT_EQ(g.mask_blocks, 15 + 4);
+  ASSERT_EQ(keys.size(), 19u);
+  ASSERT_EQ(positions.size(), 19u);
+  std::vector<int> seen(19, 0);
+  int first = 0;
+  for (std::size_t m = 0; m < masks.size(); ++m) {
+    for (std::int64_t i = 0; i < masks[m].blocks(); ++i) {  // row-major: the mask's own block order
+      const auto [r, c] = masks[m].block_coord(i);
+      EXPECT_EQ(block_rows[first + i], r);
+      EXPECT_EQ(keys[first + i], c);
+      EXPECT_GE(first + i, row_start[m * 5 + r]);
+      EXPECT_LT(first + i, row_start[m * 5 + r + 1]);
+    }
+    for (int c = 0; c < 5; ++c)
+      for (int e = col_start[m * 5 + c]; e < col_start[m * 5 + c + 1]; ++e) {
+        const int pos = positions[e];
+        ++seen.at(pos);
+        EXPECT_EQ(keys[pos], c) << "mask " << m << " column " << c;
+        EXPECT_EQ(block_rows[pos], queries[e]);
+        EXPECT_EQ(pos - first, masks[m].block_index(queries[e], c));
+      }
+    first += static_cast<int>(masks[m].blocks());
+  }
+  EXPECT_EQ(seen, std::vector<int>(19, 1));
+  EXPECT_EQ(g.tile, 32);
+  EXPECT_EQ(g.score_tiles, 15);  // the most blocks of a mask, one tile each at block 32
+  EXPECT_EQ(g.query_tiles, 5);
+  EXPECT_EQ(g.softmax_rows4, 5 * 32 / 4);
+  EXPECT_EQ(generate_attention_ops(masks, {128, 64, DType::f16, QkvOrder::bhsd, false, ""}).score_tiles, 15 * 4);
+}
+
 TEST(AttentionGenerator, RefusesWhatTheKernelDoesNotTake) {
   const std::vector<Layout> one = {layouts::causal(4)};
   EXPECT_THROW(generate_attention_forward({}, {}, "sm_80"), Error);
@@ -106,6 +145,13 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
       const auto bw = generate_attention_backward(masks, o);
       for (const auto& name : {bw.prep, bw.main, bw.dq})
         if (runtime::compile(bw.source, name, bw.label, o.arch).cubin.size() <= 64) return bw.label + ": cubin too small";
+      // the decomposed ops' five kernels, for every block size and head dim (bf16)
+      if (o.dtype == DType::bf16) {
+        const auto ops = generate_attention_ops(masks, o);
+        for (const auto& name : {ops.scores, ops.softmax, ops.softmax_grad, ops.probs_v, ops.probs_t})
+          if (runtime::compile(ops.source, name, ops.label, o.arch).cubin.size() <= 64)
+            return ops.label + ": cubin too small";
+      }
       return "";
     } catch (const std::exception& e) {
       return e.what();

@@ -1,0 +1,64 @@
+#include "attention_common.hpp"
+
+#include <fmt/format.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "bsjit/error.hpp"
+#include "compiler.hpp"
+#include "module.hpp"
+
+namespace bsjit::runtime {
+
+std::string masks_hash(const std::vector<Layout>& masks) {
+  std::string material;
+  for (const auto& m : masks) material += m.hash().hex();
+  const XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+float check_attention_call(const char* op, std::initializer_list<std::pair<const char*, const void*>> pointers,
+                           std::int64_t batch, std::int64_t heads, const std::vector<Layout>& masks,
+                           const AttentionOptions& options, float scale) {
+  for (const auto& [name, ptr] : pointers) {
+    if (ptr == nullptr) throw Error(fmt::format("bsjit: {}: {} is a null pointer", op, name));
+    if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
+      throw Error(fmt::format("bsjit: {}: {} ({}) is not 16-byte aligned", op, name, ptr));
+  }
+  const auto count = static_cast<std::int64_t>(masks.size());
+  if (heads <= 0 || heads > 65535 || (count > 1 && heads != count))
+    throw Error(fmt::format("bsjit: {}: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", op, heads,
+                            count));
+  if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: {}: batch = {} out of 1..65535", op, batch));
+  const std::int64_t seq = std::max(masks[0].rows(), masks[0].cols()) * options.block, d = options.head_dim;
+  if (batch * heads * seq * std::max<std::int64_t>(d, seq) > INT64_MAX / 4 || batch * heads > INT32_MAX)
+    throw Error(fmt::format("bsjit: {}: batch {} × heads {} × sequence {} is too large", op, batch, heads, seq));
+  return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+}
+
+std::string attention_arch(const AttentionOptions& options, CUcontext ctx) {
+  return options.arch.empty() ? default_kernel_arch(context_arch(ctx)) : options.arch;
+}
+
+cache::OnMiss default_on_miss() {
+  return cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
+}
+
+cache::KernelCache::Compiled cached_kernel(const std::string& source, const std::string& name, const std::string& label,
+                                           int shared_bytes, const std::string& arch, const std::string& masks_hash,
+                                           cache::OnMiss on_miss, bool* now) {
+  check_arch(arch);
+  const std::string key = cache::make_key(cache::key_inputs(source + "\n// kernel: " + name, arch));
+  cache::Request request{key, label, arch, masks_hash, [&] {
+                           auto k = compile(source, name, label, arch);
+                           k.shared_bytes = shared_bytes;
+                           return k;
+                         }};
+  return cache::KernelCache::global().get(request, on_miss, now);
+}
+
+}  // namespace bsjit::runtime

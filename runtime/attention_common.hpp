@@ -1,0 +1,39 @@
+// What bsjit::Attention and bsjit::AttentionOps share: the masks' hash (the layout tag of their
+// cache entries), the argument checks every call makes, and kernels of a multi-kernel source
+// compiled and cached one by one.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bsjit/attention.hpp"
+#include "cache/kernel_cache.hpp"
+
+namespace bsjit::runtime {
+
+std::string masks_hash(const std::vector<Layout>& masks);
+
+// Before any GPU work: device pointers set and 16-byte aligned, heads fitting the masks, batch in
+// range, sizes that fit 64-bit offsets. Returns the scale the kernels take (0: 1 / sqrt(head_dim)).
+float check_attention_call(const char* op, std::initializer_list<std::pair<const char*, const void*>> pointers,
+                           std::int64_t batch, std::int64_t heads, const std::vector<Layout>& masks,
+                           const AttentionOptions& options, float scale);
+
+// The arch kernels for ctx are compiled for: options.arch, else the device's default.
+std::string attention_arch(const AttentionOptions& options, CUcontext ctx);
+
+// OnMiss::fail when the cache is strict, else compile.
+cache::OnMiss default_on_miss();
+
+// Kernel `name` (a name expression) of source for arch from the global cache, compiling it on a
+// miss unless on_miss says fail; each kernel of a source has its own entry. *now: NVRTC ran.
+cache::KernelCache::Compiled cached_kernel(const std::string& source, const std::string& name, const std::string& label,
+                                           int shared_bytes, const std::string& arch, const std::string& masks_hash,
+                                           cache::OnMiss on_miss, bool* now = nullptr);
+
+}  // namespace bsjit::runtime
