@@ -29,14 +29,19 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
 
 // The backward: one source, three kernels run in order (templates/bsjit/attention_backward.cuh):
 // prep (Delta, zeroes the dQ accumulator; grid batch · heads × query_rows16, 128 threads), main
-// (grid batch · heads × key_tiles, `threads`, `shared_bytes`), dq (like prep).
+// (grid batch · heads × key_tiles, `threads`, `shared_bytes`), dq (like prep). For arch "sm_90a"
+// with block ≥ 64 and head_dim ≥ 64 the main kernel is the wgmma/TMA one
+// (attention_backward_hopper.cuh): its arguments end with tensor maps of Q, K, V and dO, boxes of
+// 64 head-dim columns × q_rows (Q, dO) or kv_rows (K, V) positions.
 struct GeneratedAttentionBackward {
   std::string source, label, prep, main, dq;  // prep, main, dq: name expressions
   int threads = 0, shared_bytes = 0;
   std::int64_t key_tiles = 0, query_rows16 = 0;
+  bool tma = false;
+  int q_rows = 0, kv_rows = 0;
 };
 GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks,
-                                                       const AttentionOptions& options);
+                                                       const AttentionOptions& options, const std::string& arch);
 
 // The decomposed ops (templates/bsjit/attention_ops.cuh): one source, five kernels, each grid's x
 // being batch · heads. Products in tiles of `tile` rows (threads = 2 · tile); softmax kernels 128

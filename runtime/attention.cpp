@@ -9,7 +9,6 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
-#include <optional>
 
 #include "bsjit/error.hpp"
 #include "cache/kernel_cache.hpp"
@@ -49,8 +48,9 @@ struct Attention::Impl {
 
   // The backward: one source, three kernels (generator::GeneratedAttentionBackward), compiled
   // and cached apart; a workspace per context (dQ accumulator and Delta, in floats).
-  std::optional<generator::GeneratedAttentionBackward> backward_source;
+  std::map<std::string, generator::GeneratedAttentionBackward> backward_sources;  // per arch
   struct Backward {
+    const generator::GeneratedAttentionBackward* g = nullptr;
     CUfunction prep = nullptr, main = nullptr, dq = nullptr;
     std::unique_ptr<runtime::DeviceMemory> workspace;
   };
@@ -58,11 +58,14 @@ struct Attention::Impl {
 
   Backward& backward(CUcontext ctx, std::size_t workspace_bytes) {
     std::lock_guard lock(mutex);
-    if (!backward_source) backward_source = generator::generate_attention_backward(masks, options);
     auto& bw = backwards[ctx];
     if (!bw.main) {
       const std::string arch = runtime::attention_arch(options, ctx);
-      const auto& g = *backward_source;
+      auto it = backward_sources.find(arch);
+      if (it == backward_sources.end())
+        it = backward_sources.emplace(arch, generator::generate_attention_backward(masks, options, arch)).first;
+      const auto& g = it->second;
+      bw.g = &g;
       auto get = [&](const std::string& name, const std::string& part, int shared) {
         const auto k = runtime::cached_kernel(g.source, name, g.label + part, shared, arch, masks_hash,
                                               runtime::default_on_miss());
@@ -75,6 +78,20 @@ struct Attention::Impl {
     if (!bw.workspace || bw.workspace->bytes < workspace_bytes)
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
     return bw;
+  }
+
+  // A 3-D TMA map of a Q- or K-shaped tensor, innermost first: (d, heads, batch · seq) for [batch,
+  // seq, heads, d]; (d, seq, batch · heads) for [batch, heads, seq, d]; boxes of 64 head-dim
+  // columns × `rows` positions.
+  CUtensorMap tensor_map(const void* base, std::int64_t batch, std::int64_t heads, std::int64_t seq, int rows) const {
+    const auto U = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
+    const std::int64_t d = options.head_dim;
+    const auto r = static_cast<std::uint32_t>(rows);
+    if (options.order == QkvOrder::bhsd)
+      return runtime::swizzled_tensor_map(options.dtype, base, {U(d), U(seq), U(batch * heads)},
+                                          {U(d * 2), U(seq * d * 2)}, {64, r, 1});
+    return runtime::swizzled_tensor_map(options.dtype, base, {U(d), U(heads), U(batch * seq)},
+                                        {U(d * 2), U(heads * d * 2)}, {64, 1, r});
   }
 
   std::pair<CUfunction, const generator::GeneratedAttention*> function(CUcontext ctx) {
@@ -109,9 +126,6 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
                         std::int64_t heads, Stream stream, float scale, const std::uint8_t* key_padding) const {
   if (lse == nullptr) throw Error("bsjit: attention: lse is a null pointer");
   const float s = impl_->check_call("attention", {{"q", q}, {"k", k}, {"v", v}, {"out", out}}, batch, heads, scale);
-  const std::int64_t seq = std::max(seq_q(), seq_k()), d = impl_->options.head_dim;
-  if (batch * seq > INT32_MAX)  // TMA coordinates are 32-bit
-    throw Error(fmt::format("bsjit: attention: batch {} × heads {} × sequence {} is too large", batch, heads, seq));
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
@@ -125,19 +139,9 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
                                               static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
     return;
   }
-  // 3-D maps, innermost first: (d, heads, batch · seq) for [batch, seq, heads, d]; (d, seq,
-  // batch · heads) for [batch, heads, seq, d]; boxes of 64 head-dim columns × the tile's rows
-  const auto U = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
-  auto map = [&](const void* base, std::int64_t seq_len, int rows) {
-    const auto dt = impl_->options.dtype;
-    const auto r = static_cast<std::uint32_t>(rows);
-    if (impl_->options.order == QkvOrder::bhsd)
-      return runtime::swizzled_tensor_map(dt, base, {U(d), U(seq_len), U(batch * heads)},
-                                          {U(d * 2), U(seq_len * d * 2)}, {64, r, 1});
-    return runtime::swizzled_tensor_map(dt, base, {U(d), U(heads), U(batch * seq_len)}, {U(d * 2), U(heads * d * 2)},
-                                        {64, 1, r});
-  };
-  CUtensorMap mq = map(q, seq_q(), g->q_rows), mk = map(k, seq_k(), g->kv_rows), mv = map(v, seq_k(), g->kv_rows);
+  CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g->q_rows),
+              mk = impl_->tensor_map(k, batch, heads, seq_k(), g->kv_rows),
+              mv = impl_->tensor_map(v, batch, heads, seq_k(), g->kv_rows);
   void* args[] = {&out, &lse, &padding, &heads_arg, &scale_log2, &mq, &mk, &mv};
   BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
                                             static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
@@ -156,7 +160,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   CUcontext ctx = runtime::current_context();
   const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
   auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float));
-  const auto& g = *impl_->backward_source;
+  const auto& g = *bw.g;
   float* dq_acc = static_cast<float*>(bw.workspace->get());
   float* delta = dq_acc + rows * d;
   const unsigned char* padding = key_padding;
@@ -166,9 +170,19 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   void* prep_args[] = {&out, &dout, &delta, &dq_acc, &heads_arg};
   BSJIT_CU(drv.cuLaunchKernel(bw.prep, bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, prep_args,
                               nullptr));
-  void* main_args[] = {&q, &k, &v, &dout, &lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s};
-  BSJIT_CU(drv.cuLaunchKernel(bw.main, bh, static_cast<unsigned>(g.key_tiles), 1, static_cast<unsigned>(g.threads), 1,
-                              1, static_cast<unsigned>(g.shared_bytes), cu, main_args, nullptr));
+  const auto main_grid_y = static_cast<unsigned>(g.key_tiles), threads = static_cast<unsigned>(g.threads),
+             shared = static_cast<unsigned>(g.shared_bytes);
+  if (g.tma) {
+    CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g.q_rows),
+                mk = impl_->tensor_map(k, batch, heads, seq_k(), g.kv_rows),
+                mv = impl_->tensor_map(v, batch, heads, seq_k(), g.kv_rows),
+                mo = impl_->tensor_map(dout, batch, heads, seq_q(), g.q_rows);
+    void* main_args[] = {&lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s, &mq, &mk, &mv, &mo};
+    BSJIT_CU(drv.cuLaunchKernel(bw.main, bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
+  } else {
+    void* main_args[] = {&q, &k, &v, &dout, &lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s};
+    BSJIT_CU(drv.cuLaunchKernel(bw.main, bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
+  }
   void* dq_args[] = {&dq_acc, &dq, &heads_arg, &s};
   BSJIT_CU(drv.cuLaunchKernel(bw.dq, bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
 }

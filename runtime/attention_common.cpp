@@ -35,7 +35,9 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
                             count));
   if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: {}: batch = {} out of 1..65535", op, batch));
   const std::int64_t seq = std::max(masks[0].rows(), masks[0].cols()) * options.block, d = options.head_dim;
-  if (batch * heads * seq * std::max<std::int64_t>(d, seq) > INT64_MAX / 4 || batch * heads > INT32_MAX)
+  // (TMA coordinates of the Hopper kernels are 32-bit: batch · seq must fit)
+  if (batch * heads * seq * std::max<std::int64_t>(d, seq) > INT64_MAX / 4 || batch * heads > INT32_MAX ||
+      batch * seq > INT32_MAX)
     throw Error(fmt::format("bsjit: {}: batch {} × heads {} × sequence {} is too large", op, batch, heads, seq));
   return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
 }

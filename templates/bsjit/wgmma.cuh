@@ -247,6 +247,18 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap& map, int
       "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
       : "memory");
 }
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to dst,
+// counted on bar like a TMA copy.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+// *p += a, p[1] += b in one 8-byte reduction in L2 (p 8-byte aligned; sm_90).
+__device__ __forceinline__ void red_add_pair(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
 // Moves registers between the warpgroups of a warp-specialized kernel: a producer that only issues
 // copies gives some back, consumers holding accumulators take them (per thread, multiple of 8).
 template <int N>

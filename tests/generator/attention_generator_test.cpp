@@ -142,7 +142,8 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
       const auto k = runtime::compile(g.source, g.name_expression, g.label, o.arch);
       if (k.cubin.size() <= 64) return g.label + ": cubin too small";
       // the backward's three kernels from one source
-      const auto bw = generate_attention_backward(masks, o);
+      const auto bw = generate_attention_backward(masks, o, o.arch);
+      if (bw.tma != g.tma) return bw.label + ": the backward's Hopper choice differs from the forward's";
       for (const auto& name : {bw.prep, bw.main, bw.dq})
         if (runtime::compile(bw.source, name, bw.label, o.arch).cubin.size() <= 64) return bw.label + ": cubin too small";
       // the decomposed ops' five kernels, for every block size and head dim (bf16)
