@@ -150,14 +150,14 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
   int tile, stages = 0;
   if (g.tma) {
     // One key block per CTA, 64 keys per consumer warpgroup, query tiles of 64 rows through a ring
-    // of stages (Q, dO, lse, Delta): block 128 one CTA per SM, up to 3 stages; block 64 two CTAs
-    // per SM, 2 stages. dSᵀ double-buffered where two consumers share it (head dim 128).
+    // of stages (Q, dO, lse, Delta): block 64 with head dim 64 two CTAs per SM, 2 stages; else one
+    // CTA per SM, up to 3 stages. dSᵀ double-buffered where two consumers share it (head dim 128).
     tile = o.block;
     const int consumers = o.block / 64, kv = o.block * d * 2, q = 64 * d * 2, rows = 64 * 4;
     const int ds = o.block * 64 * 2 * (consumers == 2 && d == 128 ? 2 : 1);
     auto bytes = [&](int s) { return 2 * kv + s * (2 * q + 2 * rows) + ds + (1 + 2 * s) * 8 + 1024; };
     stages = 2;
-    if (o.block == 128)
+    if (o.block == 128 || d == 128)
       while (stages < 3 && bytes(stages + 1) <= 227 * 1024) ++stages;
     g.threads = (consumers + 1) * 128;
     g.shared_bytes = bytes(stages);

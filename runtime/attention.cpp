@@ -3,6 +3,7 @@
 #include "bsjit/attention.hpp"
 
 #include <fmt/format.h>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -56,24 +57,36 @@ struct Attention::Impl {
   };
   std::map<CUcontext, Backward> backwards;
 
+  const generator::GeneratedAttentionBackward& backward_source(const std::string& arch) {  // mutex held
+    auto it = backward_sources.find(arch);
+    if (it == backward_sources.end())
+      it = backward_sources.emplace(arch, generator::generate_attention_backward(masks, options, arch)).first;
+    return it->second;
+  }
+
+  // prep, dq and main of the backward for arch from the cache; *now: any compiled in this call.
+  std::array<cache::KernelCache::Compiled, 3> backward_kernels(const generator::GeneratedAttentionBackward& g,
+                                                               const std::string& arch, cache::OnMiss on_miss,
+                                                               bool* now = nullptr) {
+    bool compiled[3] = {};
+    std::array<cache::KernelCache::Compiled, 3> k{
+        runtime::cached_kernel(g.source, g.prep, g.label + "-prep", 0, arch, masks_hash, on_miss, &compiled[0]),
+        runtime::cached_kernel(g.source, g.dq, g.label + "-dq", 0, arch, masks_hash, on_miss, &compiled[1]),
+        runtime::cached_kernel(g.source, g.main, g.label, g.shared_bytes, arch, masks_hash, on_miss, &compiled[2])};
+    if (now) *now = compiled[0] || compiled[1] || compiled[2];
+    return k;
+  }
+
   Backward& backward(CUcontext ctx, std::size_t workspace_bytes) {
     std::lock_guard lock(mutex);
     auto& bw = backwards[ctx];
     if (!bw.main) {
       const std::string arch = runtime::attention_arch(options, ctx);
-      auto it = backward_sources.find(arch);
-      if (it == backward_sources.end())
-        it = backward_sources.emplace(arch, generator::generate_attention_backward(masks, options, arch)).first;
-      const auto& g = it->second;
-      bw.g = &g;
-      auto get = [&](const std::string& name, const std::string& part, int shared) {
-        const auto k = runtime::cached_kernel(g.source, name, g.label + part, shared, arch, masks_hash,
-                                              runtime::default_on_miss());
-        return runtime::load(*k, ctx).function;
-      };
-      bw.prep = get(g.prep, "-prep", 0);
-      bw.dq = get(g.dq, "-dq", 0);
-      bw.main = get(g.main, "", g.shared_bytes);
+      bw.g = &backward_source(arch);
+      const auto k = backward_kernels(*bw.g, arch, runtime::default_on_miss());
+      bw.prep = runtime::load(*k[0], ctx).function;
+      bw.dq = runtime::load(*k[1], ctx).function;
+      bw.main = runtime::load(*k[2], ctx).function;
     }
     if (!bw.workspace || bw.workspace->bytes < workspace_bytes)
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
@@ -188,9 +201,15 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
 }
 
 bool Attention::precompile(const std::string& arch) const {
-  bool now = false;
-  impl_->compiled(arch, cache::OnMiss::compile, &now);
-  return now;
+  bool forward_now = false, backward_now = false;
+  impl_->compiled(arch, cache::OnMiss::compile, &forward_now);
+  const generator::GeneratedAttentionBackward* g;
+  {
+    std::lock_guard lock(impl_->mutex);
+    g = &impl_->backward_source(arch);  // std::map: stays where it is
+  }
+  impl_->backward_kernels(*g, arch, cache::OnMiss::compile, &backward_now);
+  return forward_now || backward_now;
 }
 
 std::int64_t Attention::seq_q() const { return impl_->masks[0].rows() * impl_->options.block; }

@@ -48,7 +48,8 @@ class Attention {
                 void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads, Stream stream = nullptr,
                 float scale = 0, const std::uint8_t* key_padding = nullptr) const;
 
-  // Compiles the forward kernel for arch into the cache (no GPU needed); true when compiled now.
+  // Compiles the forward's and the backward's kernels for arch into the cache (no GPU needed); true
+  // when any was compiled now.
   bool precompile(const std::string& arch) const;
 
   std::int64_t seq_q() const;

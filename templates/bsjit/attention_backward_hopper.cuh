@@ -33,12 +33,15 @@ struct AttentionBackwardTmaPlan {
   static constexpr int kDsBuffers = kSharedDq ? 2 : 1;
   static constexpr int kRowBytes = Cfg::kQTile * 4;                  // lse or Delta of one stage
   static constexpr int kBarriers = 1 + 2 * Cfg::kStages;              // K and V; full, empty per stage
+  // one consumer with head dim 64: two CTAs per SM (128 registers a thread at launch); with head
+  // dim 128 its dK and dV accumulators alone take 128 registers a thread, so one CTA
+  static constexpr int kCtasPerSm = kConsumers == 1 && Cfg::kHeadDim == 64 ? 2 : 1;
   static constexpr int kSharedBytes = 2 * kKVBytes + Cfg::kStages * (2 * kQBytes + 2 * kRowBytes) +
                                       kDsBuffers * kDsBytes + kBarriers * 8 + kSwizzleAtomBytes;
 };
 
 template <class Cfg>
-__global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, Cfg::kKTile == 64 ? 2 : 1)
+__global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, AttentionBackwardTmaPlan<Cfg>::kCtasPerSm)
     attention_backward_tma_kernel(const float* __restrict__ lse, const float* __restrict__ delta,
                                   const unsigned char* __restrict__ key_padding, float* __restrict__ dq_acc,
                                   typename Cfg::T* __restrict__ dk, typename Cfg::T* __restrict__ dv, int heads,
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, Cfg::kKTile == 6
     }
     return;
   }
-  warpgroup_claim_registers<kConsumers == 1 ? 232 : 240>();
+  warpgroup_claim_registers<Plan::kCtasPerSm == 2 ? 232 : 240>();
 
   const int consumer = warpgroup - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4,
             t4 = lane % 4;

@@ -1,0 +1,48 @@
+// Attention and AttentionOps without a GPU: precompilation into a cache directory (what a build
+// machine does before a service ships), each kernel an entry of its own, a second pass finding
+// them all.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+
+#include "bsjit/bsjit.hpp"
+
+namespace bsjit {
+namespace {
+
+TEST(AttentionApi, PrecompilesForwardBackwardAndOpsWithoutAGpu) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("bsjit-attention-api-" + std::to_string(std::random_device{}()));
+  set_cache_directory(dir);
+  const std::vector<Layout> masks{layouts::causal(4), layouts::sliding_window(4, 2)};
+  const Attention attn(masks, {128, 128, DType::bf16, QkvOrder::bshd, true, ""});
+  EXPECT_TRUE(attn.precompile("sm_90a"));
+  EXPECT_FALSE(attn.precompile("sm_90a"));  // every kernel is in the cache now
+  auto labels = [&] {
+    std::vector<std::string> v;
+    for (const auto& e : list_cache(dir)) {
+      EXPECT_TRUE(e.valid) << e.path << ": " << e.problem;
+      EXPECT_EQ(e.arch, e.label.find("ops") != std::string::npos ? "sm_80" : "sm_90a");
+      v.push_back(e.label);
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  // the Hopper forward and backward (block and head dim ≥ 64 on sm_90a), the backward's prep and dq
+  EXPECT_EQ(labels(), (std::vector<std::string>{"attention_backward-bf16-b128-d128-bshd-causal-tma",
+                                                "attention_backward-bf16-b128-d128-bshd-causal-tma-dq",
+                                                "attention_backward-bf16-b128-d128-bshd-causal-tma-prep",
+                                                "attention_forward-bf16-b128-d128-bshd-causal-tma"}));
+  const AttentionOps ops(masks, {32, 64, DType::f16, QkvOrder::bhsd, false, ""});
+  EXPECT_EQ(ops.precompile("sm_80"), 5);
+  EXPECT_EQ(ops.precompile("sm_80"), 0);
+  EXPECT_EQ(labels().size(), 9u);
+  EXPECT_THROW(ops.precompile("sm_70"), Error);
+  set_cache_directory({});
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace bsjit
