@@ -43,15 +43,17 @@ Lists block_lists(const std::vector<Layout>& masks, bool transposed) {
   return out;
 }
 
-// Tiles of `tile` positions in launch order, the most blocks (summed over the masks) first: with
-// causal or uneven masks the long rows start in the first wave instead of trailing the last one.
+// Tiles of `tile` positions in launch order, the most blocks (summed over the masks and the lines
+// a tile covers) first: with causal or uneven masks the long rows start in the first wave instead
+// of trailing the last one.
 std::vector<int> launch_order(const Lists& lists, std::int64_t lines, std::size_t masks, std::int64_t tiles, int tile,
                               int block) {
   std::vector<int> order(tiles), work(tiles, 0);
   for (std::int64_t t = 0; t < tiles; ++t) {
     order[t] = static_cast<int>(t);
-    const std::int64_t line = t * tile / block;
-    for (std::size_t i = 0; i < masks; ++i) work[t] += lists.starts[i * lines + line + 1] - lists.starts[i * lines + line];
+    for (std::int64_t line = t * tile / block; line < std::min(lines, ((t + 1) * tile + block - 1) / block); ++line)
+      for (std::size_t i = 0; i < masks; ++i)
+        work[t] += lists.starts[i * lines + line + 1] - lists.starts[i * lines + line];
   }
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[a] > work[b]; });
   return order;
@@ -149,19 +151,19 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
   g.tma = arch == "sm_90a" && o.block >= 64 && d >= 64;
   int tile, stages = 0;
   if (g.tma) {
-    // One key block per CTA, 64 keys per consumer warpgroup, query tiles of 64 rows through a ring
-    // of stages (Q, dO, lse, Delta): block 64 with head dim 64 two CTAs per SM, 2 stages; else one
-    // CTA per SM, up to 3 stages. dSᵀ double-buffered where two consumers share it (head dim 128).
-    tile = o.block;
-    const int consumers = o.block / 64, kv = o.block * d * 2, q = 64 * d * 2, rows = 64 * 4;
-    const int ds = o.block * 64 * 2 * (consumers == 2 && d == 128 ? 2 : 1);
-    auto bytes = [&](int s) { return 2 * kv + s * (2 * q + 2 * rows) + ds + (1 + 2 * s) * 8 + 1024; };
+    // 128 keys per CTA, two consumer warpgroups of 64, query tiles of 64 rows through rings of
+    // stages (Q, dO, lse, Delta), one CTA per SM. Block 128: one key block, one ring, dSᵀ shared
+    // by the consumers with head dim 128 (double-buffered). Block 64: two key blocks (a pair of
+    // block columns), a ring and a producer thread each, a consumer each.
+    tile = 128;
+    const int streams = o.block == 64 ? 2 : 1, q = 64 * d * 2, rows = 64 * 4;
+    const int ds = 128 * 64 * 2 * (o.block == 128 && d == 128 ? 2 : 1);
+    auto bytes = [&](int s) { return 2 * 128 * d * 2 + streams * s * (2 * q + 2 * rows) + ds + streams * (1 + 2 * s) * 8 + 1024; };
     stages = 2;
-    if (o.block == 128 || d == 128)
-      while (stages < 3 && bytes(stages + 1) <= 227 * 1024) ++stages;
-    g.threads = (consumers + 1) * 128;
+    while (stages < 3 && bytes(stages + 1) <= 227 * 1024) ++stages;
+    g.threads = 3 * 128;
     g.shared_bytes = bytes(stages);
-    g.q_rows = 64, g.kv_rows = o.block;
+    g.q_rows = 64, g.kv_rows = o.block == 64 ? 64 : 128;
   } else {
     // Key and query tiles of 64 positions (the block's own size below that): KT / 16 warps of 16
     // keys; shared memory K, V, 2 stages of Q and dO, and dSᵀ.
@@ -170,7 +172,7 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
     g.shared_bytes = (2 * tile + 4 * tile) * (d + 8) * 2 + tile * (tile + 8) * 2;
   }
   const int q_tile = g.tma ? 64 : tile;
-  g.key_tiles = masks[0].cols() * o.block / tile;
+  g.key_tiles = (masks[0].cols() * o.block + tile - 1) / tile;  // an odd block count: a last half tile
   g.query_rows16 = masks[0].rows() * o.block / 16;
   if (g.key_tiles > 65535 || g.query_rows16 > 65535)
     throw Error(fmt::format("bsjit: attention: sequences of {} and {} positions are too long for the backward",

@@ -2,19 +2,21 @@
 // attention_backward.cuh's three (the prep and dQ-conversion kernels are the same), with warpgroup
 // tensor cores fed by TMA.
 //
-// A CTA takes one key block (kKTile = 64 · consumers keys) of one (batch, head). Warpgroup 0 is
-// the producer: one thread copies the K and V tiles once, then for each query tile of kQTile = 64
-// rows in the block's column (the generator's column LUT) its Q and dO tiles and their
-// log-sum-exp and Delta into a kStages-deep ring (full and empty mbarriers). Each consumer
-// warpgroup owns 64 keys, rows of its products, and per query tile:
+// A CTA takes 128 keys of one (batch, head): one key block of 128, or a pair of key blocks of 64.
+// Warpgroup 0 holds the producers: per stream (the block's column of the mask, or each of the
+// pair's two columns) one thread copies the stream's K and V rows once, then for each query tile
+// of kQTile = 64 rows in the column (the generator's column LUT) its Q and dO tiles and their
+// log-sum-exp and Delta into a kStages-deep ring (full and empty mbarriers). Two consumer
+// warpgroups own 64 keys each, rows of their products, and per query tile of their stream:
 //   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (operands in shared memory, K-major), issued together;
 //   Pᵀ = exp2(scale_log2 · Sᵀ − lse · log2 e) in registers (masked pairs 0), dV += Pᵀ·dO (P from
 //   registers, dO MN-major);
 //   dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ·Q, and dSᵀ to shared memory;
 //   dQ = dS·K from shared memory (dSᵀ MN-major as A, K MN-major), added to the fp32 accumulator
-//   with 8-byte reductions. With head dim 128 and two consumers both consumers' dSᵀ feed one
-//   product over all the block's keys, each consumer taking 64 of dQ's columns (dSᵀ double
-//   buffered, a named barrier between them); otherwise each consumer multiplies its own 64 keys.
+//   with 8-byte reductions. A block of 128 with head dim 128: both consumers' dSᵀ feed one product
+//   over the block's keys, each consumer taking 64 of dQ's columns (dSᵀ double-buffered, a named
+//   barrier between them); otherwise each consumer multiplies its own 64 keys, 64 columns of dQ at
+//   a time.
 #pragma once
 
 #include "bsjit/attention_backward.cuh"
@@ -25,23 +27,22 @@ namespace kernels {
 
 template <class Cfg>
 struct AttentionBackwardTmaPlan {
-  static constexpr int kConsumers = Cfg::kKTile / 64;
-  static constexpr bool kSharedDq = kConsumers == 2 && Cfg::kHeadDim == 128;
+  static constexpr bool kPaired = Cfg::kBlock == 64;  // two key blocks, two streams
+  static constexpr int kStreams = kPaired ? 2 : 1;
+  static constexpr bool kSharedDq = !kPaired && Cfg::kHeadDim == 128;
   static constexpr int kKVBytes = Cfg::kKTile * Cfg::kHeadDim * 2;  // K or V
   static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;   // Q or dO of one stage
   static constexpr int kDsBytes = Cfg::kKTile * Cfg::kQTile * 2;    // dSᵀ, one buffer
   static constexpr int kDsBuffers = kSharedDq ? 2 : 1;
   static constexpr int kRowBytes = Cfg::kQTile * 4;                  // lse or Delta of one stage
-  static constexpr int kBarriers = 1 + 2 * Cfg::kStages;              // K and V; full, empty per stage
-  // one consumer with head dim 64: two CTAs per SM (128 registers a thread at launch); with head
-  // dim 128 its dK and dV accumulators alone take 128 registers a thread, so one CTA
-  static constexpr int kCtasPerSm = kConsumers == 1 && Cfg::kHeadDim == 64 ? 2 : 1;
-  static constexpr int kSharedBytes = 2 * kKVBytes + Cfg::kStages * (2 * kQBytes + 2 * kRowBytes) +
-                                      kDsBuffers * kDsBytes + kBarriers * 8 + kSwizzleAtomBytes;
+  static constexpr int kRing = kStreams * Cfg::kStages;              // stages of all streams
+  static constexpr int kBarriers = kStreams * (1 + 2 * Cfg::kStages);  // per stream: K and V; full, empty
+  static constexpr int kSharedBytes = 2 * kKVBytes + kRing * (2 * kQBytes + 2 * kRowBytes) + kDsBuffers * kDsBytes +
+                                      kBarriers * 8 + kSwizzleAtomBytes;
 };
 
 template <class Cfg>
-__global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, AttentionBackwardTmaPlan<Cfg>::kCtasPerSm)
+__global__ void __launch_bounds__(384, 1)
     attention_backward_tma_kernel(const float* __restrict__ lse, const float* __restrict__ delta,
                                   const unsigned char* __restrict__ key_padding, float* __restrict__ dq_acc,
                                   typename Cfg::T* __restrict__ dk, typename Cfg::T* __restrict__ dv, int heads,
@@ -51,73 +52,88 @@ __global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, AttentionBackwar
   using T = typename Cfg::T;
   using Plan = AttentionBackwardTmaPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages, kPanels = D / 64;
-  constexpr int kConsumers = Plan::kConsumers, kSub = Cfg::kBlock / QT;
+  constexpr int kSub = Cfg::kBlock / QT, kStreamKeys = KT / Plan::kStreams;
   constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
-  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && QT == 64 && KT == Cfg::kBlock && (KT == 64 || KT == 128) &&
-                    S >= 2,
-                "16-bit; head dim 64 or 128; query tiles of 64; one key block per CTA, 64 keys per consumer");
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && QT == 64 && KT == 128 &&
+                    (Cfg::kBlock == 64 || Cfg::kBlock == 128) && S >= 2,
+                "16-bit; head dim 64 or 128; query tiles of 64; 128 keys per CTA, 64 per consumer");
   static_assert(Plan::kSharedBytes == Cfg::kBackwardSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
                                     (kSwizzleAtomBytes - 1));
+  // K, V ([panel][KT rows]), then per ring slot r = stream · S + stage: Q, dO, dSᵀ, lse, Delta, barriers
   unsigned char* ks = smem;
   unsigned char* vs = ks + Plan::kKVBytes;
-  auto qs = [&](int stage) { return vs + Plan::kKVBytes + stage * Plan::kQBytes; };
-  auto dos = [&](int stage) { return vs + Plan::kKVBytes + (S + stage) * Plan::kQBytes; };
-  unsigned char* dss = vs + Plan::kKVBytes + 2 * S * Plan::kQBytes;
-  float* lse_s = reinterpret_cast<float*>(dss + Plan::kDsBuffers * Plan::kDsBytes);  // [S][QT]
-  float* delta_s = lse_s + S * QT;
-  unsigned long long* kv_full = reinterpret_cast<unsigned long long*>(delta_s + S * QT);
-  unsigned long long* full = kv_full + 1;
-  unsigned long long* empty = full + S;
+  auto qs = [&](int r) { return vs + Plan::kKVBytes + r * Plan::kQBytes; };
+  auto dos = [&](int r) { return vs + Plan::kKVBytes + (Plan::kRing + r) * Plan::kQBytes; };
+  unsigned char* dss = vs + Plan::kKVBytes + 2 * Plan::kRing * Plan::kQBytes;
+  float* lse_s = reinterpret_cast<float*>(dss + Plan::kDsBuffers * Plan::kDsBytes);  // [ring][QT]
+  float* delta_s = lse_s + Plan::kRing * QT;
+  unsigned long long* kv_full = reinterpret_cast<unsigned long long*>(delta_s + Plan::kRing * QT);  // [streams]
+  unsigned long long* full = kv_full + Plan::kStreams;  // [ring]
+  unsigned long long* empty = full + Plan::kRing;
 
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const long long bh = blockIdx.x;
-  const int k0 = Cfg::key_tile_order()[blockIdx.y] * KT, col = k0 / Cfg::kBlock;
+  const int k0 = Cfg::key_tile_order()[blockIdx.y] * KT;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
-  const int begin = Cfg::col_start()[layout * Cfg::kKBlocks + col];
-  const int total = (Cfg::col_start()[layout * Cfg::kKBlocks + col + 1] - begin) * kSub;
-  auto query0 = [&](int step) { return Cfg::query_blocks()[begin + step / kSub] * Cfg::kBlock + (step % kSub) * QT; };
+  // stream st: block column k0 / block + st, its query tiles (none past the last column)
+  auto column = [&](int st) { return k0 / Cfg::kBlock + st; };
+  auto begin_of = [&](int st) { return Cfg::col_start()[layout * Cfg::kKBlocks + column(st)]; };
+  auto total_of = [&](int st) {
+    return column(st) < Cfg::kKBlocks ? (Cfg::col_start()[layout * Cfg::kKBlocks + column(st) + 1] - begin_of(st)) * kSub
+                                      : 0;
+  };
+  auto query0 = [&](int begin, int step) {
+    return Cfg::query_blocks()[begin + step / kSub] * Cfg::kBlock + (step % kSub) * QT;
+  };
   if (threadIdx.x == 0) {
-    mbarrier_init(kv_full, 1);
-    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumers * 128);
+    for (int st = 0; st < Plan::kStreams; ++st) mbarrier_init(&kv_full[st], 1);
+    for (int r = 0; r < Plan::kRing; ++r) mbarrier_init(&full[r], 1), mbarrier_init(&empty[r], 256 / Plan::kStreams);
     fence_barrier_init();
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {  // producer
+  if (warpgroup == 0) {  // producers: lane 0 of warp st for stream st
     warpgroup_release_registers<24>();
-    if (threadIdx.x != 0) return;
-    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, unsigned long long* bar) {
+    const int st = threadIdx.x / 32;
+    if (threadIdx.x % 32 != 0 || st >= Plan::kStreams) return;
+    const int begin = begin_of(st), total = total_of(st);
+    if (total == 0) return;
+    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, int stride_rows,
+                    unsigned long long* bar) {
 #pragma unroll
       for (int j = 0; j < kPanels; ++j) {
-        if (Cfg::kHeadsFirst) tma_load_3d(dst + j * rows * kSwizzleRowBytes, map, 64 * j, p, b * heads + h, bar);
-        else tma_load_3d(dst + j * rows * kSwizzleRowBytes, map, 64 * j, h, b * seq + p, bar);
+        unsigned char* to = dst + j * stride_rows * kSwizzleRowBytes;
+        if (Cfg::kHeadsFirst) tma_load_3d(to, map, 64 * j, p, b * heads + h, bar);
+        else tma_load_3d(to, map, 64 * j, h, b * seq + p, bar);
       }
     };
-    mbarrier_arrive_expect_tx(kv_full, 2 * Plan::kKVBytes);
-    load(ks, map_k, kSeqK, k0, KT, kv_full);
-    load(vs, map_v, kSeqK, k0, KT, kv_full);
+    mbarrier_arrive_expect_tx(&kv_full[st], 2 * Plan::kKVBytes / Plan::kStreams);
+    const int key_row = st * kStreamKeys;
+    load(ks + key_row * kSwizzleRowBytes, map_k, kSeqK, k0 + key_row, kStreamKeys, KT, &kv_full[st]);
+    load(vs + key_row * kSwizzleRowBytes, map_v, kSeqK, k0 + key_row, kStreamKeys, KT, &kv_full[st]);
     for (int i = 0; i < total; ++i) {
-      const int s = i % S, q0 = query0(i);
-      if (i >= S) mbarrier_wait(&empty[s], (i / S - 1) & 1);
-      mbarrier_arrive_expect_tx(&full[s], 2 * Plan::kQBytes + 2 * Plan::kRowBytes);
-      load(qs(s), map_q, kSeqQ, q0, QT, &full[s]);
-      load(dos(s), map_do, kSeqQ, q0, QT, &full[s]);
-      bulk_load(lse_s + s * QT, lse + bh * kSeqQ + q0, Plan::kRowBytes, &full[s]);
-      bulk_load(delta_s + s * QT, delta + bh * kSeqQ + q0, Plan::kRowBytes, &full[s]);
+      const int r = st * S + i % S, q0 = query0(begin, i);
+      if (i >= S) mbarrier_wait(&empty[r], (i / S - 1) & 1);
+      mbarrier_arrive_expect_tx(&full[r], 2 * Plan::kQBytes + 2 * Plan::kRowBytes);
+      load(qs(r), map_q, kSeqQ, q0, QT, QT, &full[r]);
+      load(dos(r), map_do, kSeqQ, q0, QT, QT, &full[r]);
+      bulk_load(lse_s + r * QT, lse + bh * kSeqQ + q0, Plan::kRowBytes, &full[r]);
+      bulk_load(delta_s + r * QT, delta + bh * kSeqQ + q0, Plan::kRowBytes, &full[r]);
     }
     return;
   }
-  warpgroup_claim_registers<Plan::kCtasPerSm == 2 ? 232 : 240>();
+  warpgroup_claim_registers<240>();
 
   const int consumer = warpgroup - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4,
             t4 = lane % 4;
-  const int row0 = consumer * 64;  // this consumer's keys within the block
+  const int st = Plan::kPaired ? consumer : 0, begin = begin_of(st), total = total_of(st);
+  const int row0 = consumer * 64;  // this consumer's keys: rows of the K and V tiles, k0 + row0 on
   const int my_key[2] = {k0 + row0 + warp * 16 + g, k0 + row0 + warp * 16 + g + 8};
   bool live[2] = {true, true};
-  if (key_padding != nullptr)
+  if (key_padding != nullptr && row0 + k0 < kSeqK)
     for (int r = 0; r < 2; ++r) live[r] = key_padding[static_cast<long long>(b) * kSeqK + my_key[r]] != 0;
   float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
@@ -125,33 +141,33 @@ __global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, AttentionBackwar
   const unsigned char* ka = ks + row0 * kSwizzleRowBytes;
   const unsigned char* va = vs + row0 * kSwizzleRowBytes;
   constexpr float kLog2e = 1.4426950408889634f;
-  // dQ: columns and keys this consumer multiplies (see the top)
-  constexpr int kDqCols = Plan::kSharedDq ? 64 : D, kDqKeys = Plan::kSharedDq ? KT : 64;
-  const int dq_col0 = Plan::kSharedDq ? consumer * 64 : 0, dq_key0 = Plan::kSharedDq ? 0 : row0;
+  // dQ: the keys this consumer multiplies, in parts of 64 columns (see the top)
+  constexpr int kDqKeys = Plan::kSharedDq ? KT : 64, kDqParts = Plan::kSharedDq ? 1 : D / 64;
+  const int dq_key0 = Plan::kSharedDq ? 0 : row0;
 
-  mbarrier_wait(kv_full, 0);
+  if (total > 0) mbarrier_wait(&kv_full[st], 0);
   for (int i = 0; i < total; ++i) {
-    const int s = i % S, q0 = query0(i);
-    mbarrier_wait(&full[s], (i / S) & 1);
-    float st[QT / 2], dpt[QT / 2];
+    const int r = st * S + i % S, q0 = query0(begin, i);
+    mbarrier_wait(&full[r], (i / S) & 1);
+    float sc[QT / 2], dpt[QT / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       wgmma_m64k16<T, QT, 0, 0>(
-          st, smem_descriptor(ka + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes),
-          smem_descriptor(qs(s) + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes), kk > 0);
+          sc, smem_descriptor(ka + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes),
+          smem_descriptor(qs(r) + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       wgmma_m64k16<T, QT, 0, 0>(
           dpt, smem_descriptor(va + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes),
-          smem_descriptor(dos(s) + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes), kk > 0);
+          smem_descriptor(dos(r) + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes), kk > 0);
     wgmma_commit();
     wgmma_wait<1>();
-    wgmma_fence_registers(st);
+    wgmma_fence_registers(sc);
 
     // Pᵀ: rows are this thread's keys, columns 8j + 2·t4 (+1) the tile's queries
-    const float* ls = lse_s + s * QT;
+    const float* ls = lse_s + r * QT;
     const bool causal_here = Cfg::kCausal && k0 + row0 + 63 > q0;
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j)
@@ -161,80 +177,85 @@ __global__ void __launch_bounds__((Cfg::kKTile / 64 + 1) * 128, AttentionBackwar
         const float l = ls[query];
         const float lg = l == minus_infinity() ? -minus_infinity() : l * kLog2e;  // no key: P = 0
         const bool keep = live[e >> 1] && !(causal_here && my_key[e >> 1] > q0 + query);
-        st[4 * j + e] = keep ? fast_exp2(fmaf(st[4 * j + e], scale_log2, -lg)) : 0.0f;
+        sc[4 * j + e] = keep ? fast_exp2(fmaf(sc[4 * j + e], scale_log2, -lg)) : 0.0f;
       }
     unsigned pa[QT / 16][4];
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pa[c][r] = pack_pair<T>(st[8 * c + 2 * r], st[8 * c + 2 * r + 1]);
+      for (int e = 0; e < 4; ++e) pa[c][e] = pack_pair<T>(sc[8 * c + 2 * e], sc[8 * c + 2 * e + 1]);
     wgmma_fence();
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c)
       wgmma_m64k16_rs<T, D, 1>(dv_acc, pa[c],
-                               smem_descriptor(dos(s) + c * 16 * kSwizzleRowBytes, QT * kSwizzleRowBytes,
+                               smem_descriptor(dos(r) + c * 16 * kSwizzleRowBytes, QT * kSwizzleRowBytes,
                                                kSwizzleAtomBytes));
     wgmma_commit();
     wgmma_wait<1>();  // dPᵀ (the dV product may still run)
     wgmma_fence_registers(dpt);
 
     // dSᵀ = Pᵀ ∘ (dPᵀ − Delta), as A fragments and into shared memory (row = key, column = query)
-    const float* dl = delta_s + s * QT;
+    const float* dl = delta_s + r * QT;
     unsigned char* ds_tile = dss + (Plan::kSharedDq ? (i % 2) * Plan::kDsBytes : 0);
     unsigned da[QT / 16][4];
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int j = 2 * c + (r >> 1), e0 = 4 * j + 2 * (r & 1), query = 8 * j + 2 * t4;
-        da[c][r] = pack_pair<T>(st[e0] * (dpt[e0] - dl[query]), st[e0 + 1] * (dpt[e0 + 1] - dl[query + 1]));
-        const int key_row = row0 + warp * 16 + g + 8 * (r & 1);
-        *reinterpret_cast<unsigned*>(ds_tile + swizzled_offset(key_row, j) + 4 * t4) = da[c][r];
+      for (int e = 0; e < 4; ++e) {
+        const int j = 2 * c + (e >> 1), e0 = 4 * j + 2 * (e & 1), query = 8 * j + 2 * t4;
+        da[c][e] = pack_pair<T>(sc[e0] * (dpt[e0] - dl[query]), sc[e0 + 1] * (dpt[e0 + 1] - dl[query + 1]));
+        const int key_row = row0 + warp * 16 + g + 8 * (e & 1);
+        *reinterpret_cast<unsigned*>(ds_tile + swizzled_offset(key_row, j) + 4 * t4) = da[c][e];
       }
     fence_proxy_async();
     wgmma_fence();
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c)
       wgmma_m64k16_rs<T, D, 1>(dk_acc, da[c],
-                               smem_descriptor(qs(s) + c * 16 * kSwizzleRowBytes, QT * kSwizzleRowBytes,
+                               smem_descriptor(qs(r) + c * 16 * kSwizzleRowBytes, QT * kSwizzleRowBytes,
                                                kSwizzleAtomBytes));
     wgmma_commit();
-    // every writer of the dSᵀ rows this product reads is done
+    // every writer of the dSᵀ rows the dQ product reads is done
     if constexpr (Plan::kSharedDq) named_barrier_sync(1, 256);
     else named_barrier_sync(1 + consumer, 128);
-    float dq[kDqCols / 2];
-    wgmma_fence();
+    float* acc = dq_acc + (bh * kSeqQ + q0) * D;
 #pragma unroll
-    for (int c = 0; c < kDqKeys / 16; ++c)
-      wgmma_m64k16<T, kDqCols, 1, 1>(
-          dq, smem_descriptor(ds_tile + (dq_key0 + c * 16) * kSwizzleRowBytes, KT * kSwizzleRowBytes, kSwizzleAtomBytes),
-          smem_descriptor(ks + (dq_col0 / 64) * KT * kSwizzleRowBytes + (dq_key0 + c * 16) * kSwizzleRowBytes,
-                          KT * kSwizzleRowBytes, kSwizzleAtomBytes),
-          c > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_registers(dq);
+    for (int part = 0; part < kDqParts; ++part) {
+      const int col0 = Plan::kSharedDq ? consumer * 64 : part * 64;  // dQ columns = K's panel
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < kDqKeys / 16; ++c)
+        wgmma_m64k16<T, 64, 1, 1>(
+            dq, smem_descriptor(ds_tile + (dq_key0 + c * 16) * kSwizzleRowBytes, KT * kSwizzleRowBytes, kSwizzleAtomBytes),
+            smem_descriptor(ks + (col0 / 64) * KT * kSwizzleRowBytes + (dq_key0 + c * 16) * kSwizzleRowBytes,
+                            KT * kSwizzleRowBytes, kSwizzleAtomBytes),
+            c > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_registers(dq);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          red_add_pair(acc + (warp * 16 + g + 8 * e) * D + col0 + 8 * j + 2 * t4, dq[4 * j + 2 * e], dq[4 * j + 2 * e + 1]);
+    }
     wgmma_fence_registers(dk_acc);
     wgmma_fence_registers(dv_acc);
     wgmma_fence_registers(pa);
     wgmma_fence_registers(da);
-    mbarrier_arrive(&empty[s]);
-    float* acc = dq_acc + (bh * kSeqQ + q0) * D + dq_col0;
-#pragma unroll
-    for (int j = 0; j < kDqCols / 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        red_add_pair(acc + (warp * 16 + g + 8 * r) * D + 8 * j + 2 * t4, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    mbarrier_arrive(&empty[r]);
   }
 
+  if (k0 + row0 >= kSeqK) return;  // the pair's second block past the last column
   const QkvIndex<Cfg> ki(b, h, heads, kSeqK);
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      store_pair(dk + ki.at(my_key[r]) + 8 * j + 2 * t4, dk_acc[4 * j + 2 * r] * scale, dk_acc[4 * j + 2 * r + 1] * scale,
+    for (int e = 0; e < 2; ++e) {
+      store_pair(dk + ki.at(my_key[e]) + 8 * j + 2 * t4, dk_acc[4 * j + 2 * e] * scale, dk_acc[4 * j + 2 * e + 1] * scale,
                  0);
-      store_pair(dv + ki.at(my_key[r]) + 8 * j + 2 * t4, dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1], 0);
+      store_pair(dv + ki.at(my_key[e]) + 8 * j + 2 * t4, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1], 0);
     }
 }
 

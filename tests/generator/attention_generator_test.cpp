@@ -111,6 +111,26 @@ TEST(AttentionGenerator, OpsTablesFindEveryBlockByRowAndColumn) {
   EXPECT_EQ(generate_attention_ops(masks, {128, 64, DType::f16, QkvOrder::bhsd, false, ""}).score_tiles, 15 * 4);
 }
 
+// The Hopper backward takes 128 keys per CTA: a block of 128, or a pair of block columns of 64 (an
+// odd count leaves a last half pair), launched the most work first.
+TEST(AttentionGenerator, HopperBackwardPairsBlocksOf64) {
+  const std::vector<Layout> masks = {layouts::causal(5)};
+  const auto pairs = generate_attention_backward(masks, {64, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a");
+  EXPECT_TRUE(pairs.tma);
+  EXPECT_EQ(pairs.key_tiles, 3);  // columns {0, 1}, {2, 3}, {4}
+  EXPECT_EQ(pairs.kv_rows, 64);
+  EXPECT_EQ(pairs.threads, 384);
+  EXPECT_LE(pairs.shared_bytes, 227 * 1024);
+  EXPECT_EQ(array_of(pairs.source, "kKeyTileOrder"), (std::vector<int>{0, 1, 2}));  // 9, 5 and 1 blocks
+  const auto single = generate_attention_backward(masks, {128, 64, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a");
+  EXPECT_EQ(single.key_tiles, 5);
+  EXPECT_EQ(single.kv_rows, 128);
+  EXPECT_EQ(array_of(single.source, "kKeyTileOrder"), (std::vector<int>{0, 1, 2, 3, 4}));
+  const auto mma = generate_attention_backward(masks, {64, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90");
+  EXPECT_FALSE(mma.tma);
+  EXPECT_EQ(mma.key_tiles, 5);
+}
+
 TEST(AttentionGenerator, RefusesWhatTheKernelDoesNotTake) {
   const std::vector<Layout> one = {layouts::causal(4)};
   EXPECT_THROW(generate_attention_forward({}, {}, "sm_80"), Error);
