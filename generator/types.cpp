@@ -47,6 +47,12 @@ FeatureAxis parse_feature_axis(std::string_view s) {
   throw Error(fmt::format("unknown feature axis '{}'; expected last ([N, C]) or first ([C, N])", s));
 }
 
+QkvOrder parse_qkv_order(std::string_view s) {
+  if (s == "bshd") return QkvOrder::bshd;
+  if (s == "bhsd") return QkvOrder::bhsd;
+  throw Error(fmt::format("unknown tensor order '{}'; expected bshd or bhsd", s));
+}
+
 std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
 }  // namespace bsjit

@@ -77,18 +77,18 @@ struct Attention::Impl {
     return k;
   }
 
-  Backward& backward(CUcontext ctx, std::size_t workspace_bytes) {
+  Backward& backward(CUcontext ctx, std::size_t workspace_bytes, cache::OnMiss on_miss) {
     std::lock_guard lock(mutex);
     auto& bw = backwards[ctx];
     if (!bw.main) {
       const std::string arch = runtime::attention_arch(options, ctx);
       bw.g = &backward_source(arch);
-      const auto k = backward_kernels(*bw.g, arch, runtime::default_on_miss());
+      const auto k = backward_kernels(*bw.g, arch, on_miss);
       bw.prep = runtime::load(*k[0], ctx).function;
       bw.dq = runtime::load(*k[1], ctx).function;
       bw.main = runtime::load(*k[2], ctx).function;
     }
-    if (!bw.workspace || bw.workspace->bytes < workspace_bytes)
+    if (workspace_bytes > 0 && (!bw.workspace || bw.workspace->bytes < workspace_bytes))
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
     return bw;
   }
@@ -107,14 +107,14 @@ struct Attention::Impl {
                                         {U(d * 2), U(heads * d * 2)}, {64, 1, r});
   }
 
-  std::pair<CUfunction, const generator::GeneratedAttention*> function(CUcontext ctx) {
+  std::pair<CUfunction, const generator::GeneratedAttention*> function(CUcontext ctx, cache::OnMiss on_miss) {
     {
       std::lock_guard lock(mutex);
       auto it = functions.find(ctx);
       if (it != functions.end()) return it->second;
     }
     const std::string arch = runtime::attention_arch(options, ctx);
-    const CUfunction f = runtime::load(*compiled(arch, runtime::default_on_miss()), ctx).function;
+    const CUfunction f = runtime::load(*compiled(arch, on_miss), ctx).function;
     const generator::GeneratedAttention* g = &generated_for(arch);
     std::lock_guard lock(mutex);
     return functions[ctx] = {f, g};
@@ -142,7 +142,7 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
-  const auto [f, g] = impl_->function(ctx);
+  const auto [f, g] = impl_->function(ctx, runtime::default_on_miss());
   const unsigned char* padding = key_padding;
   const auto grid_x = static_cast<unsigned>(batch * heads), grid_y = static_cast<unsigned>(g->query_tiles);
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
@@ -172,7 +172,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
   const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
-  auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float));
+  auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float), runtime::default_on_miss());
   const auto& g = *bw.g;
   float* dq_acc = static_cast<float*>(bw.workspace->get());
   float* delta = dq_acc + rows * d;
@@ -210,6 +210,13 @@ bool Attention::precompile(const std::string& arch) const {
   }
   impl_->backward_kernels(*g, arch, cache::OnMiss::compile, &backward_now);
   return forward_now || backward_now;
+}
+
+void Attention::load(bool strict) const {
+  CUcontext ctx = runtime::current_context();
+  const auto on_miss = strict ? cache::OnMiss::fail : runtime::default_on_miss();
+  impl_->function(ctx, on_miss);
+  impl_->backward(ctx, 0, on_miss);
 }
 
 std::int64_t Attention::seq_q() const { return impl_->masks[0].rows() * impl_->options.block; }

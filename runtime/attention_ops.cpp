@@ -54,14 +54,13 @@ struct AttentionOps::Impl {
     return names[k];
   }
 
-  PerContext& context(CUcontext ctx, Kernel k) {
+  PerContext& context(CUcontext ctx, Kernel k, cache::OnMiss on_miss = runtime::default_on_miss()) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
     if (!c.functions[k]) {
       const auto [name, shared] = kernel(k);
       const auto compiled = runtime::cached_kernel(g.source, *name, g.label + suffix(k), shared,
-                                                   runtime::attention_arch(options, ctx), masks_hash,
-                                                   runtime::default_on_miss());
+                                                   runtime::attention_arch(options, ctx), masks_hash, on_miss);
       c.functions[k] = runtime::load(*compiled, ctx).function;
     }
     if (k == kSoftmax && !slots.empty() && !c.masks) {
@@ -197,6 +196,12 @@ int AttentionOps::precompile(const std::string& arch) const {
     compiled += now;
   }
   return compiled;
+}
+
+void AttentionOps::load(bool strict) const {
+  CUcontext ctx = runtime::current_context();
+  for (int k = 0; k < kKernels; ++k)
+    impl_->context(ctx, static_cast<Kernel>(k), strict ? cache::OnMiss::fail : runtime::default_on_miss());
 }
 
 std::int64_t AttentionOps::seq_q() const { return impl_->masks[0].rows() * impl_->options.block; }

@@ -12,6 +12,8 @@
 #include <regex>
 #include <thread>
 
+#include "bsjit/attention.hpp"
+#include "bsjit/attention_ops.hpp"
 #include "bsjit/cache.hpp"
 #include "bsjit/error.hpp"
 #include "bsjit/layout.hpp"
@@ -46,37 +48,81 @@ struct Item {
   std::string what;
 };
 
+// One combination of an attention group: its kernels (fused: forward and backward; or decomposed).
+struct AttentionItem {
+  std::vector<std::size_t> masks;  // indices into the loaded layouts
+  AttentionOptions options;
+  bool decomposed = false;
+  std::string what;
+};
+
 struct Expanded {
   std::vector<fs::path> files;
   std::vector<std::shared_ptr<Layout>> layouts;  // null where the file failed to load
   std::vector<std::string> load_errors;
   std::vector<Item> items;
+  std::vector<AttentionItem> attention;
+
+  std::size_t file_index(const fs::path& file) {
+    for (std::size_t i = 0; i < files.size(); ++i)
+      if (files[i] == file) return i;
+    files.push_back(file);
+    try {
+      layouts.push_back(std::make_shared<Layout>(Layout::load(file)));
+      load_errors.emplace_back();
+    } catch (const Error& err) {
+      layouts.push_back(nullptr);
+      load_errors.push_back(err.what());
+    }
+    return files.size() - 1;
+  }
+  // The masks of an attention item; throws the first load error.
+  std::vector<Layout> masks_of(const AttentionItem& item) const {
+    std::vector<Layout> out;
+    for (std::size_t i : item.masks) {
+      if (!layouts[i]) throw Error(load_errors[i]);
+      out.push_back(*layouts[i]);
+    }
+    return out;
+  }
 };
 
 Expanded expand(const Manifest& m) {
   Expanded e;
-  std::map<fs::path, std::size_t> index;
   for (const auto& g : m.groups)
     for (const auto& file : g.layouts) {
-      if (!index.count(file)) {
-        index[file] = e.files.size();
-        e.files.push_back(file);
-        try {
-          e.layouts.push_back(std::make_shared<Layout>(Layout::load(file)));
-          e.load_errors.emplace_back();
-        } catch (const Error& err) {
-          e.layouts.push_back(nullptr);
-          e.load_errors.push_back(err.what());
-        }
-      }
+      const std::size_t index = e.file_index(file);
       for (Op op : g.ops)
         for (int b : g.blocks)
           for (DType dt : g.dtypes)
             for (FeatureAxis ax : g.feature_axes)
               for (const auto& arch : g.archs)
-                e.items.push_back({index[file], op, MatMulOptions{b, dt, ax, arch},
+                e.items.push_back({index, op, MatMulOptions{b, dt, ax, arch},
                                    fmt::format("{} {} {} b{} {} {}", file.filename().string(), to_string(op),
                                                to_string(dt), b, to_string(ax), arch)});
+    }
+  for (const auto& g : m.attention)
+    for (const auto& files : g.masks) {
+      AttentionItem base;
+      std::string names;
+      for (const auto& f : files) {
+        base.masks.push_back(e.file_index(f));
+        names += (names.empty() ? "" : "+") + f.filename().string();
+      }
+      for (const auto& op : g.ops)
+        for (int b : g.blocks)
+          for (int d : g.head_dims)
+            for (DType dt : g.dtypes)
+              for (QkvOrder order : g.orders)
+                for (bool causal : g.causal)
+                  for (const auto& arch : g.archs) {
+                    AttentionItem item = base;
+                    item.options = {b, d, dt, order, causal, arch};
+                    item.decomposed = op == "decomposed";
+                    item.what = fmt::format("{} attention {} {} b{} d{} {}{} {}", names, op, to_string(dt), b, d,
+                                            to_string(order), causal ? " causal" : "", arch);
+                    e.attention.push_back(std::move(item));
+                  }
     }
   return e;
 }
@@ -141,25 +187,62 @@ Manifest Manifest::load(const fs::path& json_file) {
   if (j.contains("kernels")) {
     if (!j["kernels"].is_array()) throw Error(fmt::format("manifest '{}': 'kernels' must be a list", json_file.string()));
     for (const auto& g : j["kernels"]) groups.push_back(g);
-  } else {
+  } else if (!j.contains("attention") || j.contains("layouts")) {
     groups.push_back(j);
   }
+  auto path = [&](const nlohmann::json& v) {
+    fs::path p = v.get<std::string>();
+    return p.is_absolute() ? p : base / p;
+  };
+  auto dtype = [](const nlohmann::json& v) { return parse_dtype(v.get<std::string>()); };
+  auto integer = [](const nlohmann::json& v) { return v.get<int>(); };
+  auto text = [](const nlohmann::json& v) { return v.get<std::string>(); };
   try {
     for (const auto& g : groups) {
       KernelGroup k;
       if (!g.is_object() || !g.contains("layouts"))
         throw Error(fmt::format("manifest '{}': every group needs a 'layouts' list", json_file.string()));
-      k.layouts = list_of<fs::path>(g, "layouts", {}, [&](const nlohmann::json& v) {
-        fs::path p = v.get<std::string>();
-        return p.is_absolute() ? p : base / p;
-      });
+      k.layouts = list_of<fs::path>(g, "layouts", {}, path);
       k.ops = list_of<Op>(g, "ops", k.ops, [](const nlohmann::json& v) { return parse_op(v.get<std::string>()); });
-      k.blocks = list_of<int>(g, "blocks", k.blocks, [](const nlohmann::json& v) { return v.get<int>(); });
-      k.dtypes = list_of<DType>(g, "dtypes", k.dtypes, [](const nlohmann::json& v) { return parse_dtype(v.get<std::string>()); });
+      k.blocks = list_of<int>(g, "blocks", k.blocks, integer);
+      k.dtypes = list_of<DType>(g, "dtypes", k.dtypes, dtype);
       k.feature_axes = list_of<FeatureAxis>(g, "feature_axes", k.feature_axes,
                                             [](const nlohmann::json& v) { return parse_feature_axis(v.get<std::string>()); });
-      k.archs = list_of<std::string>(g, "archs", k.archs, [](const nlohmann::json& v) { return v.get<std::string>(); });
+      k.archs = list_of<std::string>(g, "archs", k.archs, text);
       m.groups.push_back(std::move(k));
+    }
+    if (j.contains("attention")) {
+      if (!j["attention"].is_array())
+        throw Error(fmt::format("manifest '{}': 'attention' must be a list of groups", json_file.string()));
+      for (const auto& g : j["attention"]) {
+        AttentionGroup a;
+        if (!g.is_object() || !g.contains("masks"))
+          throw Error(fmt::format("manifest '{}': every attention group needs a 'masks' list", json_file.string()));
+        a.masks = list_of<std::vector<fs::path>>(g, "masks", {}, [&](const nlohmann::json& v) {
+          std::vector<fs::path> files;
+          if (v.is_array())
+            for (const auto& f : v) files.push_back(path(f));
+          else
+            files.push_back(path(v));
+          if (files.empty()) throw Error(fmt::format("manifest '{}': an empty list of masks", json_file.string()));
+          return files;
+        });
+        a.blocks = list_of<int>(g, "blocks", a.blocks, integer);
+        a.head_dims = list_of<int>(g, "head_dims", a.head_dims, integer);
+        a.dtypes = list_of<DType>(g, "dtypes", a.dtypes, dtype);
+        a.orders = list_of<QkvOrder>(g, "orders", a.orders,
+                                     [](const nlohmann::json& v) { return parse_qkv_order(v.get<std::string>()); });
+        a.causal = list_of<bool>(g, "causal", a.causal, [](const nlohmann::json& v) { return v.get<bool>(); });
+        a.ops = list_of<std::string>(g, "ops", a.ops, [&](const nlohmann::json& v) {
+          auto op = v.get<std::string>();
+          if (op != "fused" && op != "decomposed")
+            throw Error(fmt::format("manifest '{}': attention op '{}'; expected fused or decomposed", json_file.string(),
+                                    op));
+          return op;
+        });
+        a.archs = list_of<std::string>(g, "archs", a.archs, text);
+        m.attention.push_back(std::move(a));
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("manifest '{}': {}", json_file.string(), e.what()));
@@ -171,41 +254,51 @@ std::size_t Manifest::kernel_count() const {
   std::size_t n = 0;
   for (const auto& g : groups)
     n += g.layouts.size() * g.ops.size() * g.blocks.size() * g.dtypes.size() * g.feature_axes.size() * g.archs.size();
+  for (const auto& a : attention)
+    n += a.masks.size() * a.ops.size() * a.blocks.size() * a.head_dims.size() * a.dtypes.size() * a.orders.size() *
+         a.causal.size() * a.archs.size();
   return n;
 }
 
 DeployReport precompile(const Manifest& manifest, const PrecompileOptions& options) {
   const auto start = Clock::now();
   Expanded e = expand(manifest);
-  std::vector<KernelOutcome> outcomes(e.items.size());
+  const std::size_t total = e.items.size() + e.attention.size();
+  std::vector<KernelOutcome> outcomes(total);
   std::atomic<std::size_t> next{0}, done{0};
   std::mutex progress_mutex;
   auto worker = [&] {
-    for (std::size_t i; (i = next++) < e.items.size();) {
-      const Item& item = e.items[i];
+    for (std::size_t i; (i = next++) < total;) {
       KernelOutcome& o = outcomes[i];
-      o.what = item.what;
       auto t = Clock::now();
-      if (!e.layouts[item.layout]) {
-        o.error = e.load_errors[item.layout];
-      } else {
-        try {
-          bool now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch);
-          o.status = now ? KernelOutcome::Status::compiled : KernelOutcome::Status::cached;
-        } catch (const Error& err) {
-          o.error = err.what();
+      try {
+        bool now;
+        if (i < e.items.size()) {
+          const Item& item = e.items[i];
+          o.what = item.what;
+          if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
+          now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch);
+        } else {
+          const AttentionItem& item = e.attention[i - e.items.size()];
+          o.what = item.what;
+          now = item.decomposed
+                    ? AttentionOps(e.masks_of(item), item.options).precompile(item.options.arch) > 0
+                    : Attention(e.masks_of(item), item.options).precompile(item.options.arch);
         }
+        o.status = now ? KernelOutcome::Status::compiled : KernelOutcome::Status::cached;
+      } catch (const Error& err) {
+        o.error = err.what();
       }
       o.milliseconds = ms_since(t);
       std::size_t d = ++done;
       if (options.progress) {
         std::lock_guard lock(progress_mutex);
-        options.progress(d, e.items.size());
+        options.progress(d, total);
       }
     }
   };
   unsigned threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min<unsigned>(threads, std::max<std::size_t>(1, e.items.size()));
+  threads = std::min<unsigned>(threads, std::max<std::size_t>(1, total));
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
@@ -249,7 +342,24 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
       o.milliseconds = ms_since(t);
       count(r, o);
     }
-    if (matched == 0 && !e.items.empty()) {
+    for (const AttentionItem& item : e.attention) {
+      if (!runs_on(item.options.arch, dev.arch)) continue;
+      ++matched;
+      KernelOutcome o;
+      o.what = fmt::format("{} on GPU {}", item.what, dev.ordinal);
+      auto t = Clock::now();
+      try {
+        const bool fail_on_miss = on_miss == cache::OnMiss::fail;
+        if (item.decomposed) AttentionOps(e.masks_of(item), item.options).load(fail_on_miss);
+        else Attention(e.masks_of(item), item.options).load(fail_on_miss);
+        o.status = KernelOutcome::Status::loaded;
+      } catch (const Error& err) {
+        o.error = err.what();
+      }
+      o.milliseconds = ms_since(t);
+      count(r, o);
+    }
+    if (matched == 0 && !(e.items.empty() && e.attention.empty())) {
       KernelOutcome o;
       o.what = fmt::format("GPU {} ({})", dev.ordinal, dev.arch);
       o.error = fmt::format("the manifest has no kernel for {}", dev.arch);

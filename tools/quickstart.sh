@@ -29,11 +29,9 @@ echo "== build ($build)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBSJIT_WERROR=ON >/dev/null
 cmake --build "$build" -j"$(nproc)"
 
-echo "== precompile the example layouts (no GPU needed)"
+echo "== precompile the example layouts and attention masks (examples/manifest.json; no GPU needed)"
 cache="$build/example-kernel-cache"
-"$build/tools/bsjit" --cache-dir "$cache" precompile \
-  -l examples/layouts/random_d25.npy -l examples/layouts/banded.json -l examples/layouts/strided_bool_f.npy \
-  -o forward,backward_data,backward_weight -b 32 -t bf16,f32 -a sm_80,sm_90a
+"$build/tools/bsjit" --cache-dir "$cache" precompile -m examples/manifest.json
 
 "$build/tools/bsjit" info
 if "$build/tools/bsjit" info --require-gpu >/dev/null 2>&1; then

@@ -52,6 +52,11 @@ class Attention {
   // when any was compiled now.
   bool precompile(const std::string& arch) const;
 
+  // Loads the forward's and the backward's kernels into the current context (device 0's primary
+  // one when there is none), from the cache or compiled on a miss (strict: a miss is an error), so
+  // that the first calls pay nothing.
+  void load(bool strict = false) const;
+
   std::int64_t seq_q() const;
   std::int64_t seq_k() const;
   const AttentionOptions& options() const;

@@ -71,6 +71,9 @@ class AttentionOps {
   // Compiles the five kernels for arch into the cache (no GPU needed); how many were compiled now.
   int precompile(const std::string& arch) const;
 
+  // Loads the five kernels into the current context, as Attention::load.
+  void load(bool strict = false) const;
+
   std::int64_t seq_q() const;
   std::int64_t seq_k() const;
   const AttentionOptions& options() const;

@@ -7,6 +7,14 @@
 //    "ops": ["forward", "backward_data", "backward_weight"],
 //    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90a"]}
 // and names every combination of its lists. Missing lists take the defaults below.
+//
+// Attention kernels (bsjit::Attention, bsjit::AttentionOps) go in a list "attention" of groups
+//   {"masks": ["causal.npy", ["head0.npy", "head1.npy"]],  one file shared by every head, or one per head
+//    "blocks": [128], "head_dims": [128], "dtypes": ["bf16"], "orders": ["bshd"], "causal": [true],
+//    "ops": ["fused", "decomposed"], "archs": ["sm_90a"]}
+// beside the matmul groups ({"kernels": [...], "attention": [...]}, or "attention" alone). "fused":
+// the fused forward and backward; "decomposed": the five AttentionOps kernels. The masks' element
+// masks (AttentionOps) are data, not part of the kernels.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +36,22 @@ struct KernelGroup {
   std::vector<std::string> archs{"sm_90a"};
 };
 
+struct AttentionGroup {
+  std::vector<std::vector<std::filesystem::path>> masks;  // each: one shared mask, or one per head
+  std::vector<int> blocks{64};
+  std::vector<int> head_dims{64};
+  std::vector<DType> dtypes{DType::bf16};
+  std::vector<QkvOrder> orders{QkvOrder::bshd};
+  std::vector<bool> causal{false};
+  std::vector<std::string> ops{"fused"};  // "fused", "decomposed"
+  std::vector<std::string> archs{"sm_90a"};
+};
+
 struct Manifest {
   std::vector<KernelGroup> groups;
+  std::vector<AttentionGroup> attention;
   static Manifest load(const std::filesystem::path& json_file);
-  std::size_t kernel_count() const;
+  std::size_t kernel_count() const;  // report lines: a matmul op, or an attention group's combination
 };
 
 struct KernelOutcome {

@@ -37,6 +37,7 @@ std::string_view to_string(QkvOrder order);
 DType parse_dtype(std::string_view text);  // "f32"/"fp32"/"float32", "f16"/"fp16", "bf16"
 Op parse_op(std::string_view text);        // "forward"/"fwd", "backward_data"/"bwd_data", ...
 FeatureAxis parse_feature_axis(std::string_view text);  // "last"/"nc", "first"/"cn"
+QkvOrder parse_qkv_order(std::string_view text);        // "bshd", "bhsd"
 std::size_t dtype_size(DType dtype);
 
 }  // namespace bsjit

@@ -85,6 +85,30 @@ TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
   std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
 }
 
+// Attention kernels: strict warm-up fails on an empty cache, passes after precompile (the fused
+// forward and backward, the decomposed ops), on every GPU; the directory warm-up loads all 9.
+TEST_F(DeployGpu, AttentionPrecompileThenStrictWarmup) {
+  TempDir dir;
+  auto manifest = dir.path / "m.json";
+  std::ofstream(manifest) << fmt::format(
+      R"({{"attention": [{{"masks": ["{}"], "blocks": [64], "head_dims": [128], "causal": [true],
+          "ops": ["fused", "decomposed"], "archs": ["{}"]}}]}})",
+      (fs::absolute(examples()) / "layouts" / "attention_window_global.json").string(), arch_);
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " warmup --strict -m " + manifest.string());
+  EXPECT_EQ(r.status, 1) << "strict warm-up of an empty cache must fail:\n" << r.output;
+  r = sh(cache + " precompile -m " + manifest.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  int gpus = 0;
+  BSJIT_CU(runtime::driver().cuDeviceGetCount(&gpus));
+  r = sh(cache + " warmup --strict -m " + manifest.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 2 * gpus)), std::string::npos) << r.output;
+  r = sh(cache + " warmup --dir " + (dir.path / "c").string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 9 * gpus)), std::string::npos) << r.output;
+}
+
 // bsjit tune in one process; a later process in strict mode, whose cache holds only the kernels
 // the tuner chose, runs and checks the ops with exactly those kernels: it found the tuning records.
 TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {

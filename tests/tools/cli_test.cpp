@@ -146,6 +146,35 @@ TEST(Cli, ManifestPrecompileThenCacheListVerifyPruneClear) {
   EXPECT_NE(sh(cache + " cache list").output.find("0 entries"), std::string::npos);
 }
 
+// Attention kernels in a manifest: per combination the fused forward and backward (4 cache entries)
+// or the 5 decomposed ops; a bad combination is reported, the others still compile.
+TEST(Cli, ManifestPrecompilesAttention) {
+  TempDir dir;
+  auto manifest = dir.path / "attention.json";
+  const std::string mask = kExamples + "/layouts/attention_window_global.json";
+  {
+    std::ofstream(manifest) << R"({"attention": [
+      {"masks": [")" << mask << R"("], "blocks": [64], "head_dims": [64], "causal": [true],
+       "ops": ["fused", "decomposed"], "archs": ["sm_80"]},
+      {"masks": [[")" << mask << R"(", ")" << mask << R"("]], "blocks": [48], "archs": ["sm_80"]}]})";
+  }
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " precompile -m " + manifest.string() + " -j 2");
+  EXPECT_EQ(r.status, 1) << "one combination fails: " << r.output;
+  EXPECT_NE(r.output.find("2 compiled"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("block 48 is not supported"), std::string::npos) << r.output;
+  r = sh(cache + " cache list");
+  EXPECT_NE(r.output.find("9 entries"), std::string::npos) << "4 fused + 5 decomposed: " << r.output;
+  EXPECT_NE(r.output.find("attention_backward-bf16-b64-d64-bshd-causal-prep"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("attention_ops-bf16-b64-d64-bshd-causal-probs_t"), std::string::npos) << r.output;
+  {
+    std::ofstream(manifest) << R"({"attention": [{"masks": [")" << mask << R"("], "ops": ["nt"]}]})";
+  }
+  r = sh(cache + " precompile -m " + manifest.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("attention op 'nt'"), std::string::npos) << r.output;
+}
+
 TEST(Cli, WarmupWithoutGpuIsAClearError) {
   std::string why;
   if (bsjit::runtime::gpu_available(&why)) GTEST_SKIP() << "a GPU is present; the GPU tests cover warm-up";
