@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -318,13 +319,24 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
   for (const auto& dev : devices) {
     BSJIT_CU(d.cuCtxSetCurrent(dev.ctx));
     std::size_t matched = 0;
-    for (const Item& item : e.items) {
-      if (!runs_on(item.options.arch, dev.arch)) continue;
+    // load(): the item's kernels into dev.ctx; one report line per item
+    auto attempt = [&](const std::string& arch, const std::string& what, const std::function<void()>& load) {
+      if (!runs_on(arch, dev.arch)) return;
       ++matched;
       KernelOutcome o;
-      o.what = fmt::format("{} on GPU {}", item.what, dev.ordinal);
+      o.what = fmt::format("{} on GPU {}", what, dev.ordinal);
       auto t = Clock::now();
       try {
+        load();
+        o.status = KernelOutcome::Status::loaded;
+      } catch (const Error& err) {
+        o.error = err.what();
+      }
+      o.milliseconds = ms_since(t);
+      count(r, o);
+    };
+    for (const Item& item : e.items)
+      attempt(item.options.arch, item.what, [&] {
         if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
         const Layout& layout = *e.layouts[item.layout];
         const std::string hash = layout.hash().hex();
@@ -335,30 +347,13 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
           auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
           runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
         }
-        o.status = KernelOutcome::Status::loaded;
-      } catch (const Error& err) {
-        o.error = err.what();
-      }
-      o.milliseconds = ms_since(t);
-      count(r, o);
-    }
-    for (const AttentionItem& item : e.attention) {
-      if (!runs_on(item.options.arch, dev.arch)) continue;
-      ++matched;
-      KernelOutcome o;
-      o.what = fmt::format("{} on GPU {}", item.what, dev.ordinal);
-      auto t = Clock::now();
-      try {
+      });
+    for (const AttentionItem& item : e.attention)
+      attempt(item.options.arch, item.what, [&] {
         const bool fail_on_miss = on_miss == cache::OnMiss::fail;
         if (item.decomposed) AttentionOps(e.masks_of(item), item.options).load(fail_on_miss);
         else Attention(e.masks_of(item), item.options).load(fail_on_miss);
-        o.status = KernelOutcome::Status::loaded;
-      } catch (const Error& err) {
-        o.error = err.what();
-      }
-      o.milliseconds = ms_since(t);
-      count(r, o);
-    }
+      });
     if (matched == 0 && !(e.items.empty() && e.attention.empty())) {
       KernelOutcome o;
       o.what = fmt::format("GPU {} ({})", dev.ordinal, dev.arch);

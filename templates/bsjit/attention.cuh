@@ -68,6 +68,19 @@ __device__ __forceinline__ void warp_mma_mn_major(float (&acc)[N / 8][4], const 
   }
 }
 
+// acc (this warp's 16 rows × N) += A·Bᵀ over K reduction indices, both tiles K-major (stride
+// STRIDE): A's 16 rows at a, B's N rows at b.
+template <class T, int N, int K, int STRIDE>
+__device__ __forceinline__ void warp_mma_rows(float (&acc)[N / 8][4], const T* a, const T* b) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    unsigned frag[4];
+    ldmatrix_x4(frag, a + (lane % 16) * STRIDE + kk * 16 + (lane / 16) * 8);
+    warp_mma_k_major<T, N, STRIDE>(acc, frag, b + kk * 16);
+  }
+}
+
 __device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
 
 // 2^x on the special-function unit (2 ulp; exp2(-inf) = 0), without exp2f's denormal handling.

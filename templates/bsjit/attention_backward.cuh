@@ -132,12 +132,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     float p[QT / 8][4];
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j) p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      unsigned a[4];
-      ldmatrix_x4(a, Ks + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
-      warp_mma_k_major<T, QT, S>(p, a, qs + kk * 16);
-    }
+    warp_mma_rows<T, QT, D, S>(p, Ks + warp * 16 * S, qs);
     // Pᵀ = exp2(scale_log2 · Sᵀ − lse · log2 e); 0 for masked pairs and rows with no key
     const bool causal_here = Cfg::kCausal && k0 + KT - 1 > q0;
 #pragma unroll
@@ -160,12 +155,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
     float ds[QT / 8][4];
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j) ds[j][0] = ds[j][1] = ds[j][2] = ds[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      unsigned a[4];
-      ldmatrix_x4(a, Vs + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
-      warp_mma_k_major<T, QT, S>(ds, a, os + kk * 16);
-    }
+    warp_mma_rows<T, QT, D, S>(ds, Vs + warp * 16 * S, os);
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j)
 #pragma unroll

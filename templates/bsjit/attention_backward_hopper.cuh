@@ -20,7 +20,7 @@
 #pragma once
 
 #include "bsjit/attention_backward.cuh"
-#include "bsjit/wgmma.cuh"
+#include "bsjit/attention_hopper.cuh"
 
 namespace bsjit {
 namespace kernels {
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(384, 1)
                                   const __grid_constant__ TensorMap map_do) {
   using T = typename Cfg::T;
   using Plan = AttentionBackwardTmaPlan<Cfg>;
-  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages, kPanels = D / 64;
+  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages;
   constexpr int kSub = Cfg::kBlock / QT, kStreamKeys = KT / Plan::kStreams;
   constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && QT == 64 && KT == 128 &&
@@ -59,8 +59,7 @@ __global__ void __launch_bounds__(384, 1)
                 "16-bit; head dim 64 or 128; query tiles of 64; 128 keys per CTA, 64 per consumer");
   static_assert(Plan::kSharedBytes == Cfg::kBackwardSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
-                                    (kSwizzleAtomBytes - 1));
+  unsigned char* smem = swizzle_aligned(smem_raw);
   // K, V ([panel][KT rows]), then per ring slot r = stream · S + stage: Q, dO, dSᵀ, lse, Delta, barriers
   unsigned char* ks = smem;
   unsigned char* vs = ks + Plan::kKVBytes;
@@ -101,25 +100,18 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x % 32 != 0 || st >= Plan::kStreams) return;
     const int begin = begin_of(st), total = total_of(st);
     if (total == 0) return;
-    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, int stride_rows,
-                    unsigned long long* bar) {
-#pragma unroll
-      for (int j = 0; j < kPanels; ++j) {
-        unsigned char* to = dst + j * stride_rows * kSwizzleRowBytes;
-        if (Cfg::kHeadsFirst) tma_load_3d(to, map, 64 * j, p, b * heads + h, bar);
-        else tma_load_3d(to, map, 64 * j, h, b * seq + p, bar);
-      }
-    };
+    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int stride_rows,
+                    unsigned long long* bar) { tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, stride_rows, bar); };
     mbarrier_arrive_expect_tx(&kv_full[st], 2 * Plan::kKVBytes / Plan::kStreams);
     const int key_row = st * kStreamKeys;
-    load(ks + key_row * kSwizzleRowBytes, map_k, kSeqK, k0 + key_row, kStreamKeys, KT, &kv_full[st]);
-    load(vs + key_row * kSwizzleRowBytes, map_v, kSeqK, k0 + key_row, kStreamKeys, KT, &kv_full[st]);
+    load(ks + key_row * kSwizzleRowBytes, map_k, kSeqK, k0 + key_row, KT, &kv_full[st]);
+    load(vs + key_row * kSwizzleRowBytes, map_v, kSeqK, k0 + key_row, KT, &kv_full[st]);
     for (int i = 0; i < total; ++i) {
       const int r = st * S + i % S, q0 = query0(begin, i);
       if (i >= S) mbarrier_wait(&empty[r], (i / S - 1) & 1);
       mbarrier_arrive_expect_tx(&full[r], 2 * Plan::kQBytes + 2 * Plan::kRowBytes);
-      load(qs(r), map_q, kSeqQ, q0, QT, QT, &full[r]);
-      load(dos(r), map_do, kSeqQ, q0, QT, QT, &full[r]);
+      load(qs(r), map_q, kSeqQ, q0, QT, &full[r]);
+      load(dos(r), map_do, kSeqQ, q0, QT, &full[r]);
       bulk_load(lse_s + r * QT, lse + bh * kSeqQ + q0, Plan::kRowBytes, &full[r]);
       bulk_load(delta_s + r * QT, delta + bh * kSeqQ + q0, Plan::kRowBytes, &full[r]);
     }
@@ -151,17 +143,9 @@ __global__ void __launch_bounds__(384, 1)
     mbarrier_wait(&full[r], (i / S) & 1);
     float sc[QT / 2], dpt[QT / 2];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, QT, 0, 0>(
-          sc, smem_descriptor(ka + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes),
-          smem_descriptor(qs(r) + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes), kk > 0);
+    wgmma_k_major_tiles<T, QT, D>(sc, ka, KT, qs(r), QT, true);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, QT, 0, 0>(
-          dpt, smem_descriptor(va + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes),
-          smem_descriptor(dos(r) + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16, kSwizzleAtomBytes), kk > 0);
+    wgmma_k_major_tiles<T, QT, D>(dpt, va, KT, dos(r), QT, true);
     wgmma_commit();
     wgmma_wait<1>();
     wgmma_fence_registers(sc);

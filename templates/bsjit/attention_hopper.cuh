@@ -17,6 +17,26 @@
 namespace bsjit {
 namespace kernels {
 
+// The first 1024-byte aligned address of dynamic shared memory (swizzled atoms must be aligned;
+// kernels reserve kSwizzleAtomBytes extra).
+__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* p) {
+  return p + ((kSwizzleAtomBytes - (smem_address(p) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
+}
+
+// TMA copy of `rows` positions from p on of (batch b, head h) of a Q- or K-shaped tensor (3-D maps:
+// (d, heads, batch · seq) for [batch, seq, heads, d], (d, seq, batch · heads) for [batch, heads,
+// seq, d]) into dst, panel by panel of 64 head-dim columns, panels stride_rows rows apart.
+template <class Cfg>
+__device__ __forceinline__ void tma_load_rows(unsigned char* dst, const TensorMap& map, int b, int h, int heads,
+                                              int seq, int p, int stride_rows, unsigned long long* bar) {
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDim / 64; ++j) {
+    unsigned char* to = dst + j * stride_rows * kSwizzleRowBytes;
+    if (Cfg::kHeadsFirst) tma_load_3d(to, map, 64 * j, p, b * heads + h, bar);
+    else tma_load_3d(to, map, 64 * j, h, b * seq + p, bar);
+  }
+}
+
 template <class Cfg>
 struct AttentionTmaPlan {
   static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;
@@ -33,7 +53,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
                                  const __grid_constant__ TensorMap map_v) {
   using T = typename Cfg::T;
   using Plan = AttentionTmaPlan<Cfg>;
-  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages, kPanels = D / 64;
+  constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages;
   constexpr int kConsumerThreads = Cfg::kConsumers * 128;
   constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (KT == 64 || KT == 128) && KT == Cfg::kBlock &&
@@ -41,8 +61,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
                 "16-bit; head dim 64 or 128; one key block per stage; consumers of 64 query rows");
   static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
-                                    (kSwizzleAtomBytes - 1));
+  unsigned char* smem = swizzle_aligned(smem_raw);
   unsigned char* qs = smem;
   auto ks = [&](int stage) { return smem + Plan::kQBytes + stage * Plan::kKVBytes; };
   auto vs = [&](int stage) { return smem + Plan::kQBytes + (S + stage) * Plan::kKVBytes; };
@@ -69,14 +88,8 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   if (warpgroup == 0) {  // producer
     warpgroup_release_registers<24>();
     if (threadIdx.x != 0) return;
-    // rows p .. p + rows - 1 of (b, h), panel by panel. Maps are 3-D: (d, heads, batch · seq) for
-    // [batch, seq, heads, d], (d, seq, batch · heads) for [batch, heads, seq, d].
     auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, unsigned long long* bar) {
-#pragma unroll
-      for (int j = 0; j < kPanels; ++j) {
-        if (Cfg::kHeadsFirst) tma_load_3d(dst + j * rows * kSwizzleRowBytes, map, 64 * j, p, b * heads + h, bar);
-        else tma_load_3d(dst + j * rows * kSwizzleRowBytes, map, 64 * j, h, b * seq + p, bar);
-      }
+      tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, rows, bar);
     };
     mbarrier_arrive_expect_tx(q_full, Plan::kQBytes);
     load(qs, map_q, kSeqQ, q0, QT, q_full);
@@ -111,14 +124,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     const int s = i % S;
     mbarrier_wait(&k_full[s], (i / S) & 1);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_m64k16<T, KT, 0, 0>(sc,
-                                smem_descriptor(qa + (kk / 4) * QT * kSwizzleRowBytes + (kk % 4) * 32, 16,
-                                                kSwizzleAtomBytes),
-                                smem_descriptor(ks(s) + (kk / 4) * KT * kSwizzleRowBytes + (kk % 4) * 32, 16,
-                                                kSwizzleAtomBytes),
-                                kk > 0);  // the first k step overwrites the last step's scores
+    wgmma_k_major_tiles<T, KT, D>(sc, qa, QT, ks(s), KT, true);  // overwrites the last step's scores
     wgmma_commit();
   };
   // O += P·V of step i, issued

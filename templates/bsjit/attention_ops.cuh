@@ -73,12 +73,7 @@ __global__ void __launch_bounds__(Cfg::kTile * 2)
   float acc[TL / 8][4];
 #pragma unroll
   for (int j = 0; j < TL / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    unsigned frag[4];
-    ldmatrix_x4(frag, As + (warp * 16 + lane % 16) * S + kk * 16 + (lane / 16) * 8);
-    warp_mma_k_major<T, TL, S>(acc, frag, Bs + kk * 16);
-  }
+  warp_mma_rows<T, TL, D, S>(acc, As + warp * 16 * S, Bs);
   T* o = out + slice.row(pos, r0 + warp * 16 + g) + c0;
 #pragma unroll
   for (int j = 0; j < TL / 8; ++j) {
@@ -231,36 +226,48 @@ __device__ __forceinline__ void store_rows(typename Cfg::T* out, const QkvIndex<
   }
 }
 
-// grid (batch · heads, seq_q / kTile): out's kTile query rows = Σ over the row's blocks P·V.
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kTile * 2)
-    attention_probs_v_kernel(const typename Cfg::T* __restrict__ probs, const typename Cfg::T* __restrict__ v,
-                             typename Cfg::T* __restrict__ out, int heads) {
+// One CTA of a product: kTile output rows of one (batch, head), summed over the blocks of the
+// mask's row (nn: out's query rows = Σ P·X, X shaped like K) or column (TRANSPOSED, tn: out's key
+// rows = Σ Pᵀ·X, X shaped like Q); tiles in the generator's launch order.
+template <class Cfg, bool TRANSPOSED>
+__device__ __forceinline__ void sparse_product_tile(const typename Cfg::T* __restrict__ probs,
+                                                    const typename Cfg::T* __restrict__ x,
+                                                    typename Cfg::T* __restrict__ out, int heads) {
   using Plan = OpsPlan<Cfg>;
   constexpr int TL = Plan::kTile, kSub = Cfg::kBlock / TL;
   constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
   constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads, layout = Cfg::kLayouts == 1 ? 0 : h;
   const SparseSlice<Cfg> slice(b, h, heads);
-  const long long q0 = static_cast<long long>(Cfg::tile_order()[blockIdx.y]) * TL;
-  const int block_row = static_cast<int>(q0 / Cfg::kBlock), r0 = static_cast<int>(q0 % Cfg::kBlock);
-  const int begin = Cfg::row_start()[layout * Cfg::kQBlocks + block_row];
-  const int total = (Cfg::row_start()[layout * Cfg::kQBlocks + block_row + 1] - begin) * kSub;
+  const long long o0 = static_cast<long long>((TRANSPOSED ? Cfg::key_tile_order() : Cfg::tile_order())[blockIdx.y]) * TL;
+  const int line = static_cast<int>(o0 / Cfg::kBlock), in_block = static_cast<int>(o0 % Cfg::kBlock);
+  const int* start = TRANSPOSED ? Cfg::col_start() + layout * Cfg::kKBlocks : Cfg::row_start() + layout * Cfg::kQBlocks;
+  const int begin = start[line], total = (start[line + 1] - begin) * kSub;
   const QkvIndex<Cfg> qi(b, h, heads, kSeqQ), ki(b, h, heads, kSeqK);
   float acc[Cfg::kHeadDim / 8][4];
-  sparse_product<Cfg, false>(
+  sparse_product<Cfg, TRANSPOSED>(
       acc, total,
-      [&](int step, typename Cfg::T* dst) {
-        const int pos = begin + step / kSub, c0 = (step % kSub) * TL;
+      [&](int step, typename Cfg::T* dst) {  // P's tile: rows of the output (nn) or of the reduction (tn)
+        const int pos = TRANSPOSED ? Cfg::col_positions()[begin + step / kSub] : begin + step / kSub;
+        const int r0 = TRANSPOSED ? (step % kSub) * TL : in_block, c0 = TRANSPOSED ? in_block : (step % kSub) * TL;
         copy_tile_async<TL, TL, Plan::kSp, Plan::kThreads>(
             dst, [&](int r) { return probs + slice.row(pos, r0 + r) + c0; }, [](int) { return true; });
       },
-      [&](int step, typename Cfg::T* dst) {
-        const long long k0 = static_cast<long long>(Cfg::keys()[begin + step / kSub]) * Cfg::kBlock + (step % kSub) * TL;
-        copy_tile_async<TL, Cfg::kHeadDim, Plan::kS, Plan::kThreads>(dst, [&](int r) { return v + ki.at(k0 + r); },
-                                                                     [](int) { return true; });
+      [&](int step, typename Cfg::T* dst) {  // X's rows: the step's keys (nn) or queries (tn)
+        const int other = (TRANSPOSED ? Cfg::query_blocks() : Cfg::keys())[begin + step / kSub];
+        const long long p0 = static_cast<long long>(other) * Cfg::kBlock + (step % kSub) * TL;
+        copy_tile_async<TL, Cfg::kHeadDim, Plan::kS, Plan::kThreads>(
+            dst, [&](int r) { return x + (TRANSPOSED ? qi : ki).at(p0 + r); }, [](int) { return true; });
       });
-  store_rows<Cfg>(out, qi, q0, acc);
+  store_rows<Cfg>(out, TRANSPOSED ? ki : qi, o0, acc);
+}
+
+// grid (batch · heads, seq_q / kTile): out's kTile query rows = Σ over the row's blocks P·V.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kTile * 2)
+    attention_probs_v_kernel(const typename Cfg::T* __restrict__ probs, const typename Cfg::T* __restrict__ v,
+                             typename Cfg::T* __restrict__ out, int heads) {
+  sparse_product_tile<Cfg, false>(probs, v, out, heads);
 }
 
 // grid (batch · heads, seq_k / kTile): out's kTile key rows = Σ over the column's blocks Pᵀ·X.
@@ -268,32 +275,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kTile * 2)
     attention_probs_t_kernel(const typename Cfg::T* __restrict__ probs, const typename Cfg::T* __restrict__ x,
                              typename Cfg::T* __restrict__ out, int heads) {
-  using Plan = OpsPlan<Cfg>;
-  constexpr int TL = Plan::kTile, kSub = Cfg::kBlock / TL;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
-  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
-  const int b = blockIdx.x / heads, h = blockIdx.x % heads, layout = Cfg::kLayouts == 1 ? 0 : h;
-  const SparseSlice<Cfg> slice(b, h, heads);
-  const long long k0 = static_cast<long long>(Cfg::key_tile_order()[blockIdx.y]) * TL;
-  const int block_col = static_cast<int>(k0 / Cfg::kBlock), c0 = static_cast<int>(k0 % Cfg::kBlock);
-  const int begin = Cfg::col_start()[layout * Cfg::kKBlocks + block_col];
-  const int total = (Cfg::col_start()[layout * Cfg::kKBlocks + block_col + 1] - begin) * kSub;
-  const QkvIndex<Cfg> qi(b, h, heads, kSeqQ), ki(b, h, heads, kSeqK);
-  float acc[Cfg::kHeadDim / 8][4];
-  sparse_product<Cfg, true>(
-      acc, total,
-      [&](int step, typename Cfg::T* dst) {
-        const int pos = Cfg::col_positions()[begin + step / kSub], r0 = (step % kSub) * TL;
-        copy_tile_async<TL, TL, Plan::kSp, Plan::kThreads>(
-            dst, [&](int r) { return probs + slice.row(pos, r0 + r) + c0; }, [](int) { return true; });
-      },
-      [&](int step, typename Cfg::T* dst) {
-        const long long q0 =
-            static_cast<long long>(Cfg::query_blocks()[begin + step / kSub]) * Cfg::kBlock + (step % kSub) * TL;
-        copy_tile_async<TL, Cfg::kHeadDim, Plan::kS, Plan::kThreads>(dst, [&](int r) { return x + qi.at(q0 + r); },
-                                                                     [](int) { return true; });
-      });
-  store_rows<Cfg>(out, ki, k0, acc);
+  sparse_product_tile<Cfg, true>(probs, x, out, heads);
 }
 
 }  // namespace kernels

@@ -180,6 +180,22 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const unsigne
 #endif
 }
 
+// d (64 × N) = A·Bᵀ over K reduction indices (accumulated onto d unless overwrite), both operands
+// K-major tiles of 128-byte-swizzled panels of 64 reduction indices: A's 64 rows at a, its panels
+// a_rows rows apart; B's N rows at b, panels b_rows apart. Issued, not committed.
+template <class T, int N, int K>
+__device__ __forceinline__ void wgmma_k_major_tiles(float (&d)[N / 2], const unsigned char* a, int a_rows,
+                                                    const unsigned char* b, int b_rows, bool overwrite) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+    wgmma_m64k16<T, N, 0, 0>(d,
+                             smem_descriptor(a + (kk / 4) * a_rows * kSwizzleRowBytes + (kk % 4) * 32, 16,
+                                             kSwizzleAtomBytes),
+                             smem_descriptor(b + (kk / 4) * b_rows * kSwizzleRowBytes + (kk % 4) * 32, 16,
+                                             kSwizzleAtomBytes),
+                             overwrite && kk == 0 ? 0 : 1);
+}
+
 // The accumulator element of thread `lane` of warp `warp` (within its warpgroup) held in register
 // pair 4i + 2h: row warp·16 + lane/4 + 8h, columns 8i + 2·(lane%4) and the next one.
 template <int N, class Store>

@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 
+#include "attention_cases.hpp"
 #include "attention_reference.hpp"
 #include "bsjit/bsjit.hpp"
 #include "device_buffer.hpp"
@@ -17,27 +18,8 @@
 namespace bsjit {
 namespace {
 
-struct Case {
-  int block, head_dim;
-  DType dtype;
-  QkvOrder order;
-  bool causal;
-};
-
-std::vector<Case> all_cases() {
-  std::vector<Case> v;
-  for (int block : {16, 32, 64, 128})
-    for (int d : {32, 64, 128})
-      for (DType dt : {DType::f16, DType::bf16})
-        for (QkvOrder order : {QkvOrder::bshd, QkvOrder::bhsd})
-          for (bool causal : {false, true}) v.push_back({block, d, dt, order, causal});
-  return v;
-}
-
-std::string case_name(const Case& c) {
-  return fmt::format("b{}_d{}_{}_{}{}", c.block, c.head_dim, to_string(c.dtype), to_string(c.order),
-                     c.causal ? "_causal" : "");
-}
+using Case = testing::AttentionCase;
+using testing::case_name;
 
 class AttentionGpu : public ::testing::TestWithParam<Case> {
  protected:
@@ -97,18 +79,12 @@ TEST_P(AttentionGpu, ForwardMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, AttentionGpu, ::testing::ValuesIn(all_cases()),
+INSTANTIATE_TEST_SUITE_P(All, AttentionGpu, ::testing::ValuesIn(testing::all_attention_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
 // The backward on a third of the cases (every block size, head dim, dtype and order appear):
 // dQ, dK, dV against the reference's gradients, from the GPU's own forward (out, lse), with
 // per-head masks (an empty block row among them), key padding, outputs poisoned.
-std::vector<Case> backward_cases() {
-  std::vector<Case> v;
-  const auto all = all_cases();
-  for (std::size_t i = 0; i < all.size(); i += 3) v.push_back(all[i]);
-  return v;
-}
 class AttentionBackwardGpu : public AttentionGpu {};
 
 TEST_P(AttentionBackwardGpu, GradientsMatchReference) {
@@ -153,7 +129,7 @@ TEST_P(AttentionBackwardGpu, GradientsMatchReference) {
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dv.download()), want.dv), 1e-2) << "dv";
 }
 
-INSTANTIATE_TEST_SUITE_P(Some, AttentionBackwardGpu, ::testing::ValuesIn(backward_cases()),
+INSTANTIATE_TEST_SUITE_P(Some, AttentionBackwardGpu, ::testing::ValuesIn(testing::every_third_attention_case(0)),
                          [](const auto& info) { return case_name(info.param); });
 
 TEST(AttentionApi, ChecksItsArguments) {

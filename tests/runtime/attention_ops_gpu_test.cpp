@@ -9,6 +9,7 @@
 
 #include <random>
 
+#include "attention_cases.hpp"
 #include "attention_reference.hpp"
 #include "bsjit/bsjit.hpp"
 #include "device_buffer.hpp"
@@ -17,29 +18,8 @@
 namespace bsjit {
 namespace {
 
-struct Case {
-  int block, head_dim;
-  DType dtype;
-  QkvOrder order;
-  bool causal;
-};
-
-// A third of the combinations; every block size, head dim, dtype, order and causality appears.
-std::vector<Case> cases() {
-  std::vector<Case> all, v;
-  for (int block : {16, 32, 64, 128})
-    for (int d : {32, 64, 128})
-      for (DType dt : {DType::f16, DType::bf16})
-        for (QkvOrder order : {QkvOrder::bshd, QkvOrder::bhsd})
-          for (bool causal : {false, true}) all.push_back({block, d, dt, order, causal});
-  for (std::size_t i = 1; i < all.size(); i += 3) v.push_back(all[i]);
-  return v;
-}
-
-std::string case_name(const Case& c) {
-  return fmt::format("b{}_d{}_{}_{}{}", c.block, c.head_dim, to_string(c.dtype), to_string(c.order),
-                     c.causal ? "_causal" : "");
-}
+using Case = testing::AttentionCase;
+using testing::case_name;
 
 // Pairs masked inside the blocks of even (row + column): a diagonal stripe pattern, head-dependent.
 bool element_keeps(std::int64_t head, std::int64_t query, std::int64_t key, int block) {
@@ -141,7 +121,7 @@ TEST_P(AttentionOpsGpu, EveryOpMatchesReference) {
   EXPECT_LE(reference::relative_error(got(o), reference::attention_forward(p, q, k, v).out), 2e-2) << "forward";
 }
 
-INSTANTIATE_TEST_SUITE_P(Some, AttentionOpsGpu, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(Some, AttentionOpsGpu, ::testing::ValuesIn(testing::every_third_attention_case(1)),
                          [](const auto& info) { return case_name(info.param); });
 
 std::string message(const std::function<void()>& call) {

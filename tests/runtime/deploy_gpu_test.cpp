@@ -59,13 +59,12 @@ class DeployGpu : public ::testing::Test {
   std::string arch_;
 };
 
-TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
+// In fresh processes: strict warm-up of the manifest fails on an empty cache; precompile; strict
+// warm-up loads its `items` on every GPU, and warm-up of the directory its `entries` on every GPU.
+void precompile_then_strict_warmup(const std::string& manifest_json, int items, int entries) {
   TempDir dir;
   auto manifest = dir.path / "m.json";
-  std::ofstream(manifest) << fmt::format(
-      R"({{"layouts": ["{}"], "ops": ["forward", "backward_weight"], "blocks": [32, 64], "dtypes": ["bf16"],
-          "archs": ["{}"]}})",
-      (fs::absolute(examples()) / "layouts" / "banded.json").string(), arch_);
+  std::ofstream(manifest) << manifest_json;
   const std::string cache = "--cache-dir " + (dir.path / "c").string();
   auto r = sh(cache + " warmup --strict -m " + manifest.string());
   EXPECT_EQ(r.status, 1) << "strict warm-up of an empty cache must fail:\n" << r.output;
@@ -74,39 +73,31 @@ TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
   ASSERT_EQ(r.status, 0) << r.output;
   int gpus = 0;
   BSJIT_CU(runtime::driver().cuDeviceGetCount(&gpus));
-  // 4 kernels of the manifest on every GPU; the directory holds 8 entries (each has a
-  // small-batch variant too), each loaded on every GPU
   r = sh(cache + " warmup --strict -m " + manifest.string());
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 4 * gpus)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", items * gpus)), std::string::npos) << r.output;
   r = sh(cache + " warmup --dir " + (dir.path / "c").string());
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 8 * gpus)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", entries * gpus)), std::string::npos) << r.output;
   std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
 }
 
-// Attention kernels: strict warm-up fails on an empty cache, passes after precompile (the fused
-// forward and backward, the decomposed ops), on every GPU; the directory warm-up loads all 9.
+// 4 matmul kernels; 8 entries (each has a small-batch variant too)
+TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
+  precompile_then_strict_warmup(
+      fmt::format(R"({{"layouts": ["{}"], "ops": ["forward", "backward_weight"], "blocks": [32, 64],
+                      "dtypes": ["bf16"], "archs": ["{}"]}})",
+                  (fs::absolute(examples()) / "layouts" / "banded.json").string(), arch_),
+      4, 8);
+}
+
+// Attention: a fused and a decomposed item; 4 + 5 entries
 TEST_F(DeployGpu, AttentionPrecompileThenStrictWarmup) {
-  TempDir dir;
-  auto manifest = dir.path / "m.json";
-  std::ofstream(manifest) << fmt::format(
-      R"({{"attention": [{{"masks": ["{}"], "blocks": [64], "head_dims": [128], "causal": [true],
-          "ops": ["fused", "decomposed"], "archs": ["{}"]}}]}})",
-      (fs::absolute(examples()) / "layouts" / "attention_window_global.json").string(), arch_);
-  const std::string cache = "--cache-dir " + (dir.path / "c").string();
-  auto r = sh(cache + " warmup --strict -m " + manifest.string());
-  EXPECT_EQ(r.status, 1) << "strict warm-up of an empty cache must fail:\n" << r.output;
-  r = sh(cache + " precompile -m " + manifest.string());
-  ASSERT_EQ(r.status, 0) << r.output;
-  int gpus = 0;
-  BSJIT_CU(runtime::driver().cuDeviceGetCount(&gpus));
-  r = sh(cache + " warmup --strict -m " + manifest.string());
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 2 * gpus)), std::string::npos) << r.output;
-  r = sh(cache + " warmup --dir " + (dir.path / "c").string());
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", 9 * gpus)), std::string::npos) << r.output;
+  precompile_then_strict_warmup(
+      fmt::format(R"({{"attention": [{{"masks": ["{}"], "blocks": [64], "head_dims": [128], "causal": [true],
+                      "ops": ["fused", "decomposed"], "archs": ["{}"]}}]}})",
+                  (fs::absolute(examples()) / "layouts" / "attention_window_global.json").string(), arch_),
+      2, 9);
 }
 
 // bsjit tune in one process; a later process in strict mode, whose cache holds only the kernels
