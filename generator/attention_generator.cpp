@@ -77,20 +77,16 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   g.tma = arch == "sm_90a" && o.block >= 64 && o.head_dim >= 64;
   int qt, kt, consumers = 0, stages = 0;
   if (g.tma) {
-    // 128 query rows per CTA, two consumer warpgroups of 64 taking turns at the tensor cores, one
-    // key block per stage, one CTA per SM, as many stages as fit up to 4. Block 128: one query
-    // block, one ring (d = 128: Q 32 KiB + 3 × (K + V) 192 KiB). Block 64: a pair of query blocks,
-    // a ring (and a producer thread) each.
-    qt = 128, kt = o.block, consumers = 2;
-    const int streams = o.block == 64 ? 2 : 1;
-    auto bytes = [&](int s) {
-      return qt * o.head_dim * 2 + 2 * streams * s * kt * o.head_dim * 2 + (streams + 4 * streams * s) * 8 + 1024;
-    };
-    stages = 2;
-    while (stages < 4 && bytes(stages + 1) <= 227 * 1024) ++stages;
+    // One query block per CTA, 64 rows per consumer warpgroup, one key block per stage. Block 128:
+    // 2 consumers taking turns at the tensor cores, one CTA per SM, as many stages as fit up to 4
+    // (d = 128: Q 32 KiB + 3 × (K + V) 192 KiB). Block 64: one consumer, two CTAs per SM, 2 stages
+    // (Q 16 KiB + 2 × 32 KiB each).
+    qt = kt = o.block, consumers = o.block / 64;
+    const int stage_bytes = 2 * kt * o.head_dim * 2, fixed = qt * o.head_dim * 2 + 1024;
+    stages = o.block == 64 ? 2 : std::min(4, (227 * 1024 - fixed - 17 * 8) / stage_bytes);
     g.threads = (consumers + 1) * 128;
-    g.shared_bytes = bytes(stages);
-    g.q_rows = qt / streams, g.kv_rows = kt;
+    g.shared_bytes = (qt + 2 * stages * kt) * o.head_dim * 2 + (1 + 4 * stages) * 8 + 1024;
+    g.q_rows = qt, g.kv_rows = kt;
   } else {
     // Query and key tiles of 64 rows (the block's own size below that): a CTA of 4 warps holds 64
     // query rows and their output accumulators in registers.
@@ -100,7 +96,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   }
   g.seq_q = masks[0].rows() * o.block;
   g.seq_k = masks[0].cols() * o.block;
-  g.query_tiles = (g.seq_q + qt - 1) / qt;  // block 64 on sm_90a: an odd block count, a last half pair
+  g.query_tiles = g.seq_q / qt;
   if (g.query_tiles > 65535)
     throw Error(fmt::format("bsjit: attention: {} query tiles of {} rows; at most 65535 are supported", g.query_tiles,
                             qt));

@@ -1,16 +1,13 @@
 // Block-sparse attention, fused forward on Hopper (sm_90a): the same computation as
 // attention_forward_kernel (attention.cuh), with warpgroup tensor cores fed by TMA.
 //
-// A CTA takes kQTile = 64 · kConsumers query rows of one (batch, head): one query block, or with
-// block 64 and two consumers a pair of query blocks. Warpgroup 0 holds the producers, one thread
-// per stream (the block's row of the mask, or each of the pair's rows): it copies the stream's Q
-// rows once, then the K and V tiles of each key block of the row's LUT into a kStages-deep ring,
-// with full and empty mbarriers for K and V apart (K of a stage is released as soon as its scores
-// are in). Each consumer warpgroup owns 64 query rows and runs a software pipeline: S = Q·Kᵀ of
-// step i (both operands in shared memory, K-major) and O += P·V of step i - 1 (P straight from
-// registers as wgmma's A operand, V MN-major) are issued together, and the softmax of step i (log2
-// domain) runs while the product is in the tensor cores; two consumers take turns at the tensor
-// cores.
+// A CTA takes one query block (kQTile = 64 · kConsumers rows) of one (batch, head). Warpgroup 0 is
+// the producer: one thread copies the Q tile once, then the K and V tiles of each key block of the
+// row's LUT into a kStages-deep ring, with full and empty mbarriers for K and V apart (K of a
+// stage is released as soon as its scores are in). Each consumer warpgroup owns 64 query rows and
+// runs a software pipeline: S = Q·Kᵀ of step i (both operands in shared memory, K-major) and
+// O += P·V of step i - 1 (P straight from registers as wgmma's A operand, V MN-major) are issued
+// together, and the softmax of step i (log2 domain) runs while the product is in the tensor cores.
 // Tiles are 128-byte swizzled: head dims of 64 or 128 as one or two panels of 64 columns.
 #pragma once
 
@@ -42,15 +39,10 @@ __device__ __forceinline__ void tma_load_rows(unsigned char* dst, const TensorMa
 
 template <class Cfg>
 struct AttentionTmaPlan {
-  // Block 64 with two consumers: a pair of query blocks, each with its own key blocks (a stream:
-  // producer thread, K/V ring and barriers per query block).
-  static constexpr bool kPaired = Cfg::kConsumers == 2 && Cfg::kBlock == 64;
-  static constexpr int kStreams = kPaired ? 2 : 1;
   static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;
   static constexpr int kKVBytes = Cfg::kKTile * Cfg::kHeadDim * 2;  // one K or V tile
-  static constexpr int kRing = kStreams * Cfg::kStages;
-  static constexpr int kBarriers = kStreams + 4 * kRing;             // Q; K, V full; K, V empty
-  static constexpr int kSharedBytes = kQBytes + 2 * kRing * kKVBytes + kBarriers * 8 + kSwizzleAtomBytes;
+  static constexpr int kBarriers = 1 + 4 * Cfg::kStages;             // Q; K, V full; K, V empty
+  static constexpr int kSharedBytes = kQBytes + 2 * Cfg::kStages * kKVBytes + kBarriers * 8 + kSwizzleAtomBytes;
 };
 
 template <class Cfg>
@@ -62,62 +54,53 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   using T = typename Cfg::T;
   using Plan = AttentionTmaPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages;
-  constexpr int kStreamRows = QT / Plan::kStreams, kStreamThreads = Cfg::kConsumers * 128 / Plan::kStreams;
+  constexpr int kConsumerThreads = Cfg::kConsumers * 128;
   constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (KT == 64 || KT == 128) && KT == Cfg::kBlock &&
-                    QT == 64 * Cfg::kConsumers && (Cfg::kBlock % QT == 0 || Plan::kPaired) && S >= 2,
+                    QT == 64 * Cfg::kConsumers && Cfg::kBlock % QT == 0 && S >= 2,
                 "16-bit; head dim 64 or 128; one key block per stage; consumers of 64 query rows");
   static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = swizzle_aligned(smem_raw);
-  // Q ([panel][QT rows]); per ring slot r = stream · S + stage: K, V; barriers
   unsigned char* qs = smem;
-  auto ks = [&](int r) { return smem + Plan::kQBytes + r * Plan::kKVBytes; };
-  auto vs = [&](int r) { return smem + Plan::kQBytes + (Plan::kRing + r) * Plan::kKVBytes; };
-  unsigned long long* q_full = reinterpret_cast<unsigned long long*>(smem + Plan::kQBytes + 2 * Plan::kRing * Plan::kKVBytes);
-  unsigned long long* k_full = q_full + Plan::kStreams;
-  unsigned long long* v_full = k_full + Plan::kRing;
-  unsigned long long* k_empty = v_full + Plan::kRing;
-  unsigned long long* v_empty = k_empty + Plan::kRing;
+  auto ks = [&](int stage) { return smem + Plan::kQBytes + stage * Plan::kKVBytes; };
+  auto vs = [&](int stage) { return smem + Plan::kQBytes + (S + stage) * Plan::kKVBytes; };
+  unsigned long long* q_full = reinterpret_cast<unsigned long long*>(smem + Plan::kQBytes + 2 * S * Plan::kKVBytes);
+  unsigned long long* k_full = q_full + 1;
+  unsigned long long* v_full = k_full + S;
+  unsigned long long* k_empty = v_full + S;
+  unsigned long long* v_empty = k_empty + S;
 
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int q0 = Cfg::tile_order()[blockIdx.y] * QT;
+  const int q0 = Cfg::tile_order()[blockIdx.y] * QT, row = q0 / Cfg::kBlock;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
-  // stream st: query block q0 / block + st and its key blocks (none past the last query block)
-  auto row_of = [&](int st) { return q0 / Cfg::kBlock + st; };
-  auto begin_of = [&](int st) { return Cfg::row_start()[layout * Cfg::kQBlocks + row_of(st)]; };
-  auto total_of = [&](int st) {
-    return row_of(st) < Cfg::kQBlocks ? Cfg::row_start()[layout * Cfg::kQBlocks + row_of(st) + 1] - begin_of(st) : 0;
-  };
+  const int begin = Cfg::row_start()[layout * Cfg::kQBlocks + row];
+  const int total = Cfg::row_start()[layout * Cfg::kQBlocks + row + 1] - begin;
   if (threadIdx.x == 0) {
-    for (int st = 0; st < Plan::kStreams; ++st) mbarrier_init(&q_full[st], 1);
-    for (int r = 0; r < Plan::kRing; ++r) mbarrier_init(&k_full[r], 1), mbarrier_init(&v_full[r], 1);
-    for (int r = 0; r < Plan::kRing; ++r)
-      mbarrier_init(&k_empty[r], kStreamThreads), mbarrier_init(&v_empty[r], kStreamThreads);
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < S; ++s) mbarrier_init(&k_full[s], 1), mbarrier_init(&v_full[s], 1);
+    for (int s = 0; s < S; ++s) mbarrier_init(&k_empty[s], kConsumerThreads), mbarrier_init(&v_empty[s], kConsumerThreads);
     fence_barrier_init();
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {  // producers: lane 0 of warp st for stream st
+  if (warpgroup == 0) {  // producer
     warpgroup_release_registers<24>();
-    const int st = threadIdx.x / 32;
-    if (threadIdx.x % 32 != 0 || st >= Plan::kStreams) return;
-    const int begin = begin_of(st), total = total_of(st);
-    if (total == 0) return;
-    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int stride_rows, unsigned long long* bar) {
-      tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, stride_rows, bar);
+    if (threadIdx.x != 0) return;
+    auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, unsigned long long* bar) {
+      tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, rows, bar);
     };
-    mbarrier_arrive_expect_tx(&q_full[st], Plan::kQBytes / Plan::kStreams);
-    load(qs + st * kStreamRows * kSwizzleRowBytes, map_q, kSeqQ, q0 + st * kStreamRows, QT, &q_full[st]);
+    mbarrier_arrive_expect_tx(q_full, Plan::kQBytes);
+    load(qs, map_q, kSeqQ, q0, QT, q_full);
     for (int i = 0; i < total; ++i) {
-      const int r = st * S + i % S, key0 = Cfg::keys()[begin + i] * KT;
-      if (i >= S) mbarrier_wait(&k_empty[r], (i / S - 1) & 1);
-      mbarrier_arrive_expect_tx(&k_full[r], Plan::kKVBytes);
-      load(ks(r), map_k, kSeqK, key0, KT, &k_full[r]);
-      if (i >= S) mbarrier_wait(&v_empty[r], (i / S - 1) & 1);
-      mbarrier_arrive_expect_tx(&v_full[r], Plan::kKVBytes);
-      load(vs(r), map_v, kSeqK, key0, KT, &v_full[r]);
+      const int s = i % S, key0 = Cfg::keys()[begin + i] * KT;
+      if (i >= S) mbarrier_wait(&k_empty[s], (i / S - 1) & 1);
+      mbarrier_arrive_expect_tx(&k_full[s], Plan::kKVBytes);
+      load(ks(s), map_k, kSeqK, key0, KT, &k_full[s]);
+      if (i >= S) mbarrier_wait(&v_empty[s], (i / S - 1) & 1);
+      mbarrier_arrive_expect_tx(&v_full[s], Plan::kKVBytes);
+      load(vs(s), map_v, kSeqK, key0, KT, &v_full[s]);
     }
     return;
   }
@@ -127,10 +110,6 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
 
   const int consumer = warpgroup - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4,
             t4 = lane % 4;
-  const int st = Plan::kPaired ? consumer : 0, begin = begin_of(st), total = total_of(st);
-  // turns at the tensor cores: as many as the longer stream needs, so that both consumers pass the
-  // same number of named-barrier phases
-  const int turns = max(total_of(0), total_of(Plan::kStreams - 1)) > 0 ? max(total_of(0), total_of(Plan::kStreams - 1)) + 1 : 0;
   // this thread's accumulator rows (wgmma_epilogue's layout): g and g + 8 of its warp's 16
   const int my_row[2] = {q0 + consumer * 64 + warp * 16 + g, q0 + consumer * 64 + warp * 16 + g + 8};
   float o[D / 2], sc[KT / 2];
@@ -141,9 +120,8 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   const unsigned char* qa = qs + consumer * 64 * kSwizzleRowBytes;
 
   // S = Q·Kᵀ of step i, issued (not waited for)
-  auto slot = [&](int i) { return st * S + i % S; };
   auto issue_scores = [&](int i) {
-    const int s = slot(i);
+    const int s = i % S;
     mbarrier_wait(&k_full[s], (i / S) & 1);
     wgmma_fence();
     wgmma_k_major_tiles<T, KT, D>(sc, qa, QT, ks(s), KT, true);  // overwrites the last step's scores
@@ -151,7 +129,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   };
   // O += P·V of step i, issued
   auto issue_values = [&](int i) {
-    const int s = slot(i);
+    const int s = i % S;
     mbarrier_wait(&v_full[s], (i / S) & 1);
     wgmma_fence();
 #pragma unroll
@@ -167,7 +145,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   // scale folds into one FFMA per score: max(scale · s) = scale · max(s) for scale > 0.
   auto softmax = [&](int i) {
     const int key0 = Cfg::keys()[begin + i] * KT;
-    if ((Cfg::kCausal && key0 + KT - 1 > q0 + consumer * 64) || key_padding != nullptr) {
+    if ((Cfg::kCausal && key0 + KT - 1 > q0) || key_padding != nullptr) {
 #pragma unroll
       for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
@@ -220,14 +198,14 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   // Software pipeline: step i's Q·Kᵀ and step i - 1's P·V run on the tensor cores while this
   // warpgroup computes step i's softmax; K of a stage is released once its scores are in, V once
   // its product is.
+  mbarrier_wait(q_full, 0);
   if (total > 0) {
-    mbarrier_wait(&q_full[st], 0);
     my_turn();
     issue_scores(0);
     their_turn();
     wgmma_wait<0>();
     wgmma_fence_registers(sc);
-    mbarrier_arrive(&k_empty[slot(0)]);
+    mbarrier_arrive(&k_empty[0]);
     softmax(0);
     pack_probabilities();
   }
@@ -238,12 +216,12 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     their_turn();
     wgmma_wait<1>();  // the scores (committed first)
     wgmma_fence_registers(sc);
-    mbarrier_arrive(&k_empty[slot(i)]);
+    mbarrier_arrive(&k_empty[i % S]);
     softmax(i);
     wgmma_wait<0>();  // the product, which read pa and accumulated into o
     wgmma_fence_registers(o);
     wgmma_fence_registers(pa);
-    mbarrier_arrive(&v_empty[slot(i - 1)]);
+    mbarrier_arrive(&v_empty[(i - 1) % S]);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0], o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
     pack_probabilities();
@@ -255,14 +233,9 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     wgmma_wait<0>();
     wgmma_fence_registers(o);
     wgmma_fence_registers(pa);
-    mbarrier_arrive(&v_empty[slot(total - 1)]);
-  }
-  for (int t = total > 0 ? total + 1 : 0; t < turns; ++t) {  // the other stream is longer
-    my_turn();
-    their_turn();
+    mbarrier_arrive(&v_empty[(total - 1) % S]);
   }
   if (consumer == 0) my_turn();  // consumer 1's last hand-over: every barrier phase completes
-  if (q0 + consumer * 64 >= kSeqQ) return;  // the pair's second block past the last row
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -57,13 +57,11 @@ TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
   }
   EXPECT_EQ(seen, std::vector<int>(6, 1));
 
-  // sm_90a: the warpgroup kernel, 128 query rows per CTA (a block of 128 or a pair of 64), a
-  // consumer warpgroup per 64 rows
+  // sm_90a: the warpgroup kernel, one query block per CTA, a consumer warpgroup per 64 rows
   for (int block : {64, 128}) {
     const auto h = generate_attention_forward(masks, {block, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a");
     EXPECT_TRUE(h.tma);
-    EXPECT_EQ(h.threads, 384);
-    EXPECT_EQ(h.query_tiles, 6 * block / 128);
+    EXPECT_EQ(h.threads, 128 + 128 * block / 64);
     EXPECT_EQ(h.q_rows, block);
     EXPECT_EQ(h.kv_rows, block);
     EXPECT_LE(h.shared_bytes, 227 * 1024);
@@ -113,14 +111,10 @@ TEST(AttentionGenerator, OpsTablesFindEveryBlockByRowAndColumn) {
   EXPECT_EQ(generate_attention_ops(masks, {128, 64, DType::f16, QkvOrder::bhsd, false, ""}).score_tiles, 15 * 4);
 }
 
-// The Hopper kernels take 128 queries (forward) or keys (backward) per CTA: a block of 128, or a
-// pair of blocks of 64 (an odd count leaves a last half pair), launched the most work first.
-TEST(AttentionGenerator, HopperKernelsPairBlocksOf64) {
+// The Hopper backward takes 128 keys per CTA: a block of 128, or a pair of block columns of 64 (an
+// odd count leaves a last half pair), launched the most work first.
+TEST(AttentionGenerator, HopperBackwardPairsBlocksOf64) {
   const std::vector<Layout> masks = {layouts::causal(5)};
-  // the forward: rows {0, 1} (1 + 2 key blocks), {2, 3} (3 + 4), {4} (5), the most work first
-  const auto fwd = generate_attention_forward(masks, {64, 64, DType::f16, QkvOrder::bhsd, true, ""}, "sm_90a");
-  EXPECT_EQ(fwd.query_tiles, 3);
-  EXPECT_EQ(array_of(fwd.source, "kTileOrder"), (std::vector<int>{1, 2, 0}));
   const auto pairs = generate_attention_backward(masks, {64, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a");
   EXPECT_TRUE(pairs.tma);
   EXPECT_EQ(pairs.key_tiles, 3);  // columns {0, 1}, {2, 3}, {4}
