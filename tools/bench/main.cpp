@@ -28,6 +28,7 @@
 #include "cache/kernel_cache.hpp"
 #include "device_buffer.hpp"
 #include "reference.hpp"
+#include "generator/attention_generator.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "runtime/module.hpp"
@@ -313,6 +314,36 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
     }
 }
 
+// Cold compiles of the attention kernels for suite A's causal mask (S = 8192, d = 128, bf16): each
+// kernel alone, NVRTC only (median of 3). Needs no GPU.
+void run_attention_compile(std::vector<std::pair<std::string, double>>& figures) {
+  for (int block : {128, 64}) {
+    const std::vector<Layout> masks{layouts::causal(8192 / block)};
+    const AttentionOptions o{block, 128, DType::bf16, QkvOrder::bhsd, true, ""};
+    auto time = [&](const std::string& source, const std::string& name, const std::string& label,
+                    const std::string& arch, const std::string& what) {
+      std::vector<double> ms;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto t = Clock::now();
+        runtime::compile(source, name, label, arch);
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      }
+      std::sort(ms.begin(), ms.end());
+      figures.emplace_back(fmt::format("cold compile, attention {} b{} d128 {}, causal S=8192 (median of 3), ms", what,
+                                       block, arch),
+                           ms[1]);
+    };
+    for (const std::string arch : {"sm_90a", "sm_80"}) {
+      const auto f = generator::generate_attention_forward(masks, o, arch);
+      time(f.source, f.name_expression, f.label, arch, "forward");
+      const auto b = generator::generate_attention_backward(masks, o, arch);
+      time(b.source, b.main, b.label, arch, "backward main");
+    }
+    const auto ops = generator::generate_attention_ops(masks, o);
+    time(ops.source, ops.probs_v, ops.label, "sm_80", "decomposed probs_v");
+  }
+}
+
 void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figures) {
   run_compile(figures);
   std::mt19937_64 rng(12);
@@ -420,6 +451,7 @@ int main(int argc, char** argv) {
       if (suites == std::vector<std::string>{"compile"}) {
         std::vector<std::pair<std::string, double>> figures;
         run_compile(figures);
+        run_attention_compile(figures);
         for (auto& [k, v] : figures) fmt::print("{:70} {:10.3f}\n", k, v);
         return 0;
       }
@@ -441,7 +473,7 @@ int main(int argc, char** argv) {
       else if (s == "small") run_w(env, 64, 16384, {32, 64}, {0.1}, {"balanced"}, small_rows, true);
       else if (s == "jit") run_jit(env, jit);
       else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
-      else if (s == "compile") run_compile(jit);
+      else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep") {
         nlohmann::json sweep;
         run_sweep(env, 8192, 4096, blocks, densities, sweep);
