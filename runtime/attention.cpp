@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <array>
 #include <climits>
+#include <future>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -68,11 +69,20 @@ struct Attention::Impl {
   std::array<cache::KernelCache::Compiled, 3> backward_kernels(const generator::GeneratedAttentionBackward& g,
                                                                const std::string& arch, cache::OnMiss on_miss,
                                                                bool* now = nullptr) {
+    // the main kernel (most of the compile time) on another thread while prep and dq compile here
     bool compiled[3] = {};
-    std::array<cache::KernelCache::Compiled, 3> k{
-        runtime::cached_kernel(g.source, g.prep, g.label + "-prep", 0, arch, masks_hash, on_miss, &compiled[0]),
-        runtime::cached_kernel(g.source, g.dq, g.label + "-dq", 0, arch, masks_hash, on_miss, &compiled[1]),
-        runtime::cached_kernel(g.source, g.main, g.label, g.shared_bytes, arch, masks_hash, on_miss, &compiled[2])};
+    auto main = std::async(std::launch::async, [&] {
+      return runtime::cached_kernel(g.source, g.main, g.label, g.shared_bytes, arch, masks_hash, on_miss, &compiled[2]);
+    });
+    std::array<cache::KernelCache::Compiled, 3> k;
+    try {
+      k[0] = runtime::cached_kernel(g.source, g.prep, g.label + "-prep", 0, arch, masks_hash, on_miss, &compiled[0]);
+      k[1] = runtime::cached_kernel(g.source, g.dq, g.label + "-dq", 0, arch, masks_hash, on_miss, &compiled[1]);
+    } catch (...) {
+      main.wait();  // it writes compiled[2], on this frame
+      throw;
+    }
+    k[2] = main.get();
     if (now) *now = compiled[0] || compiled[1] || compiled[2];
     return k;
   }
@@ -202,13 +212,21 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
 
 bool Attention::precompile(const std::string& arch) const {
   bool forward_now = false, backward_now = false;
-  impl_->compiled(arch, cache::OnMiss::compile, &forward_now);
+  runtime::check_arch(arch);
   const generator::GeneratedAttentionBackward* g;
   {
     std::lock_guard lock(impl_->mutex);
     g = &impl_->backward_source(arch);  // std::map: stays where it is
   }
-  impl_->backward_kernels(*g, arch, cache::OnMiss::compile, &backward_now);
+  // the forward on another thread while the backward's kernels compile
+  auto forward = std::async(std::launch::async, [&] { impl_->compiled(arch, cache::OnMiss::compile, &forward_now); });
+  try {
+    impl_->backward_kernels(*g, arch, cache::OnMiss::compile, &backward_now);
+  } catch (...) {
+    forward.wait();
+    throw;
+  }
+  forward.get();
   return forward_now || backward_now;
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <future>
 #include <map>
 #include <mutex>
 
@@ -187,14 +188,20 @@ std::int64_t AttentionOps::sparse_elements(std::int64_t heads) const {
 }
 
 int AttentionOps::precompile(const std::string& arch) const {
+  runtime::check_arch(arch);
+  // the five compiles side by side (NVRTC runs in the calling thread)
+  std::vector<std::future<bool>> pending;
+  for (int k = 0; k < kKernels; ++k)
+    pending.push_back(std::async(std::launch::async, [this, k, &arch] {
+      bool now = false;
+      const auto [name, shared] = impl_->kernel(static_cast<Kernel>(k));
+      runtime::cached_kernel(impl_->g.source, *name, impl_->g.label + Impl::suffix(static_cast<Kernel>(k)), shared,
+                             arch, impl_->masks_hash, cache::OnMiss::compile, &now);
+      return now;
+    }));
   int compiled = 0;
-  for (int k = 0; k < kKernels; ++k) {
-    bool now = false;
-    const auto [name, shared] = impl_->kernel(static_cast<Kernel>(k));
-    runtime::cached_kernel(impl_->g.source, *name, impl_->g.label + Impl::suffix(static_cast<Kernel>(k)), shared, arch,
-                           impl_->masks_hash, cache::OnMiss::compile, &now);
-    compiled += now;
-  }
+  for (auto& p : pending) p.wait();  // every thread done before the first error propagates
+  for (auto& p : pending) compiled += p.get();
   return compiled;
 }
 
