@@ -169,11 +169,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) pa[c][e] = pack_pair<T>(sc[8 * c + 2 * e], sc[8 * c + 2 * e + 1]);
     wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < QT / 16; ++c)
-      wgmma_m64k16_rs<T, D, 1>(dv_acc, pa[c],
-                               smem_descriptor(dos(r) + c * 16 * kSwizzleRowBytes, QT * kSwizzleRowBytes,
-                                               kSwizzleAtomBytes));
+    wgmma_registers_mn_major_tile<T, D, QT>(dv_acc, pa, dos(r), QT);
     wgmma_commit();
     wgmma_wait<1>();  // dPᵀ (the dV product may still run)
     wgmma_fence_registers(dpt);
@@ -193,11 +189,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     fence_proxy_async();
     wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < QT / 16; ++c)
-      wgmma_m64k16_rs<T, D, 1>(dk_acc, da[c],
-                               smem_descriptor(qs(r) + c * 16 * kSwizzleRowBytes, QT * kSwizzleRowBytes,
-                                               kSwizzleAtomBytes));
+    wgmma_registers_mn_major_tile<T, D, QT>(dk_acc, da, qs(r), QT);
     wgmma_commit();
     // every writer of the dSᵀ rows the dQ product reads is done
     if constexpr (Plan::kSharedDq) named_barrier_sync(1, 256);

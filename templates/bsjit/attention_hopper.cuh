@@ -132,11 +132,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     const int s = i % S;
     mbarrier_wait(&v_full[s], (i / S) & 1);
     wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < KT / 16; ++c)
-      wgmma_m64k16_rs<T, D, 1>(o, pa[c],
-                               smem_descriptor(vs(s) + c * 16 * kSwizzleRowBytes, KT * kSwizzleRowBytes,
-                                               kSwizzleAtomBytes));
+    wgmma_registers_mn_major_tile<T, D, KT>(o, pa, vs(s), KT);
     wgmma_commit();
   };
   // Step i's scores (landed in sc) to probabilities in sc, in the log2 domain: masked keys (after

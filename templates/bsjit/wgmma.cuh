@@ -196,6 +196,18 @@ __device__ __forceinline__ void wgmma_k_major_tiles(float (&d)[N / 2], const uns
                              overwrite && kk == 0 ? 0 : 1);
 }
 
+// d (64 × N) += A·B over K reduction indices: A from registers (K / 16 k16 fragments, a[c] for
+// indices 16c..16c+15), B an MN-major tile at b (128-byte-swizzled rows of reduction indices, its
+// panels of 64 N indices b_rows rows apart). Issued, not committed.
+template <class T, int N, int K>
+__device__ __forceinline__ void wgmma_registers_mn_major_tile(float (&d)[N / 2], const unsigned (&a)[K / 16][4],
+                                                              const unsigned char* b, int b_rows) {
+#pragma unroll
+  for (int c = 0; c < K / 16; ++c)
+    wgmma_m64k16_rs<T, N, 1>(d, a[c],
+                             smem_descriptor(b + c * 16 * kSwizzleRowBytes, b_rows * kSwizzleRowBytes, kSwizzleAtomBytes));
+}
+
 // The accumulator element of thread `lane` of warp `warp` (within its warpgroup) held in register
 // pair 4i + 2h: row warp·16 + lane/4 + 8h, columns 8i + 2·(lane%4) and the next one.
 template <int N, class Store>
