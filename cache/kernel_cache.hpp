@@ -79,6 +79,8 @@ class KernelCache {
 
   void configure(CacheConfig config);
   CacheConfig config() const;
+  // What an op does with a kernel in no cache: OnMiss::fail in strict mode, else compile.
+  OnMiss run_time_on_miss() const { return config().strict ? OnMiss::fail : OnMiss::compile; }
   // Where an entry for request is (or would be) written; empty when there is no usable
   // writable directory.
   std::filesystem::path entry_path(const Request& request) const;

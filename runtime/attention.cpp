@@ -5,18 +5,18 @@
 #include <fmt/format.h>
 #include <array>
 #include <climits>
-#include <future>
 #include <cmath>
 #include <cstdint>
+#include <future>
 #include <initializer_list>
 #include <map>
 #include <mutex>
 
+#include "attention_common.hpp"
 #include "bsjit/error.hpp"
 #include "cache/kernel_cache.hpp"
 #include "compiler.hpp"
 #include "driver.hpp"
-#include "attention_common.hpp"
 #include "generator/attention_generator.hpp"
 #include "module.hpp"
 
@@ -152,7 +152,7 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
-  const auto [f, g] = impl_->function(ctx, runtime::default_on_miss());
+  const auto [f, g] = impl_->function(ctx, cache::KernelCache::global().run_time_on_miss());
   const unsigned char* padding = key_padding;
   const auto grid_x = static_cast<unsigned>(batch * heads), grid_y = static_cast<unsigned>(g->query_tiles);
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
@@ -182,7 +182,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
   const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
-  auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float), runtime::default_on_miss());
+  auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float), cache::KernelCache::global().run_time_on_miss());
   const auto& g = *bw.g;
   float* dq_acc = static_cast<float*>(bw.workspace->get());
   float* delta = dq_acc + rows * d;
@@ -232,7 +232,7 @@ bool Attention::precompile(const std::string& arch) const {
 
 void Attention::load(bool strict) const {
   CUcontext ctx = runtime::current_context();
-  const auto on_miss = strict ? cache::OnMiss::fail : runtime::default_on_miss();
+  const auto on_miss = strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss();
   impl_->function(ctx, on_miss);
   impl_->backward(ctx, 0, on_miss);
 }

@@ -31,8 +31,8 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
   }
   const auto count = static_cast<std::int64_t>(masks.size());
   if (heads <= 0 || heads > 65535 || (count > 1 && heads != count))
-    throw Error(fmt::format("bsjit: {}: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", op, heads,
-                            count));
+    throw Error(
+        fmt::format("bsjit: {}: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", op, heads, count));
   if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: {}: batch = {} out of 1..65535", op, batch));
   const std::int64_t seq = std::max(masks[0].rows(), masks[0].cols()) * options.block, d = options.head_dim;
   // (TMA coordinates of the Hopper kernels are 32-bit: batch · seq must fit)
@@ -44,10 +44,6 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
 
 std::string attention_arch(const AttentionOptions& options, CUcontext ctx) {
   return options.arch.empty() ? default_kernel_arch(context_arch(ctx)) : options.arch;
-}
-
-cache::OnMiss default_on_miss() {
-  return cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
 }
 
 cache::KernelCache::Compiled cached_kernel(const std::string& source, const std::string& name, const std::string& label,

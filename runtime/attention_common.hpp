@@ -27,9 +27,6 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
 // The arch kernels for ctx are compiled for: options.arch, else the device's default.
 std::string attention_arch(const AttentionOptions& options, CUcontext ctx);
 
-// OnMiss::fail when the cache is strict, else compile.
-cache::OnMiss default_on_miss();
-
 // Kernel `name` (a name expression) of source for arch from the global cache, compiling it on a
 // miss unless on_miss says fail; each kernel of a source has its own entry. *now: NVRTC ran.
 cache::KernelCache::Compiled cached_kernel(const std::string& source, const std::string& name, const std::string& label,

@@ -43,11 +43,16 @@ struct AttentionOps::Impl {
 
   std::pair<const std::string*, int> kernel(Kernel k) const {
     switch (k) {
-      case kScores: return {&g.scores, g.scores_shared};
-      case kSoftmax: return {&g.softmax, 0};
-      case kSoftmaxGrad: return {&g.softmax_grad, 0};
-      case kProbsV: return {&g.probs_v, g.product_shared};
-      default: return {&g.probs_t, g.product_shared};
+      case kScores:
+        return {&g.scores, g.scores_shared};
+      case kSoftmax:
+        return {&g.softmax, 0};
+      case kSoftmaxGrad:
+        return {&g.softmax_grad, 0};
+      case kProbsV:
+        return {&g.probs_v, g.product_shared};
+      default:
+        return {&g.probs_t, g.product_shared};
     }
   }
   static const char* suffix(Kernel k) {
@@ -55,7 +60,8 @@ struct AttentionOps::Impl {
     return names[k];
   }
 
-  PerContext& context(CUcontext ctx, Kernel k, cache::OnMiss on_miss = runtime::default_on_miss()) {
+  PerContext& context(CUcontext ctx, Kernel k,
+                      cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
     if (!c.functions[k]) {
@@ -168,16 +174,16 @@ void AttentionOps::softmax_grad(const void* p, const void* dp, void* ds, std::in
 
 void AttentionOps::probs_v(const void* p, const void* v, void* out, std::int64_t batch, std::int64_t heads,
                            Stream stream) const {
-  runtime::check_attention_call("attention ops probs_v", {{"p", p}, {"v", v}, {"out", out}}, batch, heads,
-                                impl_->masks, impl_->options, 0);
+  runtime::check_attention_call("attention ops probs_v", {{"p", p}, {"v", v}, {"out", out}}, batch, heads, impl_->masks,
+                                impl_->options, 0);
   int h = static_cast<int>(heads);
   impl_->launch(kProbsV, batch, heads, stream, {&p, &v, &out, &h});
 }
 
 void AttentionOps::probs_t(const void* p, const void* x, void* out, std::int64_t batch, std::int64_t heads,
                            Stream stream) const {
-  runtime::check_attention_call("attention ops probs_t", {{"p", p}, {"x", x}, {"out", out}}, batch, heads,
-                                impl_->masks, impl_->options, 0);
+  runtime::check_attention_call("attention ops probs_t", {{"p", p}, {"x", x}, {"out", out}}, batch, heads, impl_->masks,
+                                impl_->options, 0);
   int h = static_cast<int>(heads);
   impl_->launch(kProbsT, batch, heads, stream, {&p, &x, &out, &h});
 }
@@ -208,7 +214,8 @@ int AttentionOps::precompile(const std::string& arch) const {
 void AttentionOps::load(bool strict) const {
   CUcontext ctx = runtime::current_context();
   for (int k = 0; k < kKernels; ++k)
-    impl_->context(ctx, static_cast<Kernel>(k), strict ? cache::OnMiss::fail : runtime::default_on_miss());
+    impl_->context(ctx, static_cast<Kernel>(k),
+                   strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());
 }
 
 std::int64_t AttentionOps::seq_q() const { return impl_->masks[0].rows() * impl_->options.block; }

@@ -313,7 +313,7 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
   const auto start = Clock::now();
   auto devices = visible_devices();
   Expanded e = expand(manifest);
-  const auto on_miss = (strict || cache_config().strict) ? cache::OnMiss::fail : cache::OnMiss::compile;
+  const auto on_miss = strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss();
   const auto& d = runtime::driver();
   DeployReport r;
   for (const auto& dev : devices) {

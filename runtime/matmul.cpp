@@ -90,7 +90,7 @@ struct MatMul::Impl {
         return it->second[static_cast<int>(op)][v];
     }
     const std::string arch = arch_for(ctx);
-    auto on_miss = cache::KernelCache::global().config().strict ? cache::OnMiss::fail : cache::OnMiss::compile;
+    auto on_miss = cache::KernelCache::global().run_time_on_miss();
     Launchable l;
     l.prepared = runtime::KernelRegistry::global().prepare(layout, id(spec_for(op, v, arch), arch), on_miss);  // unlocked
     l.function = runtime::KernelRegistry::global().function(l.prepared->key, *l.prepared->compiled, ctx);

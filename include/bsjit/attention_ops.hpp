@@ -35,8 +35,7 @@ namespace bsjit {
 //   each in its row-major block order: pair (r, c) of block i (counted over all masks) is bit
 //   n = i · block² + r · block + c, bit n % 32 of bits[n / 32]; 1 keeps the pair.
 struct ElementMasks {
-  std::function<void(std::int64_t mask, std::int64_t query_block, std::int64_t key_block, std::uint8_t* keep)>
-      callback;
+  std::function<void(std::int64_t mask, std::int64_t query_block, std::int64_t key_block, std::uint8_t* keep)> callback;
   std::vector<std::uint32_t> bits;
 };
 
@@ -54,8 +53,8 @@ class AttentionOps {
   // p = softmax(scale · s) over each query row's blocks; entries masked (causal, key_padding —
   // [batch, seq_k] bytes on the device, 0 for a padded key —, element masks) and rows with no key
   // left are 0. scale 0: 1 / sqrt(head_dim).
-  void softmax(const void* s, void* p, std::int64_t batch, std::int64_t heads, Stream stream = nullptr,
-               float scale = 0, const std::uint8_t* key_padding = nullptr) const;
+  void softmax(const void* s, void* p, std::int64_t batch, std::int64_t heads, Stream stream = nullptr, float scale = 0,
+               const std::uint8_t* key_padding = nullptr) const;
   // ds = scale · p ∘ (dp − rowsum(dp ∘ p)), the gradient of softmax's input.
   void softmax_grad(const void* p, const void* dp, void* ds, std::int64_t batch, std::int64_t heads,
                     Stream stream = nullptr, float scale = 0) const;

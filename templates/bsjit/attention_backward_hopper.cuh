@@ -34,11 +34,11 @@ struct AttentionBackwardTmaPlan {
   static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;   // Q or dO of one stage
   static constexpr int kDsBytes = Cfg::kKTile * Cfg::kQTile * 2;    // dSᵀ, one buffer
   static constexpr int kDsBuffers = kSharedDq ? 2 : 1;
-  static constexpr int kRowBytes = Cfg::kQTile * 4;                  // lse or Delta of one stage
-  static constexpr int kRing = kStreams * Cfg::kStages;              // stages of all streams
+  static constexpr int kRowBytes = Cfg::kQTile * 4;                    // lse or Delta of one stage
+  static constexpr int kRing = kStreams * Cfg::kStages;                // stages of all streams
   static constexpr int kBarriers = kStreams * (1 + 2 * Cfg::kStages);  // per stream: K and V; full, empty
-  static constexpr int kSharedBytes = 2 * kKVBytes + kRing * (2 * kQBytes + 2 * kRowBytes) + kDsBuffers * kDsBytes +
-                                      kBarriers * 8 + kSwizzleAtomBytes;
+  static constexpr int kSharedBytes =
+      2 * kKVBytes + kRing * (2 * kQBytes + 2 * kRowBytes) + kDsBuffers * kDsBytes + kBarriers * 8 + kSwizzleAtomBytes;
 };
 
 template <class Cfg>
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(384, 1)
   float* lse_s = reinterpret_cast<float*>(dss + Plan::kDsBuffers * Plan::kDsBytes);  // [ring][QT]
   float* delta_s = lse_s + Plan::kRing * QT;
   unsigned long long* kv_full = reinterpret_cast<unsigned long long*>(delta_s + Plan::kRing * QT);  // [streams]
-  unsigned long long* full = kv_full + Plan::kStreams;  // [ring]
+  unsigned long long* full = kv_full + Plan::kStreams;                                              // [ring]
   unsigned long long* empty = full + Plan::kRing;
 
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(384, 1)
   auto column = [&](int st) { return k0 / Cfg::kBlock + st; };
   auto begin_of = [&](int st) { return Cfg::col_start()[layout * Cfg::kKBlocks + column(st)]; };
   auto total_of = [&](int st) {
-    return column(st) < Cfg::kKBlocks ? (Cfg::col_start()[layout * Cfg::kKBlocks + column(st) + 1] - begin_of(st)) * kSub
-                                      : 0;
+    return column(st) < Cfg::kKBlocks
+               ? (Cfg::col_start()[layout * Cfg::kKBlocks + column(st) + 1] - begin_of(st)) * kSub
+               : 0;
   };
   auto query0 = [&](int begin, int step) {
     return Cfg::query_blocks()[begin + step / kSub] * Cfg::kBlock + (step % kSub) * QT;
@@ -192,8 +193,10 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_registers_mn_major_tile<T, D, QT>(dk_acc, da, qs(r), QT);
     wgmma_commit();
     // every writer of the dSᵀ rows the dQ product reads is done
-    if constexpr (Plan::kSharedDq) named_barrier_sync(1, 256);
-    else named_barrier_sync(1 + consumer, 128);
+    if constexpr (Plan::kSharedDq)
+      named_barrier_sync(1, 256);
+    else
+      named_barrier_sync(1 + consumer, 128);
     float* acc = dq_acc + (bh * kSeqQ + q0) * D;
 #pragma unroll
     for (int part = 0; part < kDqParts; ++part) {
@@ -203,7 +206,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int c = 0; c < kDqKeys / 16; ++c)
         wgmma_m64k16<T, 64, 1, 1>(
-            dq, smem_descriptor(ds_tile + (dq_key0 + c * 16) * kSwizzleRowBytes, KT * kSwizzleRowBytes, kSwizzleAtomBytes),
+            dq,
+            smem_descriptor(ds_tile + (dq_key0 + c * 16) * kSwizzleRowBytes, KT * kSwizzleRowBytes, kSwizzleAtomBytes),
             smem_descriptor(ks + (col0 / 64) * KT * kSwizzleRowBytes + (dq_key0 + c * 16) * kSwizzleRowBytes,
                             KT * kSwizzleRowBytes, kSwizzleAtomBytes),
             c > 0);
@@ -214,7 +218,8 @@ __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          red_add_pair(acc + (warp * 16 + g + 8 * e) * D + col0 + 8 * j + 2 * t4, dq[4 * j + 2 * e], dq[4 * j + 2 * e + 1]);
+          red_add_pair(acc + (warp * 16 + g + 8 * e) * D + col0 + 8 * j + 2 * t4, dq[4 * j + 2 * e],
+                       dq[4 * j + 2 * e + 1]);
     }
     wgmma_fence_registers(dk_acc);
     wgmma_fence_registers(dv_acc);
@@ -229,8 +234,8 @@ __global__ void __launch_bounds__(384, 1)
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      store_pair(dk + ki.at(my_key[e]) + 8 * j + 2 * t4, dk_acc[4 * j + 2 * e] * scale, dk_acc[4 * j + 2 * e + 1] * scale,
-                 0);
+      store_pair(dk + ki.at(my_key[e]) + 8 * j + 2 * t4, dk_acc[4 * j + 2 * e] * scale,
+                 dk_acc[4 * j + 2 * e + 1] * scale, 0);
       store_pair(dv + ki.at(my_key[e]) + 8 * j + 2 * t4, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1], 0);
     }
 }

@@ -31,15 +31,13 @@ struct SparseSlice {
     base = b * per_batch + (Cfg::kLayouts == 1 ? static_cast<long long>(h) * count : first);
   }
   // Element offset of row `row` of the block at table position pos.
-  __device__ long long row(int pos, int row) const {
-    return ((base + pos - first) * Cfg::kBlock + row) * Cfg::kBlock;
-  }
+  __device__ long long row(int pos, int row) const { return ((base + pos - first) * Cfg::kBlock + row) * Cfg::kBlock; }
 };
 
 template <class Cfg>
 struct OpsPlan {
   static constexpr int kTile = Cfg::kTile, kThreads = kTile * 2, kS = Cfg::kHeadDim + kPad, kSp = kTile + kPad;
-  static constexpr int kScoresShared = 2 * kTile * kS * 2;                 // A and B tiles
+  static constexpr int kScoresShared = 2 * kTile * kS * 2;                   // A and B tiles
   static constexpr int kProductShared = 2 * (kTile * kSp + kTile * kS) * 2;  // 2 stages of P and V (or X)
 };
 
@@ -64,8 +62,10 @@ __global__ void __launch_bounds__(Cfg::kTile * 2)
   const long long q0 = static_cast<long long>(Cfg::block_rows()[pos]) * Cfg::kBlock + r0;
   const long long k0 = static_cast<long long>(Cfg::keys()[pos]) * Cfg::kBlock + c0;
   const QkvIndex<Cfg> ai(b, h, heads, kSeqQ), bi(b, h, heads, kSeqK);
-  copy_tile_async<TL, D, S, Plan::kThreads>(As, [&](int r) { return a + ai.at(q0 + r); }, [](int) { return true; });
-  copy_tile_async<TL, D, S, Plan::kThreads>(Bs, [&](int r) { return bt + bi.at(k0 + r); }, [](int) { return true; });
+  copy_tile_async<TL, D, S, Plan::kThreads>(
+      As, [&](int r) { return a + ai.at(q0 + r); }, [](int) { return true; });
+  copy_tile_async<TL, D, S, Plan::kThreads>(
+      Bs, [&](int r) { return bt + bi.at(k0 + r); }, [](int) { return true; });
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -239,7 +239,8 @@ __device__ __forceinline__ void sparse_product_tile(const typename Cfg::T* __res
   constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads, layout = Cfg::kLayouts == 1 ? 0 : h;
   const SparseSlice<Cfg> slice(b, h, heads);
-  const long long o0 = static_cast<long long>((TRANSPOSED ? Cfg::key_tile_order() : Cfg::tile_order())[blockIdx.y]) * TL;
+  const long long o0 =
+      static_cast<long long>((TRANSPOSED ? Cfg::key_tile_order() : Cfg::tile_order())[blockIdx.y]) * TL;
   const int line = static_cast<int>(o0 / Cfg::kBlock), in_block = static_cast<int>(o0 % Cfg::kBlock);
   const int* start = TRANSPOSED ? Cfg::col_start() + layout * Cfg::kKBlocks : Cfg::row_start() + layout * Cfg::kQBlocks;
   const int begin = start[line], total = (start[line + 1] - begin) * kSub;

@@ -101,7 +101,8 @@ TEST_P(AttentionOpsGpu, EveryOpMatchesReference) {
   for (std::size_t m = 0; m < masks.size(); ++m)
     for (const auto& [r, col] : masks[m].coords())
       for (std::int64_t i = 0; i < bb; ++i, ++at)
-        if (element_keeps(m, r * block + i / block, col * block + i % block, block)) as_bits.bits[at / 32] |= 1u << (at % 32);
+        if (element_keeps(m, r * block + i / block, col * block + i % block, block))
+          as_bits.bits[at / 32] |= 1u << (at % 32);
   AttentionOps(masks, options, as_bits).softmax(s->get(), pr_bits->get(), batch, heads, nullptr, 0, pad);
   BSJIT_CU(runtime::driver().cuCtxSynchronize());
 
@@ -153,7 +154,9 @@ TEST(AttentionOpsApi, ChecksItsArguments) {
   ElementMasks short_bits;
   short_bits.bits.assign(17 * 32 - 1, 0u);
   EXPECT_NE(message([&] { AttentionOps(masks, options, short_bits); }).find("need 544"), std::string::npos);
-  EXPECT_NE(message([&] { AttentionOps(masks, {48, 64, DType::bf16, QkvOrder::bshd, false, ""}); }).find("block 48"),
+  EXPECT_NE(message([&] {
+              AttentionOps(masks, {48, 64, DType::bf16, QkvOrder::bshd, false, ""});
+            }).find("block 48"),
             std::string::npos);
 }
 
