@@ -30,11 +30,6 @@ struct Attention::Impl {
   std::map<std::string, generator::GeneratedAttention> generated;  // per arch
   std::map<CUcontext, std::pair<CUfunction, const generator::GeneratedAttention*>> functions;
 
-  float check_call(const char* op, std::initializer_list<std::pair<const char*, const void*>> pointers,
-                   std::int64_t batch, std::int64_t heads, float scale) const {
-    return runtime::check_attention_call(op, pointers, batch, heads, masks, options, scale);
-  }
-
   const generator::GeneratedAttention& generated_for(const std::string& arch) {
     std::lock_guard lock(mutex);
     auto it = generated.find(arch);
@@ -148,7 +143,8 @@ Attention& Attention::operator=(Attention&&) noexcept = default;
 void Attention::forward(const void* q, const void* k, const void* v, void* out, float* lse, std::int64_t batch,
                         std::int64_t heads, Stream stream, float scale, const std::uint8_t* key_padding) const {
   if (lse == nullptr) throw Error("bsjit: attention: lse is a null pointer");
-  const float s = impl_->check_call("attention", {{"q", q}, {"k", k}, {"v", v}, {"out", out}}, batch, heads, scale);
+  const float s = runtime::check_attention_call("attention", {{"q", q}, {"k", k}, {"v", v}, {"out", out}}, batch,
+                                                heads, impl_->masks, impl_->options, scale);
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
   CUcontext ctx = runtime::current_context();
@@ -173,10 +169,10 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
 void Attention::backward(const void* q, const void* k, const void* v, const void* out, const float* lse,
                          const void* dout, void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads,
                          Stream stream, float scale, const std::uint8_t* key_padding) const {
-  float s = impl_->check_call("attention backward",
-                              {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout}, {"dq", dq},
-                               {"dk", dk}, {"dv", dv}},
-                              batch, heads, scale);
+  float s = runtime::check_attention_call("attention backward",
+                                          {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout},
+                                           {"dq", dq}, {"dk", dk}, {"dv", dv}},
+                                          batch, heads, impl_->masks, impl_->options, scale);
   const std::int64_t d = impl_->options.head_dim;
   float scale_log2 = s * 1.4426950408889634f;
   int heads_arg = static_cast<int>(heads);
