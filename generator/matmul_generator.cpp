@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "bsjit/error.hpp"
@@ -46,6 +47,55 @@ std::string array_body(const std::vector<int>& values) {
   }
   out += "\n";
   return out;
+}
+
+// Tables of the grouped kernel (templates/bsjit/matmul_grouped.cuh says what each holds). per_out[j]
+// lists output block column j's (input block, W block index) pairs. Columns are grouped
+// `columns` at a time in order; a group's steps are sorted by column pattern, then input block.
+// Sets grid_x to the number of groups.
+std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, int columns,
+                           std::int64_t& grid_x) {
+  const int out_blocks = static_cast<int>(per_out.size());
+  const int groups = (out_blocks + columns - 1) / columns, patterns = 1 << columns;
+  std::vector<int> pattern_steps, steps, step_blocks, group_columns;
+  for (int gi = 0; gi < groups; ++gi) {
+    std::map<int, std::vector<int>> union_rows;  // input block → W block per slot (-1: none)
+    for (int c = 0; c < columns; ++c) {
+      const int col = gi * columns + c;
+      group_columns.push_back(col < out_blocks ? col : -1);
+      if (col >= out_blocks) continue;
+      for (auto [in, wblock] : per_out[col]) {
+        auto& slots = union_rows[in];
+        slots.resize(columns, -1);
+        slots[c] = wblock;
+      }
+    }
+    std::vector<std::vector<std::pair<int, const std::vector<int>*>>> by_pattern(patterns);
+    for (auto& [in, slots] : union_rows) {
+      int pattern = 0;
+      for (int c = 0; c < columns; ++c) pattern |= slots[c] >= 0 ? 1 << c : 0;
+      by_pattern[pattern].emplace_back(in, &slots);  // input blocks ascending within a pattern
+    }
+    for (int p = 0; p < patterns; ++p) {
+      pattern_steps.push_back(static_cast<int>(steps.size() / 2));
+      for (auto& [in, slots] : by_pattern[p]) {
+        steps.push_back(in), steps.push_back(p);
+        for (int c = 0; c < columns; ++c) step_blocks.push_back(std::max((*slots)[c], 0));
+      }
+    }
+  }
+  pattern_steps.push_back(static_cast<int>(steps.size() / 2));
+  grid_x = groups;
+  return fmt::format(
+      "// Groups of {} output block columns. Steps of group g with column pattern p: kPatternSteps[g·{} + p]\n"
+      "// up to the next entry; kSteps holds (input block, pattern), kStepBlocks the W block of each\n"
+      "// slot, kGroupColumns the output block column of each slot (-1: none).\n"
+      "__device__ const int kPatternSteps[] = {{{}}};\n"
+      "__device__ const int kSteps[] = {{{}}};\n"
+      "__device__ const int kStepBlocks[] = {{{}}};\n"
+      "__device__ const int kGroupColumns[] = {{{}}};\n",
+      columns, patterns, array_body(pattern_steps), array_body(steps), array_body(step_blocks),
+      array_body(group_columns));
 }
 
 }  // namespace
@@ -160,6 +210,39 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   return t;
 }
 
+// The grouped Hopper dsd kernel (b = 16 and 32): warps_m consumer warpgroups of bm / warps_m rows
+// (one or two m64 tiles) plus a producer; a stage holds the X tile (bm rows × b) and one W block
+// per column of the group (DsdGroupedPlan). Each consumer thread holds tiles × columns × b / 2
+// accumulators, kept at 128 or fewer.
+TileConfig finish_grouped(const MatMulSpec& spec, TileConfig t) {
+  const int b = spec.block, rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
+  t.tensor_cores = t.pipelined = t.wgmma = t.tma = t.persistent = true;
+  t.bn = t.columns * b, t.bk = b, t.group = 1, t.warps_n = 1, t.stride = 0;
+  t.threads = (t.warps_m + 1) * 128;
+  t.shared_bytes = t.stages * (t.bm + t.columns * b) * 2 * b + 1024 + 2 * t.stages * 8;
+  const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 16 || b == 32) && t.bm == rows * t.warps_m &&
+                  (rows == 64 || rows == 128) && t.bm <= 256 && t.columns >= 1 && t.columns <= 4 &&
+                  rows / 64 * t.columns * b / 2 <= 128 && t.stages >= 2 && t.shared_bytes <= 227 * 1024;
+  if (!ok)
+    throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
+                            spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
+  return t;
+}
+
+TileConfig grouped_shape(int bm, int warpgroups, int columns, int stages) {
+  TileConfig t;
+  t.wgmma = t.tma = t.persistent = true, t.bm = bm, t.warps_m = warpgroups, t.columns = columns, t.stages = stages;
+  return t;
+}
+
+// Applies the finish_* function of a shape's kind.
+TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
+  return t.columns > 0 ? finish_grouped(spec, t)
+         : t.tma       ? finish_tma(spec, t)
+         : t.wgmma     ? finish_wgmma(spec, t)
+                       : finish_pipelined(spec, t);
+}
+
 TileConfig tma_shape(int bm, int warpgroups, int stages, bool persistent = false) {
   TileConfig t;
   t.wgmma = t.tma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages, t.persistent = persistent;
@@ -204,6 +287,7 @@ std::string kernel_label(const MatMulSpec& spec) {
 }
 
 std::string tiles_tag(const TileConfig& t) {
+  if (t.columns > 0) return fmt::format("grp{}-bm{}-c{}-s{}", t.warps_m, t.bm, t.columns, t.stages);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "");
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
@@ -234,6 +318,10 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     // (b = 32, d = 0.5: 114 TFLOP/s with 2 blocks per stage, 63 with 4, against 131 for one), so
     // not the default; kept as a candidate to re-measure as the kernels change.
     if (b <= 32) shapes.push_back(pipelined_shape(128, 64, 8, 1, 3, 64 / b));
+    if (spec.wgmma && b <= 32)
+      for (auto [bm, wg] : {std::pair{256, 2}, {128, 1}, {128, 2}})
+        for (int columns : {2, 3, 4})
+          for (int stages : {4, 8}) shapes.push_back(grouped_shape(bm, wg, columns, stages));
     if (spec.wgmma)
       for (auto [bm, wg] : {std::pair{128, 2}, {128, 1}, {256, 4}, {256, 2}, {64, 1}})
         for (int stages : {3, 4, 5, 6, 8}) {
@@ -244,7 +332,7 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
   }
   for (const auto& s : shapes) {
     try {
-      TileConfig t = s.tma ? finish_tma(spec, s) : s.wgmma ? finish_wgmma(spec, s) : finish_pipelined(spec, s);
+      TileConfig t = finish_shape(spec, s);
       bool seen = false;
       for (const auto& o : out) seen |= tiles_tag(o) == tiles_tag(t);
       if (!seen) out.push_back(t);
@@ -261,10 +349,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
   TileConfig t;
   t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
   if (t.tensor_cores && spec.feature_axis == FeatureAxis::last) {
-    if (spec.tiles)
-      return spec.tiles->tma     ? finish_tma(spec, *spec.tiles)
-             : spec.tiles->wgmma ? finish_wgmma(spec, *spec.tiles)
-                                 : finish_pipelined(spec, *spec.tiles);
+    if (spec.tiles) return finish_shape(spec, *spec.tiles);
     // small-batch backward-weight: the mma.sync kernel with 2 stages. On sm_90a the TMA kernel
     // (a producer warpgroup, 4 stages) was slower here: N = 64, C = K = 16384, b = 64, d = 0.1:
     // 0.065 ms against 0.054 for the mma.sync kernel with 3 stages.
@@ -278,6 +363,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
                                                     b >= 64 ? 4 : 1, 4));
     if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 4, 4, true));
+    if (spec.wgmma && spec.op != Op::backward_weight) return finish_grouped(spec, grouped_shape(256, 2, 4, 6));
     if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
@@ -327,6 +413,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   g.label = kernel_label(spec);
 
   std::string tables;
+  std::int64_t out_blocks = 0;  // dsd: output block columns
   if (sdd) {
     // (row, col) of every nonzero block, in block order.
     std::vector<int> coords;
@@ -359,7 +446,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   } else {
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
-    const std::int64_t out_blocks = trans_w ? layout.rows() : layout.cols();
+    out_blocks = trans_w ? layout.rows() : layout.cols();
     std::vector<std::vector<std::pair<int, int>>> per_out(out_blocks);
     const auto& coords = layout.coords();
     for (std::size_t i = 0; i < coords.size(); ++i) {
@@ -367,27 +454,37 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       if (trans_w) per_out[r].emplace_back(c, static_cast<int>(i));
       else per_out[c].emplace_back(r, static_cast<int>(i));
     }
-    std::vector<int> offsets{0}, lut;
-    lut.reserve(2 * coords.size());
-    for (auto& entries : per_out) {
-      std::sort(entries.begin(), entries.end());
-      for (auto& [in, w] : entries) lut.push_back(in), lut.push_back(w);
-      offsets.push_back(static_cast<int>(lut.size() / 2));
-    }
-    g.grid_x = out_blocks;
     g.rows_per_cta = t.bm;
-    tables = fmt::format(
-        "// Output block column j reads entries kLutOffsets[j] .. kLutOffsets[j+1] of kLut,\n"
-        "// each a pair (input block, W block index).\n"
-        "__device__ const int kLutOffsets[] = {{{}}};\n"
-        "__device__ const int kLut[] = {{{}}};\n",
-        array_body(offsets), array_body(lut));
+    if (t.columns > 0) {
+      tables = grouped_tables(per_out, t.columns, g.grid_x);
+    } else {
+      std::vector<int> offsets{0}, lut;
+      lut.reserve(2 * coords.size());
+      for (auto& entries : per_out) {
+        std::sort(entries.begin(), entries.end());
+        for (auto& [in, w] : entries) lut.push_back(in), lut.push_back(w);
+        offsets.push_back(static_cast<int>(lut.size() / 2));
+      }
+      g.grid_x = out_blocks;
+      tables = fmt::format(
+          "// Output block column j reads entries kLutOffsets[j] .. kLutOffsets[j+1] of kLut,\n"
+          "// each a pair (input block, W block index).\n"
+          "__device__ const int kLutOffsets[] = {{{}}};\n"
+          "__device__ const int kLut[] = {{{}}};\n",
+          array_body(offsets), array_body(lut));
+    }
   }
 
   const char* accessors = sdd ? "  __device__ static const int* coords() { return kCoords; }\n"
+                          : t.columns > 0
+                              ? "  __device__ static const int* pattern_steps() { return kPatternSteps; }\n"
+                                "  __device__ static const int* steps() { return kSteps; }\n"
+                                "  __device__ static const int* step_blocks() { return kStepBlocks; }\n"
+                                "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.tma         ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
+  const char* kernel = t.columns > 0 ? "dsd_grouped_kernel"
+                       : t.tma       ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
                        : t.wgmma     ? "dsd_wgmma_kernel"
                        : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
                                      : (sdd ? "sdd_kernel" : "dsd_kernel");
@@ -396,13 +493,16 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   g.persistent = t.persistent;
   if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box
     g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, 64, 64}};
+  else if (t.columns > 0)  // X (or dY): b features × BM rows; W as [blocks · b, b]: one block; rows of 2b bytes
+    g.tensor_maps = {{g.in_features, 0, static_cast<int>(b), t.bm, static_cast<int>(2 * b)},
+                     {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};
   else if (t.tma)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ
     g.tensor_maps = {{g.in_features, 0, 64, t.bm}, {b, layout.blocks() * b, 64, trans_w ? static_cast<int>(b) : 64}};
   g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
   g.source = fmt::format(
       "// Generated by bsjit: {label}\n"
       "// layout [{rows}, {cols}] blocks, {blocks} nonzero, hash {hash}\n"
-      "#include \"bsjit/matmul.cuh\"\n"
+      "#include \"bsjit/{header}\"\n"
       "\n"
       "namespace bsjit_generated {{\n"
       "\n"
@@ -422,6 +522,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
       "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
       "  static constexpr bool kPersistent = {persistent};\n"
+      "{grouped}"
       "{accessors}"
       "}};\n"
       "{smem_check}"
@@ -435,8 +536,12 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       fmt::arg("tm", t.tm), fmt::arg("tn", t.tn), fmt::arg("stages", t.stages), fmt::arg("smem", t.shared_bytes), fmt::arg("group", t.group), fmt::arg("splits", g.splits),
       fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
-      fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", sdd ? 0 : g.grid_x),
+      fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("accessors", accessors),
+      fmt::arg("header", t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"), 
+      fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n",
+                                                      t.columns, g.grid_x)
+                                        : ""),
       fmt::arg("smem_check", t.pipelined ? ""
                                          : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
                                            "\"static shared memory is 48 KB\");\n"));

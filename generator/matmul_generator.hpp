@@ -28,6 +28,9 @@ struct TileConfig {
   bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on warps_m warpgroups, bk = 64
   bool tma = false;              // wgmma with a TMA producer warpgroup and mbarriers (warp-specialized)
   bool persistent = false;       // TMA dsd: one wave of CTAs looping over output tiles
+  // Grouped Hopper dsd (b ≤ 32; also tma, wgmma and persistent): output block columns per CTA
+  // tile, walked together over the union of their input blocks; 0 for every other kernel.
+  int columns = 0;
 };
 
 struct MatMulSpec {
@@ -77,6 +80,7 @@ struct GeneratedSource {
   struct TensorMapShape {
     std::int64_t inner = 0, outer = 0;
     int box_inner = 0, box_outer = 0;
+    int swizzle = 128;  // bytes of the shared-memory swizzle span (128, 64 or 32)
   };
   std::vector<TensorMapShape> tensor_maps;  // empty, or {a, b}
   // Persistent kernels: grid x = min(output tiles, CTAs the GPU holds at once), grid y = 1; the

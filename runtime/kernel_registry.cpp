@@ -85,6 +85,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.wgmma = j.value("wgmma", false);
     t.tma = j.value("tma", false);
     t.persistent = j.value("persistent", false);
+    t.columns = j.value("columns", 0);
     generator::MatMulSpec tuned = spec;
     tuned.tiles = t;
     generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
@@ -103,7 +104,7 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   j["key"] = key;
   j["layout_hash"] = layout_hash;
   j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
-                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"tag", generator::tiles_tag(t)}};
+                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"columns", t.columns}, {"tag", generator::tiles_tag(t)}};
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 
@@ -128,10 +129,10 @@ LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {
 namespace {
 
 // A row-major [outer, inner] 16-bit tensor at base, copied in boxes of box_inner × box_outer
-// elements into 128-byte swizzled shared memory; rows past `outer` read as zeros.
+// elements into shared memory swizzled over `swizzle` bytes; rows past `outer` read as zeros.
 CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, std::uint64_t outer,
-                          std::uint32_t box_inner, std::uint32_t box_outer) {
-  return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer});
+                          std::uint32_t box_inner, std::uint32_t box_outer, int swizzle) {
+  return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer}, swizzle);
 }
 
 // CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function.
@@ -175,7 +176,7 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
   for (std::size_t i = 0; i < g.tensor_maps.size() && i < 2; ++i) {
     const auto& m = g.tensor_maps[i];
     args.maps[i] = tensor_map_2d(g.dtype, i == 0 ? args.a : args.b, m.inner, m.outer > 0 ? m.outer : n,
-                                 m.box_inner, m.box_outer);
+                                 m.box_inner, m.box_outer, m.swizzle);
   }
   launch(function, shape, stream, args);
 }

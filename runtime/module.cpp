@@ -106,18 +106,24 @@ double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, i
 }
 
 CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_list<std::uint64_t> dims,
-                                std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box) {
+                                std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box,
+                                int swizzle) {
   const auto rank = static_cast<cuuint32_t>(dims.size());
   if (rank < 1 || rank > 5 || strides.size() + 1 != dims.size() || box.size() != dims.size())
     throw Error(fmt::format("bsjit: tensor map of rank {} with {} strides and a box of rank {}", rank,
                             strides.size(), box.size()));
+  if (swizzle != 128 && swizzle != 64 && swizzle != 32)
+    throw Error(fmt::format("bsjit: tensor map swizzle of {} bytes; expected 128, 64 or 32", swizzle));
   std::vector<cuuint64_t> d(dims), st(strides);
   std::vector<cuuint32_t> b(box), element_strides(rank, 1);
   CUtensorMap map;
   BSJIT_CU(driver().cuTensorMapEncodeTiled(
       &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank,
       const_cast<void*>(base), d.data(), st.data(), b.data(), element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+      swizzle == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+      : swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                      : CU_TENSOR_MAP_SWIZZLE_32B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return map;
 }
 

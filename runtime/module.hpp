@@ -49,9 +49,11 @@ void launch(CUfunction function, const LaunchShape& shape, CUstream stream, Kern
 
 // A TMA descriptor (cuTensorMapEncodeTiled through the loaded driver) of a 16-bit tensor at base
 // with dims (innermost first) and strides in bytes of dims 1.., copied in boxes of `box` elements
-// into 128-byte swizzled shared memory; elements past the ends read as zeros.
+// into shared memory swizzled over `swizzle` bytes (128, 64 or 32: the box's rows must be no wider);
+// elements past the ends read as zeros.
 CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_list<std::uint64_t> dims,
-                                std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box);
+                                std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box,
+                                int swizzle = 128);
 
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
 double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);

@@ -34,11 +34,20 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 }
 
 // Shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
-// swizzle mode 1 = 128 bytes.
-__device__ __forceinline__ unsigned long long smem_descriptor(const void* p, int leading_bytes, int stride_bytes) {
+// and the swizzle span (layout type 1 = 128 bytes, 2 = 64, 3 = 32). With a span of S bytes the
+// atoms are 8 rows of S bytes, chunk j of row r stored at j ^ ((r · S / 128) % (S / 16)) — the
+// hardware XORs address bits, so atoms start at multiples of 8 · S bytes.
+template <int SWIZZLE_BYTES>
+__device__ __forceinline__ unsigned long long smem_descriptor_swizzled(const void* p, int leading_bytes,
+                                                                       int stride_bytes) {
+  static_assert(SWIZZLE_BYTES == 128 || SWIZZLE_BYTES == 64 || SWIZZLE_BYTES == 32, "swizzle spans: 128, 64, 32 bytes");
+  constexpr unsigned long long kLayout = SWIZZLE_BYTES == 128 ? 1 : SWIZZLE_BYTES == 64 ? 2 : 3;
   const unsigned long long addr = smem_address(p);
   return ((addr & 0x3ffff) >> 4) | (static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16) |
-         (static_cast<unsigned long long>((stride_bytes >> 4) & 0x3fff) << 32) | (1ull << 62);
+         (static_cast<unsigned long long>((stride_bytes >> 4) & 0x3fff) << 32) | (kLayout << 62);
+}
+__device__ __forceinline__ unsigned long long smem_descriptor(const void* p, int leading_bytes, int stride_bytes) {
+  return smem_descriptor_swizzled<128>(p, leading_bytes, stride_bytes);
 }
 
 // Writes of the generic proxy (ordinary stores, cp.async) to shared memory become visible to the
@@ -125,6 +134,41 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long lo
   } else {
     if constexpr (kBf16) BSJIT_WGMMA_M64N128K16("bf16");
     else BSJIT_WGMMA_M64N128K16("f16");
+  }
+#endif
+}
+
+// Narrow products (N = 16 or 32, for blocks of 16 and 32), both operands from shared memory.
+#define BSJIT_WGMMA_NARROW_M64N16K16(TYPE)                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"          \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {"               \
+               "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, %10;\n}\n"                 \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+               : "l"(desc_a), "l"(desc_b), "n"(TRANS_B))
+
+#define BSJIT_WGMMA_NARROW_M64N32K16(TYPE)                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"              \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " {"                   \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %18;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+               : "l"(desc_a), "l"(desc_b), "n"(TRANS_B))
+
+// d (64 × N, fp32) += A (64 × 16, K-major) · B (16 × N; TRANS_B 0 K-major, 1 N-major).
+template <class T, int N, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64k16_narrow(float (&d)[N / 2], unsigned long long desc_a,
+                                                    unsigned long long desc_b) {
+#ifdef BSJIT_NO_WGMMA
+  static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
+#else
+  static_assert(N == 16 || N == 32, "narrow wgmma widths: 16 and 32");
+  constexpr bool kBf16 = IsBfloat16<T>::value;
+  if constexpr (N == 16) {
+    if constexpr (kBf16) BSJIT_WGMMA_NARROW_M64N16K16("bf16");
+    else BSJIT_WGMMA_NARROW_M64N16K16("f16");
+  } else {
+    if constexpr (kBf16) BSJIT_WGMMA_NARROW_M64N32K16("bf16");
+    else BSJIT_WGMMA_NARROW_M64N32K16("f16");
   }
 #endif
 }

@@ -1,5 +1,6 @@
 #include "generator/matmul_generator.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -93,6 +94,62 @@ TEST(Generator, TablesRebuildTheLayout) {
   }
 }
 
+// The grouped kernel's tables (templates/bsjit/matmul_grouped.cuh): every (group, pattern) range
+// holds steps of that pattern with input blocks ascending, each slot of the pattern names the W
+// block at (input block, the slot's column), and together the steps rebuild the layout.
+TEST(Generator, GroupedTablesRebuildTheLayout) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    Layout layout = random_layout(1 + seed % 7, 1 + seed % 9 + seed % 3, seed);
+    for (Op op : {Op::forward, Op::backward_data})
+      for (int columns : {1, 3, 4}) {
+        MatMulSpec spec{op, 32, DType::bf16, FeatureAxis::last};
+        spec.wgmma = true;
+        TileConfig t;
+        t.wgmma = t.tma = t.persistent = true, t.bm = 128, t.warps_m = 2, t.columns = columns, t.stages = 4;
+        spec.tiles = t;
+        auto g = generate_matmul(layout, spec);
+        SCOPED_TRACE(fmt::format("seed {} {} columns {}", seed, to_string(op), columns));
+        auto bounds = table(g.source, "kPatternSteps"), steps = table(g.source, "kSteps");
+        auto blocks = table(g.source, "kStepBlocks"), group_columns = table(g.source, "kGroupColumns");
+        const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
+        const int patterns = 1 << columns, groups = static_cast<int>((out_blocks + columns - 1) / columns);
+        ASSERT_EQ(g.grid_x, groups);
+        ASSERT_EQ(static_cast<int>(bounds.size()), groups * patterns + 1);
+        ASSERT_EQ(static_cast<int>(group_columns.size()), groups * columns);
+        std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+        for (int gi = 0; gi < groups; ++gi) {
+          EXPECT_EQ(bounds[gi * patterns], bounds[gi * patterns + 1]) << "no steps without a column";
+          for (int c = 0; c < columns; ++c) {
+            const int col = gi * columns + c;
+            EXPECT_EQ(group_columns[gi * columns + c], col < out_blocks ? col : -1);
+          }
+          for (int p = 1; p < patterns; ++p)
+            for (int s = bounds[gi * patterns + p]; s < bounds[gi * patterns + p + 1]; ++s) {
+              const int in = steps[2 * s];
+              EXPECT_EQ(steps[2 * s + 1], p);
+              if (s > bounds[gi * patterns + p]) {
+                EXPECT_LT(steps[2 * (s - 1)], in) << "input blocks ascending within a pattern";
+              }
+              for (int c = 0; c < columns; ++c) {
+                const std::int64_t col = group_columns[gi * columns + c];
+                const auto rc = op == Op::forward ? std::pair<std::int64_t, std::int64_t>{in, col}
+                                                  : std::pair<std::int64_t, std::int64_t>{col, in};
+                if ((p >> c) & 1) {
+                  ASSERT_GE(col, 0);
+                  EXPECT_EQ(layout.block_index(rc.first, rc.second), blocks[s * columns + c]);
+                  coords.push_back(rc);
+                } else if (col >= 0) {
+                  EXPECT_EQ(layout.block_index(rc.first, rc.second), -1) << "a pattern names every block of its row";
+                }
+              }
+            }
+        }
+        EXPECT_EQ(bounds.back(), static_cast<int>(steps.size() / 2));  // ("0" stands for an empty table)
+        EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout);
+      }
+  }
+}
+
 // What the templates' static_asserts demand, checked on the host for every combination.
 TEST(Generator, TileConfigsAreConsistent) {
   for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
@@ -143,18 +200,33 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           spec.wgmma = true;
           const TileConfig t = choose_tiles(spec);
           SCOPED_TRACE(std::string(to_string(op)) + " b" + std::to_string(b) + " " + std::string(to_string(dt)));
-          const bool expected = b >= 64 && dt != DType::f32 && ax == FeatureAxis::last;
+          // b ≤ 32: the grouped kernel for forward and backward-data; backward-weight stays on mma.sync
+          const bool expected = dt != DType::f32 && ax == FeatureAxis::last &&
+                                (b >= 64 || (b >= 16 && op != Op::backward_weight));
           EXPECT_EQ(t.wgmma, expected);
           if (!t.wgmma) continue;
           EXPECT_TRUE(t.tma) << "the default is the warp-specialized TMA kernel";
           EXPECT_EQ(t.threads, (t.warps_m + (t.tma ? 1 : 0)) * 128) << "warps_m consumer warpgroups (+ a producer)";
           EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
-          EXPECT_EQ(t.bk, 64);
+          EXPECT_EQ(t.bk, b >= 64 ? 64 : b);
           for (const auto& c : tile_candidates(spec)) EXPECT_LE(c.shared_bytes, 227 * 1024) << tiles_tag(c);
           const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
           ASSERT_EQ(g.tensor_maps.size(), 2u);
           // the small-batch variant: one consumer of 64 rows; for backward-weight, which reduces
           // over those rows, the mma.sync kernel with 2 stages
+          if (b <= 32) {
+            EXPECT_EQ(t.columns, 4);
+            EXPECT_NE(g.name_expression.find("dsd_grouped_kernel"), std::string::npos);
+            EXPECT_EQ(t.shared_bytes, t.stages * (t.bm + 4 * b) * 2 * b + 1024 + 16 * t.stages);
+            EXPECT_TRUE(g.persistent);
+            EXPECT_EQ(g.tensor_maps[0].box_inner, b) << "one input block of X per step";
+            EXPECT_EQ(g.tensor_maps[0].box_outer, t.bm);
+            EXPECT_EQ(g.tensor_maps[1].box_outer, b) << "one W block per copy";
+            for (const auto& m : g.tensor_maps) EXPECT_EQ(m.swizzle, 2 * b) << "rows of one block, swizzled";
+            continue;
+          }
+          EXPECT_EQ(t.columns, 0);
+          for (const auto& m : g.tensor_maps) EXPECT_EQ(m.swizzle, 128);
           const auto v = variants(spec);
           ASSERT_EQ(v.size(), 2u);
           EXPECT_TRUE(v[1].small_batch);

@@ -167,7 +167,8 @@ TEST_P(MatMulGpu, MatchesDenseReference) {
 INSTANTIATE_TEST_SUITE_P(All, MatMulGpu, ::testing::ValuesIn(all_combos()),
                          [](const auto& info) { return combo_name(info.param); });
 
-// Every Hopper tile shape the autotuner may pick (wgmma with cp.async, wgmma with a TMA producer),
+// Every Hopper tile shape the autotuner may pick (wgmma with cp.async, wgmma with a TMA producer, the
+// grouped kernels of b ≤ 32),
 // forced through a tuning record, on partial row tiles, gates (some exactly 0) and accumulation.
 TEST(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   std::string why;
@@ -176,14 +177,17 @@ TEST(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   const Variant variants[] = {{131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
   int shapes = 0;
   for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
-    for (int b : {64, 128})
+    for (int b : {16, 32, 64, 128})
       for (DType dt : {DType::bf16, DType::f16}) {
         const Layout layout = random_layout(b, 99 + b);  // not the layouts of the tests above
         generator::MatMulSpec spec{op, b, dt, FeatureAxis::last};
         spec.wgmma = true;
         std::uint64_t seed = 5000 + b;
         for (const auto& t : generator::tile_candidates(spec)) {
-          if (!t.wgmma || (dt == DType::f16 && t.stages != 3)) continue;  // f16: one stage count suffices
+          // f16: one stage count suffices (the grouped kernels of b ≤ 32: one shape per block size)
+          if (!t.wgmma || (dt == DType::f16 && t.stages != (t.columns > 0 ? 4 : 3)) ||
+              (dt == DType::f16 && t.columns > 0 && (t.bm != 128 || t.warps_m != 2 || t.columns != 3)))
+            continue;
           runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
           MatMul mm(layout, {b, dt, FeatureAxis::last, "sm_90a"});
           ++shapes;
