@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "bsjit/error.hpp"
@@ -191,13 +192,15 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   if (spec.op == Op::backward_weight) {
     // one b × b block per CTA: warps_m consumers own b / warps_m rows of it; a stage holds 64 rows
     // of N of X and dY (SddTmaPlan)
-    const int b = spec.block, rows = t.warps_m > 0 ? b / t.warps_m : 0;
+    // b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge), computed whole (sdd_tiled_kernel)
+    const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : b, rows = t.warps_m > 0 ? edge / t.warps_m : 0;
     t.tensor_cores = t.pipelined = t.wgmma = true;
-    t.bm = t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
+    t.bm = t.bn = edge, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
     t.threads = (t.warps_m + 1) * 128;
-    t.shared_bytes = t.stages * 2 * 64 * b * 2 + 1024 + 2 * t.stages * 8;
-    if (!spec.wgmma || (b != 64 && b != 128) || rows * t.warps_m != b || (rows != 64 && rows != 128) ||
-        t.stages < 2 || t.shared_bytes > 227 * 1024 || t.persistent)
+    t.shared_bytes = t.stages * 2 * 64 * edge * 2 + 1024 + 2 * t.stages * 8;
+    const bool tiled_ok = t.tile_edge == 0 ? (b == 64 || b == 128) : (b <= 32 && (edge == 64 || edge == 128));
+    if (!spec.wgmma || !tiled_ok || b < 16 || rows * t.warps_m != edge || (rows != 64 && rows != 128) ||
+        t.stages < 2 || t.shared_bytes > 227 * 1024 || t.persistent || t.columns > 0)
       throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
@@ -241,6 +244,12 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
          : t.tma       ? finish_tma(spec, t)
          : t.wgmma     ? finish_wgmma(spec, t)
                        : finish_pipelined(spec, t);
+}
+
+TileConfig tiled_shape(int edge, int warpgroups, int stages) {
+  TileConfig t;
+  t.wgmma = t.tma = true, t.tile_edge = edge, t.warps_m = warpgroups, t.stages = stages;
+  return t;
 }
 
 TileConfig tma_shape(int bm, int warpgroups, int stages, bool persistent = false) {
@@ -288,6 +297,7 @@ std::string kernel_label(const MatMulSpec& spec) {
 
 std::string tiles_tag(const TileConfig& t) {
   if (t.columns > 0) return fmt::format("grp{}-bm{}-c{}-s{}", t.warps_m, t.bm, t.columns, t.stages);
+  if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}", t.tile_edge, t.warps_m, t.stages);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "");
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
@@ -305,6 +315,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     if (spec.wgmma)
       for (int wg : {1, 2})
         for (int stages : {3, 4, 5, 6}) shapes.push_back(tma_shape(b, wg, stages));
+    if (spec.wgmma && b <= 32)
+      for (int edge : {128, 64})
+        for (int stages : {4, 6}) shapes.push_back(tiled_shape(edge, 1, stages));
     shapes.insert(shapes.end(), {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
               pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)});
   } else {
@@ -365,6 +378,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 4, 4, true));
     if (spec.wgmma && spec.op != Op::backward_weight) return finish_grouped(spec, grouped_shape(256, 2, 4, 6));
     if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
+    if (spec.wgmma && b >= 16) return finish_tma(spec, tiled_shape(128, 1, 4));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
                                             : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
@@ -400,7 +414,47 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
   return t;
 }
 
-GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
+namespace {
+
+// Fraction of the E × E dW tiles' block slots that hold a block of the layout: the useful share of
+// the tiled backward-weight kernel's tensor work.
+double tile_fill(const Layout& layout, std::int64_t per) {
+  std::set<std::pair<std::int64_t, std::int64_t>> tiles;
+  for (auto [r, c] : layout.coords()) tiles.insert({r / per, c / per});
+  return tiles.empty() ? 0.0 : static_cast<double>(layout.blocks()) / (static_cast<double>(tiles.size()) * per * per);
+}
+
+// The heuristic's tile choice for this layout (an explicit spec.tiles is taken as it is).
+// Backward-weight at b ≤ 32 on Hopper computes whole E × E tiles of dW (sdd_tiled_kernel): its
+// useful share of tensor work is the tiles' fill, so the layout decides between E = 128, E = 64
+// and the mma.sync kernel (one block per CTA). Rates measured on suite W (H200, TFLOP/s on the
+// blocks): the tiled kernel runs about 660 × fill at E = 128 (b = 32, d = 0.5: 333; d = 0.25: 167;
+// b = 16, d = 0.1, fill 0.104: 66) and 335 × fill at E = 64 (b = 32, d = 0.1, fill 0.29: 96;
+// b = 16, d = 0.1, fill 0.12: 42); the mma.sync kernel 75-78 at b = 32 and 29-31 at b = 16
+// whatever the density. The largest predicted rate wins.
+MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
+  if (spec.tiles || spec.op != Op::backward_weight) return spec;
+  const TileConfig t = choose_tiles(spec);
+  if (t.tile_edge == 0) return spec;
+  const int b = spec.block;
+  const double mma_sync = b == 32 ? 76.0 : 30.0, tiled128 = 660.0 * tile_fill(layout, 128 / b),
+               tiled64 = 335.0 * tile_fill(layout, 64 / b);
+  MatMulSpec chosen = spec;
+  if (tiled128 >= tiled64 && tiled128 >= mma_sync) return spec;  // the default, E = 128
+  if (tiled64 >= mma_sync) {
+    TileConfig e64 = t;
+    e64.tile_edge = 64;
+    chosen.tiles = finish_tma(spec, e64);
+  } else {
+    chosen.wgmma = false;  // the mma.sync kernel, the same on every target
+  }
+  return chosen;
+}
+
+}  // namespace
+
+GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requested) {
+  const MatMulSpec spec = layout_choice(layout, requested);
   GeneratedSource g;
   g.tiles = choose_tiles(spec);
   const TileConfig& t = g.tiles;
@@ -415,11 +469,30 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
   std::string tables;
   std::int64_t out_blocks = 0;  // dsd: output block columns
   if (sdd) {
-    // (row, col) of every nonzero block, in block order.
-    std::vector<int> coords;
-    coords.reserve(2 * layout.blocks());
-    for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
-    g.grid_x = layout.blocks();
+    // (row, col) of every nonzero block, in block order; tiled: of every E × E tile holding a
+    // block, with the block indices of each tile.
+    std::vector<int> coords, tile_blocks;
+    std::int64_t units = layout.blocks(), edge = b;  // CTAs (before splitting) and their dW edge
+    if (t.tile_edge > 0) {
+      edge = t.tile_edge;
+      const std::int64_t per = edge / b;  // blocks along a tile edge
+      std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> tiles;
+      for (std::int64_t i = 0; i < layout.blocks(); ++i) {
+        auto [r, c] = layout.coords()[i];
+        auto& slots = tiles[{r / per, c / per}];
+        slots.resize(per * per, -1);
+        slots[(r % per) * per + c % per] = static_cast<int>(i);
+      }
+      for (auto& [rc, slots] : tiles) {
+        coords.push_back(static_cast<int>(rc.first)), coords.push_back(static_cast<int>(rc.second));
+        tile_blocks.insert(tile_blocks.end(), slots.begin(), slots.end());
+      }
+      units = static_cast<std::int64_t>(tiles.size());
+    } else {
+      coords.reserve(2 * layout.blocks());
+      for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
+    }
+    g.grid_x = units;
     g.rows_per_cta = 0;
     // Split N when the layout has too few blocks to fill the GPU, up to one wave of CTAs (the
     // SMs of an H100/H200, 132, times the CTAs one SM holds at this shared-memory size), and only
@@ -435,14 +508,19 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
     constexpr std::int64_t kSms = 132, kSharedPerSm = 227 * 1024;
     const std::int64_t per_sm =
         t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
-    if (t.pipelined && layout.blocks() > 0 && (per_sm >= 4 || t.tma)) {
-      g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / layout.blocks(), 1, 8));
-      if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * b * b + 1) * 4 * layout.blocks();
+    if (t.pipelined && units > 0 && (per_sm >= 4 || t.tma)) {
+      g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
+      if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * edge * edge + 1) * 4 * units;
     }
-    tables = fmt::format(
-        "// (block row, block column) of each nonzero block of W, in block order.\n"
-        "__device__ const int kCoords[] = {{{}}};\n",
-        array_body(coords));
+    tables = t.tile_edge > 0
+                 ? fmt::format("// (tile row, tile column) of each {0} × {0} tile of dW holding a block, and the\n"
+                               "// block index of each block of the tile (row-major; -1: none).\n"
+                               "__device__ const int kCoords[] = {{{1}}};\n"
+                               "__device__ const int kTileBlocks[] = {{{2}}};\n",
+                               edge, array_body(coords), array_body(tile_blocks))
+                 : fmt::format("// (block row, block column) of each nonzero block of W, in block order.\n"
+                               "__device__ const int kCoords[] = {{{}}};\n",
+                               array_body(coords));
   } else {
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
@@ -475,7 +553,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
     }
   }
 
-  const char* accessors = sdd ? "  __device__ static const int* coords() { return kCoords; }\n"
+  const char* accessors = sdd ? (t.tile_edge > 0 ? "  __device__ static const int* coords() { return kCoords; }\n"
+                                                   "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
+                                                 : "  __device__ static const int* coords() { return kCoords; }\n")
                           : t.columns > 0
                               ? "  __device__ static const int* pattern_steps() { return kPatternSteps; }\n"
                                 "  __device__ static const int* steps() { return kSteps; }\n"
@@ -483,8 +563,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
                                 "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.columns > 0 ? "dsd_grouped_kernel"
-                       : t.tma       ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
+  const char* kernel = t.columns > 0     ? "dsd_grouped_kernel"
+                       : t.tile_edge > 0 ? "sdd_tiled_kernel"
+                       : t.tma           ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
                        : t.wgmma     ? "dsd_wgmma_kernel"
                        : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
                                      : (sdd ? "sdd_kernel" : "dsd_kernel");
@@ -541,7 +622,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec) {
       fmt::arg("header", t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"), 
       fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n",
                                                       t.columns, g.grid_x)
-                                        : ""),
+                          : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
+                                            : ""),
       fmt::arg("smem_check", t.pipelined ? ""
                                          : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
                                            "\"static shared memory is 48 KB\");\n"));

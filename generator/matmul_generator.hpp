@@ -31,6 +31,9 @@ struct TileConfig {
   // Grouped Hopper dsd (b ≤ 32; also tma, wgmma and persistent): output block columns per CTA
   // tile, walked together over the union of their input blocks; 0 for every other kernel.
   int columns = 0;
+  // Tiled Hopper backward-weight (b ≤ 32; also tma and wgmma): the edge (64 or 128) of the dW tiles
+  // computed whole, each storing the blocks it holds; 0 for every other kernel.
+  int tile_edge = 0;
 };
 
 struct MatMulSpec {
@@ -99,6 +102,9 @@ std::string kernel_label(const MatMulSpec& spec);
 // Block sizes with a kernel.
 bool supported_block(int block);
 
+// The kernel for spec on this layout. Without spec.tiles the tile choice is choose_tiles(spec),
+// except where the layout decides (backward-weight at b ≤ 32 on sm_90a: the tiled kernel only for
+// well-filled tiles); g.tiles and g.label say what was generated.
 GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
 
 }  // namespace bsjit::generator

@@ -241,7 +241,8 @@ std::string MatMul::generated_source(Op op) const {
 }
 std::string MatMul::kernel_label(Op op, std::int64_t n) const {
   const std::string arch = impl_->arch_for(runtime::current_context());
-  return generator::kernel_label(impl_->spec_for(op, impl_->variant(op, n), arch));
+  // generated, not just chosen: the generator may pick another kernel for this layout
+  return generator::generate_matmul(impl_->layout, impl_->spec_for(op, impl_->variant(op, n), arch)).label;
 }
 
 const Layout& MatMul::layout() const { return impl_->layout; }

@@ -167,48 +167,58 @@ struct EpilogueOf {
   }
 };
 
-// Writes one b × b block of dW (block `block`, scaled by its gate g) from the accumulators this
-// CTA's threads hold; for_each(store) calls store(r, c, v0, v1) for every pair of adjacent
-// values (r, c), (r, c + 1) a thread holds. Every thread of the CTA must call the same
-// instantiation (it has a __shared__ flag and CTA barriers).
-// Split over N (Cfg::kSplits CTAs per block, blockIdx.y = split): each split writes its fp32
-// partial; the last split of the block to finish adds them in split order (deterministic) and
-// writes dW. workspace: [kSplits][blocks][b][b] partials, then one arrival counter per block,
-// which the last split sets back to 0 for the next launch.
-template <class Cfg, class ForEach>
-__device__ __forceinline__ void store_dw_block(ForEach for_each, typename Cfg::T* dw, int block, float g,
-                                               int accumulate, float* workspace) {
-  constexpr int b = Cfg::kBlock;
-  typename Cfg::T* out = dw + static_cast<long long>(block) * b * b;
+// Writes one E × E tile of dW (tile `tile` of gridDim.x) from the accumulators this CTA's threads
+// hold: for_each(store) calls store(r, c, v0, v1) for every pair of adjacent values (r, c),
+// (r, c + 1) a thread holds, and write(r, c, v0, v1) puts a pair of the finished tile in place.
+// Every thread of the CTA must call the same instantiation (it has a __shared__ flag and CTA
+// barriers).
+// Split over N (Cfg::kSplits CTAs per tile, blockIdx.y = split): each split writes its fp32
+// partial; the last split of the tile to finish adds them in split order (deterministic) and
+// writes. workspace: [kSplits][tiles][E][E] partials, then one arrival counter per tile, which the
+// last split sets back to 0 for the next launch.
+template <class Cfg, int E, class ForEach, class Write>
+__device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int tile, float* workspace) {
   if (Cfg::kSplits == 1) {
-    for_each([&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); });
+    for_each(write);
     return;
   }
-  const long long plane = static_cast<long long>(gridDim.x) * b * b;
-  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(block) * b * b;
+  const long long plane = static_cast<long long>(gridDim.x) * E * E;
+  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(tile) * E * E;
   for_each([&](int r, int c, float v0, float v1) {
-    mine[r * b + c] = v0;
-    mine[r * b + c + 1] = v1;
+    mine[r * E + c] = v0;
+    mine[r * E + c + 1] = v1;
   });
   __threadfence();
   __syncthreads();
   __shared__ int last;
   unsigned* counters = reinterpret_cast<unsigned*>(workspace + Cfg::kSplits * plane);
-  if (threadIdx.x == 0) last = atomicAdd(&counters[block], 1u) == Cfg::kSplits - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1u) == Cfg::kSplits - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* base = workspace + static_cast<long long>(block) * b * b;
+  const float* base = workspace + static_cast<long long>(tile) * E * E;
   for_each([&](int r, int c, float, float) {
     float v0 = 0.0f, v1 = 0.0f;
 #pragma unroll 1
     for (int s = 0; s < Cfg::kSplits; ++s) {
-      v0 += load_global_cg(base + s * plane + r * b + c);
-      v1 += load_global_cg(base + s * plane + r * b + c + 1);
+      v0 += load_global_cg(base + s * plane + r * E + c);
+      v1 += load_global_cg(base + s * plane + r * E + c + 1);
     }
-    store_pair(out + r * b + c, v0 * g, v1 * g, accumulate);
+    write(r, c, v0, v1);
   });
-  if (threadIdx.x == 0) counters[block] = 0;
+  if (threadIdx.x == 0) counters[tile] = 0;
+}
+
+// store_dw_tile for one b × b block of dW (block `block`, scaled by its gate g).
+template <class Cfg, class ForEach>
+__device__ __forceinline__ void store_dw_block(ForEach for_each, typename Cfg::T* dw, int block, float g,
+                                               int accumulate, float* workspace) {
+  constexpr int b = Cfg::kBlock;
+  typename Cfg::T* out = dw + static_cast<long long>(block) * b * b;
+  store_dw_tile<Cfg, b>(
+      for_each,
+      [&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); }, block,
+      workspace);
 }
 
 // The rows of N a backward-weight CTA reduces: split blockIdx.y of Cfg::kSplits, each a chunk of
@@ -624,15 +634,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // operands, copied by TMA as b/64 boxes of 64 × 64 each (MN-major, 128-byte swizzled): A = Xᵀ is
 // M-major, B = dY N-major. A producer warpgroup and kWarpsM consumer warpgroups, as in
 // dsd_tma_kernel.
-template <class Cfg>
+// sdd_tiled_kernel: the same main loop for blocks of 16 and 32, on E × E tiles of dW (E = 64 or
+// 128) that hold at least one block: the tile is computed whole and its blocks are stored. An E-wide
+// tile feeds the tensor cores where one narrow block cannot (wgmma's M is 64); the blocks a tile
+// lacks cost tensor time, so the generator keeps this for layouts whose tiles are well filled.
+template <class Cfg, int E = Cfg::kBlock>
 struct SddTmaPlan {
-  static constexpr int kSlice = 64;                                // rows of N per stage
-  static constexpr int kOperandBytes = kSlice * Cfg::kBlock * 2;  // one operand's stage
+  static constexpr int kSlice = 64;                      // rows of N per stage
+  static constexpr int kOperandBytes = kSlice * E * 2;  // one operand's stage
   static constexpr int kStageBytes = 2 * kOperandBytes;
   static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes + 2 * Cfg::kStages * 8;
 };
 
-// for_each of store_dw_block over a warpgroup's wgmma accumulator tiles; threads of a warpgroup
+// for_each of store_dw_tile over a warpgroup's wgmma accumulator tiles; threads of a warpgroup
 // that holds none (a producer) pass holds = false.
 template <int TILES, int N>
 struct WgmmaTiles {
@@ -647,20 +661,19 @@ struct WgmmaTiles {
   }
 };
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    sdd_tma_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
-                   typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
-                   float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
-                   const __grid_constant__ TensorMap map_dy) {
+// The main loop of sdd_tma_kernel and sdd_tiled_kernel: the E × E product X[:, c_base..]ᵀ ·
+// dY[:, k_base..] over the rows of `range`, then store(for_each) with the accumulators.
+template <class Cfg, int E, class Store>
+__device__ __forceinline__ void sdd_tma_body(int c_base, int k_base, const SddRange<Cfg>& range,
+                                             const TensorMap& map_x, const TensorMap& map_dy, Store store) {
   using T = typename Cfg::T;
-  using Plan = SddTmaPlan<Cfg>;
-  constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, S = Cfg::kStages, kGroups = b / 64;
+  using Plan = SddTmaPlan<Cfg, E>;
+  constexpr int kSlice = Plan::kSlice, S = Cfg::kStages, kGroups = E / 64;
   constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
-  constexpr int kRows = b / kConsumers, kTiles = kRows / 64;
-  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && (b == 64 || b == 128), "16-bit, feature axis last, b = 64 or 128");
-  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == b && kTiles * 64 == kRows,
-                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles of the block");
+  constexpr int kRows = E / kConsumers, kTiles = kRows / 64;
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && (E == 64 || E == 128), "16-bit, feature axis last, E = 64 or 128");
+  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == E && kTiles * 64 == kRows,
+                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles of the tile");
   static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
@@ -670,10 +683,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
   auto stage_b = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kOperandBytes; };
 
-  const int block = blockIdx.x, warpgroup = threadIdx.x / 128;
-  const int c_base = Cfg::coords()[2 * block] * b, k_base = Cfg::coords()[2 * block + 1] * b;
-  const float g = gate != nullptr ? gate[block] : 1.0f;
-  const SddRange<Cfg> range(n, kSlice, g);  // whole 64-row steps; rows past n read as zeros
+  const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
     fence_barrier_init();
@@ -681,7 +691,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   const int consumer = warpgroup - 1;
-  float d[kTiles][b / 2];
+  float d[kTiles][E / 2];
   if (warpgroup == 0) {  // producer
     if (threadIdx.x == 0) {
       for (int step = 0; step < range.steps; ++step) {
@@ -701,7 +711,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
+      for (int i = 0; i < E / 2; ++i) d[t][i] = 0.0f;
       wgmma_fence_registers(d[t]);
     }
     for (int step = 0; step < range.steps; ++step) {
@@ -716,7 +726,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
-          wgmma_m64k16<T, b, 1, 1>(d[t],
+          wgmma_m64k16<T, E, 1, 1>(d[t],
                                    smem_descriptor(as + t * kSlice * kSwizzleRowBytes + kk * 16 * kSwizzleRowBytes,
                                                    kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
                                    db);
@@ -731,7 +741,77 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   // Every thread takes part in the epilogue, through one instantiation of it (the split reduction
   // synchronises the CTA and shares a __shared__ flag); the producer warpgroup holds no values.
-  store_dw_block<Cfg>(WgmmaTiles<kTiles, b>{d, consumer * kRows, warpgroup > 0}, dw, block, g, accumulate, workspace);
+  store(WgmmaTiles<kTiles, E>{d, consumer * kRows, warpgroup > 0});
+}
+
+// store of sdd_tma_kernel: the whole tile is block `block` of dW.
+template <class Cfg>
+struct SddBlockStore {
+  typename Cfg::T* dw;
+  int block, accumulate;
+  float g;
+  float* workspace;
+  template <class ForEach>
+  __device__ __forceinline__ void operator()(ForEach for_each) const {
+    store_dw_block<Cfg>(for_each, dw, block, g, accumulate, workspace);
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    sdd_tma_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
+                   typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
+                   float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
+                   const __grid_constant__ TensorMap map_dy) {
+  constexpr int b = Cfg::kBlock;
+  static_assert(b == 64 || b == 128, "b = 64 or 128");
+  const int block = blockIdx.x;
+  const float g = gate != nullptr ? gate[block] : 1.0f;
+  const SddRange<Cfg> range(n, SddTmaPlan<Cfg>::kSlice, g);  // whole 64-row steps; rows past n read as zeros
+  sdd_tma_body<Cfg, b>(Cfg::coords()[2 * block] * b, Cfg::coords()[2 * block + 1] * b, range, map_x, map_dy,
+                       SddBlockStore<Cfg>{dw, block, accumulate, g, workspace});
+}
+
+// store of sdd_tiled_kernel: the blocks of tile `tile` (kTileBlocks: (E/b)² block indices, row-major
+// over the tile, -1 where the layout has none), each scaled by its gate (0: written as 0).
+template <class Cfg>
+struct SddTileStore {
+  typename Cfg::T* dw;
+  const float* gate;
+  int tile, accumulate;
+  float* workspace;
+  template <class ForEach>
+  __device__ __forceinline__ void operator()(ForEach for_each) const {
+    constexpr int b = Cfg::kBlock, E = Cfg::kTileEdge, kPerRow = E / b;
+    const int* blocks = Cfg::tile_blocks() + tile * kPerRow * kPerRow;
+    typename Cfg::T* out = dw;
+    const float* gates = gate;
+    const int acc = accumulate;
+    store_dw_tile<Cfg, E>(
+        for_each,
+        [&](int r, int c, float v0, float v1) {
+          const int block = blocks[(r / b) * kPerRow + c / b];
+          if (block < 0) return;
+          const float g = gates == nullptr ? 1.0f : gates[block];
+          if (g == 0.0f) v0 = v1 = 0.0f;  // a block gated to 0 gets dW = 0, whatever X and dY hold
+          store_pair(out + static_cast<long long>(block) * b * b + (r % b) * b + c % b, v0 * g, v1 * g, acc);
+        },
+        tile, workspace);
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    sdd_tiled_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
+                     typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
+                     float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
+                     const __grid_constant__ TensorMap map_dy) {
+  constexpr int E = Cfg::kTileEdge;
+  static_assert(Cfg::kBlock == 16 || Cfg::kBlock == 32, "b = 16 or 32");
+  const int tile = blockIdx.x;
+  const SddRange<Cfg> range(n, SddTmaPlan<Cfg, E>::kSlice, 1.0f);
+  sdd_tma_body<Cfg, E>(Cfg::coords()[2 * tile] * E, Cfg::coords()[2 * tile + 1] * E, range, map_x, map_dy,
+                       SddTileStore<Cfg>{dw, gate, tile, accumulate, workspace});
 }
 
 }  // namespace kernels

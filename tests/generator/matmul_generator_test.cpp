@@ -150,6 +150,39 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
   }
 }
 
+// The tiled backward-weight kernel's tables: the tiles holding a block, each with the block index of
+// every slot (row-major, -1 where the layout has none), together rebuild the layout.
+TEST(Generator, TiledTablesRebuildTheLayout) {
+  for (std::uint64_t seed = 1; seed <= 10; ++seed)
+    for (int b : {16, 32})
+      for (int edge : {64, 128}) {
+        Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
+        MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = true;
+        TileConfig t;
+        t.wgmma = t.tma = true, t.tile_edge = edge, t.warps_m = 1, t.stages = 4;
+        spec.tiles = t;
+        const auto g = generate_matmul(layout, spec);
+        SCOPED_TRACE(fmt::format("seed {} b{} edge {}", seed, b, edge));
+        ASSERT_NE(g.name_expression.find("sdd_tiled_kernel"), std::string::npos);
+        const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+        const int per = edge / b, tiles = static_cast<int>(g.grid_x);
+        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, tiles * per * per));
+        std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
+        for (int i = 0; i < tiles; ++i) {
+          int held = 0;
+          for (int s = 0; s < per * per; ++s) {
+            const std::int64_t r = coords[2 * i] * per + s / per, c = coords[2 * i + 1] * per + s % per;
+            const bool inside = r < layout.rows() && c < layout.cols();
+            EXPECT_EQ(blocks[i * per * per + s], inside ? layout.block_index(r, c) : -1);
+            if (blocks[i * per * per + s] >= 0) rebuilt.push_back({r, c}), ++held;
+          }
+          EXPECT_GT(held, 0) << "only tiles that hold a block";
+        }
+        EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
+      }
+}
+
 // What the templates' static_asserts demand, checked on the host for every combination.
 TEST(Generator, TileConfigsAreConsistent) {
   for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
@@ -200,16 +233,38 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           spec.wgmma = true;
           const TileConfig t = choose_tiles(spec);
           SCOPED_TRACE(std::string(to_string(op)) + " b" + std::to_string(b) + " " + std::string(to_string(dt)));
-          // b ≤ 32: the grouped kernel for forward and backward-data; backward-weight stays on mma.sync
-          const bool expected = dt != DType::f32 && ax == FeatureAxis::last &&
-                                (b >= 64 || (b >= 16 && op != Op::backward_weight));
+          // b ≤ 32: the grouped kernel for forward and backward-data, 128 × 128 tiles of dW for
+          // backward-weight
+          const bool expected = dt != DType::f32 && ax == FeatureAxis::last && b >= 16;
           EXPECT_EQ(t.wgmma, expected);
           if (!t.wgmma) continue;
           EXPECT_TRUE(t.tma) << "the default is the warp-specialized TMA kernel";
           EXPECT_EQ(t.threads, (t.warps_m + (t.tma ? 1 : 0)) * 128) << "warps_m consumer warpgroups (+ a producer)";
           EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
-          EXPECT_EQ(t.bk, b >= 64 ? 64 : b);
+          EXPECT_EQ(t.bk, b >= 64 || op == Op::backward_weight ? 64 : b);
           for (const auto& c : tile_candidates(spec)) EXPECT_LE(c.shared_bytes, 227 * 1024) << tiles_tag(c);
+          if (op == Op::backward_weight && b <= 32) {
+            EXPECT_EQ(t.tile_edge, 128);
+            EXPECT_EQ(t.bm, 128);
+            EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * 128 * 2 + 1024 + 16 * t.stages);
+            // the layout decides (layout_choice): a full layout, 128 × 128 tiles of dW; a lone
+            // block, 64 × 64 tiles at b = 32 (a quarter filled) and the mma.sync kernel at b = 16
+            std::vector<std::uint8_t> ones(64, 1);
+            const auto full = generate_matmul(Layout::from_dense(8, 8, ones), spec);
+            EXPECT_NE(full.name_expression.find("sdd_tiled_kernel"), std::string::npos);
+            EXPECT_EQ(full.tensor_maps.size(), 2u);
+            EXPECT_EQ(full.tiles.tile_edge, 128);
+            const auto sparse = generate_matmul(Layout::from_coords(2 * 128 / b, 2, {{0, 0}}), spec);
+            if (b == 32) {
+              EXPECT_EQ(sparse.tiles.tile_edge, 64);
+              EXPECT_NE(sparse.label.find("tile64"), std::string::npos) << "the label names what was generated";
+            } else {
+              EXPECT_NE(sparse.name_expression.find("sdd_pipelined_kernel"), std::string::npos) << sparse.label;
+              EXPECT_TRUE(sparse.tensor_maps.empty());
+              EXPECT_EQ(sparse.label.find("tile"), std::string::npos) << "the label names what was generated";
+            }
+            continue;
+          }
           const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
           ASSERT_EQ(g.tensor_maps.size(), 2u);
           // the small-batch variant: one consumer of 64 rows; for backward-weight, which reduces
