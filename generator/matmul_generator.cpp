@@ -376,8 +376,14 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
                                                     b >= 64 ? 4 : 1, 4));
     if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 4, 4, true));
+    // b = 16 and 32 on sm_90a: the grouped kernel, 2 consumers of 128 rows, 4 columns per group.
+    // Sweep at b = 32, forward, balanced, d = 0.5 / 0.1 (TFLOP/s): 301-307 / 153-155 against
+    // 262-278 / 152 with 3 columns, 230-249 / 152-154 with 2, 184-189 with 2 consumers of 64 rows,
+    // 197-204 with one consumer of 128 rows; the mma.sync kernel 134 / 119. Stages 4-12 within 3%.
     if (spec.wgmma && spec.op != Op::backward_weight) return finish_grouped(spec, grouped_shape(256, 2, 4, 6));
     if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
+    // backward-weight at b ≤ 32: 128 × 128 tiles of dW; generate_matmul's layout_choice may take
+    // 64 × 64 tiles or the mma.sync kernel instead, from the layout's fill
     if (spec.wgmma && b >= 16) return finish_tma(spec, tiled_shape(128, 1, 4));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
