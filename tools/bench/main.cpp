@@ -291,11 +291,17 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
 void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   std::mt19937_64 rng(11);
   set_cache_directory({});
-  // the mma.sync kernel (b = 32, sm_90) and the Hopper one (b = 64, sm_90a: wgmma, TMA, mbarriers)
-  generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last};
-  hopper.wgmma = true;
+  // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64,
+  // the grouped kernel at b = 32 (one loop per column pattern) and the tiled backward-weight
+  generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last}, grouped = hopper, tiled = hopper;
+  hopper.wgmma = grouped.wgmma = tiled.wgmma = true;
+  grouped.block = tiled.block = 32;
+  tiled.op = Op::backward_weight;
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
-      {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"}, {hopper, "sm_90a"}};
+      {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"},
+      {hopper, "sm_90a"},
+      {grouped, "sm_90a"},
+      {tiled, "sm_90a"}};
   for (const auto& [spec, arch] : kernels)
     for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
       std::vector<double> ms;
