@@ -17,12 +17,6 @@
 namespace bsjit {
 namespace kernels {
 
-// The first 1024-byte aligned address of dynamic shared memory (swizzled atoms must be aligned;
-// kernels reserve kSwizzleAtomBytes extra).
-__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* p) {
-  return p + ((kSwizzleAtomBytes - (smem_address(p) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
-}
-
 // TMA copy of `rows` positions from p on of (batch b, head h) of a Q- or K-shaped tensor (3-D maps:
 // (d, heads, batch · seq) for [batch, seq, heads, d], (d, seq, batch · heads) for [batch, heads,
 // seq, d]) into dst, panel by panel of 64 head-dim columns, panels stride_rows rows apart.

@@ -494,12 +494,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles");
   static_assert(S >= 2 && DsdTmaPlan<Cfg>::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
-                                    (kSwizzleAtomBytes - 1));
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + S * Plan::kStageBytes);
-  unsigned long long* empty = full + S;
-  auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
-  auto stage_b = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kABytes; };
+  const StageRing<S, Plan::kStageBytes> ring(smem_raw);
+  unsigned long long *full = ring.full, *empty = ring.empty;
+  auto stage_a = [&](int step) { return ring.stage(step); };
+  auto stage_b = [&](int step) { return ring.stage(step) + Plan::kABytes; };
 
   const int warpgroup = threadIdx.x / 128;
   // Output tiles (BM rows × one block column), column fastest so that CTAs running together
@@ -509,11 +507,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tiles = Cfg::kOutBlocks * ((n + Cfg::kBM - 1) / Cfg::kBM);
   const int first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
   const int stride = Cfg::kPersistent ? gridDim.x : tiles;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
-    fence_barrier_init();
-  }
-  __syncthreads();
+  ring.init(kConsumerThreads);
 
   if (warpgroup == 0) {  // producer
     if (threadIdx.x != 0) return;
@@ -676,19 +670,13 @@ __device__ __forceinline__ void sdd_tma_body(int c_base, int k_base, const SddRa
                 "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles of the tile");
   static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
-                                    (kSwizzleAtomBytes - 1));
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + S * Plan::kStageBytes);
-  unsigned long long* empty = full + S;
-  auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
-  auto stage_b = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kOperandBytes; };
+  const StageRing<S, Plan::kStageBytes> ring(smem_raw);
+  unsigned long long *full = ring.full, *empty = ring.empty;
+  auto stage_a = [&](int step) { return ring.stage(step); };
+  auto stage_b = [&](int step) { return ring.stage(step) + Plan::kOperandBytes; };
 
   const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
-    fence_barrier_init();
-  }
-  __syncthreads();
+  ring.init(kConsumerThreads);
 
   const int consumer = warpgroup - 1;
   float d[kTiles][E / 2];

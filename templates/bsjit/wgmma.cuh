@@ -33,6 +33,12 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return row * kSwizzleRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
+// The first 1024-byte aligned address of dynamic shared memory (swizzled atoms must be aligned;
+// kernels reserve kSwizzleAtomBytes extra).
+__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* p) {
+  return p + ((kSwizzleAtomBytes - (smem_address(p) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
+}
+
 // Shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
 // and the swizzle span (layout type 1 = 128 bytes, 2 = 64, 3 = 32). With a span of S bytes the
 // atoms are 8 rows of S bytes, chunk j of row r stored at j ^ ((r · S / 128) % (S / 16)) — the
@@ -331,6 +337,29 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void red_add_pair(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+// The shared memory of a warp-specialized kernel with a ring of S stages of STAGE_BYTES: the stages
+// from the first 1024-byte aligned address of dynamic shared memory, then S "full" mbarriers (the
+// producer's arrival plus the copies' bytes complete one) and S "empty" ones (`consumers`
+// arrivals free a stage). Every thread calls init before the ring's first use: thread 0
+// initialises the barriers and the CTA synchronises.
+template <int S, int STAGE_BYTES>
+struct StageRing {
+  unsigned char* base;
+  unsigned long long *full, *empty;
+  __device__ __forceinline__ explicit StageRing(unsigned char* dynamic_smem)
+      : base(swizzle_aligned(dynamic_smem)),
+        full(reinterpret_cast<unsigned long long*>(base + S * STAGE_BYTES)),
+        empty(full + S) {}
+  __device__ __forceinline__ void init(unsigned consumers) const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], consumers);
+      fence_barrier_init();
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ unsigned char* stage(int step) const { return base + (step % S) * STAGE_BYTES; }
+};
+
 // Moves registers between the warpgroups of a warp-specialized kernel: a producer that only issues
 // copies gives some back, consumers holding accumulators take them (per thread, multiple of 8).
 template <int N>
