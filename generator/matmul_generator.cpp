@@ -445,8 +445,8 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
   const int b = spec.block;
   const double mma_sync = b == 32 ? 76.0 : 30.0, tiled128 = 660.0 * tile_fill(layout, 128 / b),
                tiled64 = 335.0 * tile_fill(layout, 64 / b);
-  MatMulSpec chosen = spec;
   if (tiled128 >= tiled64 && tiled128 >= mma_sync) return spec;  // the default, E = 128
+  MatMulSpec chosen = spec;
   if (tiled64 >= mma_sync) {
     TileConfig e64 = t;
     e64.tile_edge = 64;

@@ -772,17 +772,14 @@ struct SddTileStore {
   __device__ __forceinline__ void operator()(ForEach for_each) const {
     constexpr int b = Cfg::kBlock, E = Cfg::kTileEdge, kPerRow = E / b;
     const int* blocks = Cfg::tile_blocks() + tile * kPerRow * kPerRow;
-    typename Cfg::T* out = dw;
-    const float* gates = gate;
-    const int acc = accumulate;
     store_dw_tile<Cfg, E>(
         for_each,
         [&](int r, int c, float v0, float v1) {
           const int block = blocks[(r / b) * kPerRow + c / b];
           if (block < 0) return;
-          const float g = gates == nullptr ? 1.0f : gates[block];
+          const float g = gate == nullptr ? 1.0f : gate[block];
           if (g == 0.0f) v0 = v1 = 0.0f;  // a block gated to 0 gets dW = 0, whatever X and dY hold
-          store_pair(out + static_cast<long long>(block) * b * b + (r % b) * b + c % b, v0 * g, v1 * g, acc);
+          store_pair(dw + static_cast<long long>(block) * b * b + (r % b) * b + c % b, v0 * g, v1 * g, accumulate);
         },
         tile, workspace);
   }
