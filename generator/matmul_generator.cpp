@@ -52,51 +52,55 @@ std::string array_body(const std::vector<int>& values) {
 
 // Tables of the grouped kernel (templates/bsjit/matmul_grouped.cuh says what each holds). per_out[j]
 // lists output block column j's (input block, W block index) pairs. Columns are grouped
-// `columns` at a time in order; a group's steps are sorted by column pattern, then input block.
-// Sets grid_x to the number of groups.
-std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, int columns,
-                           std::int64_t& grid_x) {
-  const int out_blocks = static_cast<int>(per_out.size());
-  const int groups = (out_blocks + columns - 1) / columns, patterns = 1 << columns;
-  std::vector<int> pattern_steps, steps, step_blocks, group_columns;
+// `columns` at a time in order, the first half of a group the first consumer's, the rest the second
+// one's (`consumers` of them); a group's steps are the chunks of `sub` input blocks (64 reduction
+// indices) holding a block of its columns, in three classes (blocks for both consumers, for the first
+// only, for the second only), chunks ascending within a class (CTAs running together, on the same
+// rows of X, then read X in about the same order). Sets grid_x to the number of groups.
+std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, int columns, int sub,
+                           int consumers, std::int64_t& grid_x) {
+  const int out_blocks = static_cast<int>(per_out.size()), record = 2 + sub * columns;
+  const int groups = (out_blocks + columns - 1) / columns, per = columns / consumers;
+  std::vector<int> group_steps, steps, group_columns;
   for (int gi = 0; gi < groups; ++gi) {
-    std::map<int, std::vector<int>> union_rows;  // input block → W block per slot (-1: none)
+    std::map<int, std::vector<int>> chunks;  // chunk → W block per slot j · columns + c (-1: none)
     for (int c = 0; c < columns; ++c) {
       const int col = gi * columns + c;
       group_columns.push_back(col < out_blocks ? col : -1);
       if (col >= out_blocks) continue;
       for (auto [in, wblock] : per_out[col]) {
-        auto& slots = union_rows[in];
-        slots.resize(columns, -1);
-        slots[c] = wblock;
+        auto& slots = chunks[in / sub];
+        slots.resize(sub * columns, -1);
+        slots[in % sub * columns + c] = wblock;
       }
     }
-    std::vector<std::vector<std::pair<int, const std::vector<int>*>>> by_pattern(patterns);
-    for (auto& [in, slots] : union_rows) {
-      int pattern = 0;
-      for (int c = 0; c < columns; ++c) pattern |= slots[c] >= 0 ? 1 << c : 0;
-      by_pattern[pattern].emplace_back(in, &slots);  // input blocks ascending within a pattern
+    std::vector<int> by_class[3];
+    for (auto& [chunk, slots] : chunks) {
+      unsigned pattern = 0;
+      bool held[2] = {false, false};
+      for (int i = 0; i < sub * columns; ++i)
+        if (slots[i] >= 0) pattern |= 1u << i, held[i % columns / per] = true;
+      auto& out = by_class[held[0] && held[1] ? 0 : held[0] ? 1 : 2];
+      out.push_back(chunk), out.push_back(static_cast<int>(pattern));
+      for (int i = 0; i < sub * columns; ++i) out.push_back(std::max(slots[i], 0));
     }
-    for (int p = 0; p < patterns; ++p) {
-      pattern_steps.push_back(static_cast<int>(steps.size() / 2));
-      for (auto& [in, slots] : by_pattern[p]) {
-        steps.push_back(in), steps.push_back(p);
-        for (int c = 0; c < columns; ++c) step_blocks.push_back(std::max((*slots)[c], 0));
-      }
+    for (auto& c : by_class) {
+      group_steps.push_back(static_cast<int>(steps.size()) / record);
+      steps.insert(steps.end(), c.begin(), c.end());
     }
   }
-  pattern_steps.push_back(static_cast<int>(steps.size() / 2));
+  group_steps.push_back(static_cast<int>(steps.size()) / record);
   grid_x = groups;
   return fmt::format(
-      "// Groups of {} output block columns. Steps of group g with column pattern p: kPatternSteps[g·{} + p]\n"
-      "// up to the next entry; kSteps holds (input block, pattern), kStepBlocks the W block of each\n"
-      "// slot, kGroupColumns the output block column of each slot (-1: none).\n"
-      "__device__ const int kPatternSteps[] = {{{}}};\n"
+      "// Groups of {} output block columns. Group g's steps: kGroupSteps[3g] up to kGroupSteps[3g + 3], in\n"
+      "// classes from kGroupSteps[3g + k] (blocks of both consumers, of the first only, of the second\n"
+      "// only). Step s is kSteps[s·{} ...]: chunk of 64 reduction indices, pattern (bit j·{} + c: sub-block\n"
+      "// j of column c holds a block), the W block of each slot. kGroupColumns: the output block column\n"
+      "// of each column of each group (-1: none).\n"
+      "__device__ const int kGroupSteps[] = {{{}}};\n"
       "__device__ const int kSteps[] = {{{}}};\n"
-      "__device__ const int kStepBlocks[] = {{{}}};\n"
       "__device__ const int kGroupColumns[] = {{{}}};\n",
-      columns, patterns, array_body(pattern_steps), array_body(steps), array_body(step_blocks),
-      array_body(group_columns));
+      columns, record, columns, array_body(group_steps), array_body(steps), array_body(group_columns));
 }
 
 }  // namespace
@@ -213,29 +217,34 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   return t;
 }
 
-// The grouped Hopper dsd kernel (b = 16 and 32): warps_m consumer warpgroups of bm / warps_m rows
-// (one or two m64 tiles) plus a producer; a stage holds the X tile (bm rows × b) and one W block
-// per column of the group (DsdGroupedPlan). Each consumer thread holds tiles × columns × b / 2
-// accumulators, kept at 128 or fewer.
+// The grouped Hopper dsd kernel (b = 16 and 32): warps_m consumer warpgroups (1 or 2), each owning
+// 64 / b output block columns of the group, plus a producer; bm rows of X per tile (wgmma's N:
+// 64, 128 or 256, bm / 2 accumulators per consumer thread). A stage holds the X tile (bm rows × 64
+// reduction indices) and the group's W blocks in those indices, 64 / b per column; after the stages,
+// their mbarriers and step records and one output tile of up to 128 rows × 64 per consumer
+// (DsdGroupedPlan).
 TileConfig finish_grouped(const MatMulSpec& spec, TileConfig t) {
-  const int b = spec.block, rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
+  const int b = spec.block, sub = b == 16 || b == 32 ? 64 / b : 0;
   t.tensor_cores = t.pipelined = t.wgmma = t.tma = t.persistent = true;
-  t.bn = t.columns * b, t.bk = b, t.group = 1, t.warps_n = 1, t.stride = 0;
+  t.columns = sub > 0 ? t.warps_m * sub : 0;
+  t.bn = t.columns * b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
   t.threads = (t.warps_m + 1) * 128;
-  t.shared_bytes = t.stages * (t.bm + t.columns * b) * 2 * b + 1024 + 2 * t.stages * 8;
-  const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 16 || b == 32) && t.bm == rows * t.warps_m &&
-                  (rows == 64 || rows == 128) && t.bm <= 256 && t.columns >= 1 && t.columns <= 4 &&
-                  rows / 64 * t.columns * b / 2 <= 128 && t.stages >= 2 && t.shared_bytes <= 227 * 1024;
+  const int stage_bytes = t.bm * 128 + sub * t.columns * 2 * b * b, records = t.stages * (2 + sub * t.columns) * 4;
+  t.shared_bytes = 1024 + (t.stages * stage_bytes + 2 * t.stages * 8 + records + 127) / 128 * 128 +
+                   t.warps_m * std::min(t.bm, 128) * 128;
+  const bool ok = spec.wgmma && spec.op != Op::backward_weight && t.columns > 0 && (t.warps_m == 1 || t.warps_m == 2) &&
+                  (t.bm == 64 || t.bm == 128 || t.bm == 256) && t.stages >= 2 && t.stages * sub * sub <= 64 &&
+                  t.shared_bytes <= 227 * 1024;
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
                             spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
   return t;
 }
 
-TileConfig grouped_shape(int bm, int warpgroups, int columns, int stages) {
+TileConfig grouped_shape(int bm, int warpgroups, int stages) {
   TileConfig t;
-  t.wgmma = t.tma = t.persistent = true, t.bm = bm, t.warps_m = warpgroups, t.columns = columns, t.stages = stages;
-  return t;
+  t.wgmma = t.tma = t.persistent = true, t.bm = bm, t.warps_m = warpgroups, t.columns = 1, t.stages = stages;
+  return t;  // columns: set by finish_grouped (1 marks the kind until then)
 }
 
 // Applies the finish_* function of a shape's kind.
@@ -296,7 +305,7 @@ std::string kernel_label(const MatMulSpec& spec) {
 }
 
 std::string tiles_tag(const TileConfig& t) {
-  if (t.columns > 0) return fmt::format("grp{}-bm{}-c{}-s{}", t.warps_m, t.bm, t.columns, t.stages);
+  if (t.columns > 0) return fmt::format("grp{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}", t.tile_edge, t.warps_m, t.stages);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "");
@@ -332,9 +341,8 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     // not the default; kept as a candidate to re-measure as the kernels change.
     if (b <= 32) shapes.push_back(pipelined_shape(128, 64, 8, 1, 3, 64 / b));
     if (spec.wgmma && b <= 32)
-      for (auto [bm, wg] : {std::pair{256, 2}, {128, 1}, {128, 2}})
-        for (int columns : {2, 3, 4})
-          for (int stages : {4, 8}) shapes.push_back(grouped_shape(bm, wg, columns, stages));
+      for (auto [bm, wg] : {std::pair{256, 2}, {256, 1}, {128, 2}, {128, 1}, {64, 2}, {64, 1}})
+        for (int stages : {3, 4, 6}) shapes.push_back(grouped_shape(bm, wg, stages));
     if (spec.wgmma)
       for (auto [bm, wg] : {std::pair{128, 2}, {128, 1}, {256, 4}, {256, 2}, {64, 1}})
         for (int stages : {3, 4, 5, 6, 8}) {
@@ -376,11 +384,12 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
                                                     b >= 64 ? 4 : 1, 4));
     if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 4, 4, true));
-    // b = 16 and 32 on sm_90a: the grouped kernel, 2 consumers of 128 rows, 4 columns per group.
-    // Sweep at b = 32, forward, balanced, d = 0.5 / 0.1 (TFLOP/s): 301-307 / 153-155 against
-    // 262-278 / 152 with 3 columns, 230-249 / 152-154 with 2, 184-189 with 2 consumers of 64 rows,
-    // 197-204 with one consumer of 128 rows; the mma.sync kernel 134 / 119. Stages 4-12 within 3%.
-    if (spec.wgmma && spec.op != Op::backward_weight) return finish_grouped(spec, grouped_shape(256, 2, 4, 6));
+    // b = 16 and 32 on sm_90a: the grouped kernel, 2 consumers (128 / b output block columns per
+    // group) on X tiles of 256 rows, 4 stages. Sweep at b = 32, forward, balanced (TFLOP/s, d = 0.5 /
+    // 0.1): 379 / 133 against 345 / 128 with 3 stages, 260 / 124 with one consumer, 253 / 92 with
+    // tiles of 128 rows; b = 16: 209 / 51 against 203 / 49 with 3 stages (before the step classes,
+    // which took d = 0.1 to 150 at b = 32 and 90 at b = 16).
+    if (spec.wgmma && spec.op != Op::backward_weight) return finish_grouped(spec, grouped_shape(256, 2, 4));
     if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
     // backward-weight at b ≤ 32: 128 × 128 tiles of dW; generate_matmul's layout_choice may take
     // 64 × 64 tiles or the mma.sync kernel instead, from the layout's fill
@@ -540,7 +549,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     }
     g.rows_per_cta = t.bm;
     if (t.columns > 0) {
-      tables = grouped_tables(per_out, t.columns, g.grid_x);
+      tables = grouped_tables(per_out, t.columns, static_cast<int>(64 / b), t.warps_m, g.grid_x);
     } else {
       std::vector<int> offsets{0}, lut;
       lut.reserve(2 * coords.size());
@@ -563,9 +572,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                                    "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
                                                  : "  __device__ static const int* coords() { return kCoords; }\n")
                           : t.columns > 0
-                              ? "  __device__ static const int* pattern_steps() { return kPatternSteps; }\n"
+                              ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
                                 "  __device__ static const int* steps() { return kSteps; }\n"
-                                "  __device__ static const int* step_blocks() { return kStepBlocks; }\n"
                                 "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
@@ -580,8 +588,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.persistent = t.persistent;
   if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box
     g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, 64, 64}};
-  else if (t.columns > 0)  // X (or dY): b features × BM rows; W as [blocks · b, b]: one block; rows of 2b bytes
-    g.tensor_maps = {{g.in_features, 0, static_cast<int>(b), t.bm, static_cast<int>(2 * b)},
+  else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
+    g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};
   else if (t.tma)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ
     g.tensor_maps = {{g.in_features, 0, 64, t.bm}, {b, layout.blocks() * b, 64, trans_w ? static_cast<int>(b) : 64}};
@@ -626,8 +634,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("accessors", accessors),
       fmt::arg("header", t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"), 
-      fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n",
-                                                      t.columns, g.grid_x)
+      fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
+                                                      "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
+                                                      t.columns, g.grid_x, layout.blocks() * b)
                           : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
                                             : ""),
       fmt::arg("smem_check", t.pipelined ? ""

@@ -15,22 +15,6 @@
 namespace bsjit {
 namespace kernels {
 
-// Two fp32 values rounded to a 16-bit pair (lo in the low half), as an mma A-fragment register.
-template <class T>
-__device__ __forceinline__ unsigned pack_pair(float lo, float hi);
-template <>
-__device__ __forceinline__ unsigned pack_pair<bfloat16_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <>
-__device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // The A fragment of k16 step c (n8 accumulator tiles 2c and 2c + 1 of a warp's 16 rows, the
 // mma accumulator layout being the A-fragment layout), rounded to 16 bits.
 template <class T, int N>

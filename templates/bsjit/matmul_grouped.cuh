@@ -1,25 +1,34 @@
 // dsd_grouped_kernel: forward Y = X·W and backward-data dX = dY·Wᵀ on Hopper (sm_90a) for blocks
-// of 16 and 32, where one output block column is too narrow to feed the tensor cores from one X
-// tile (docs/PERFORMANCE.md, "b ≤ 32").
+// of 16 and 32, where one output block column is too narrow to feed the tensor cores
+// (docs/PERFORMANCE.md, "b ≤ 32").
 //
-// One CTA tile is BM rows × a group of kColumns output block columns chosen by the generator. The
-// CTA walks the union of the group's input blocks, one step per input block: a TMA copy of the X
-// tile (BM rows × b reduction indices) and of the W block of every group column that holds that
-// input block, into fixed slots of the stage. Each consumer warpgroup then issues, per column, a
-// narrow wgmma (m64 n16/n32 k16) for each column of the step's pattern: an X tile loaded once feeds
-// every block of its row in the group, and absent blocks cost no tensor-core time.
+// The product is computed transposed, Yᵀ = Wᵀ·Xᵀ, so that the narrow side is wgmma's M, which is 64
+// whatever the width: a consumer warpgroup owns 64 / b output block columns of the CTA's group and
+// stacks their W blocks for one input block into one 64-row A operand; the X tile of BM rows is the
+// B operand, N = BM (up to 256), as wide as dense GEMM's wgmmas.
 //
-// Warp-specialized and persistent as dsd_tma_kernel: warpgroup 0 produces (one thread issues the
-// copies), kWarpsM consumer warpgroups own BM / kWarpsM rows each; stages complete on "full"
-// mbarriers and are released on "empty" ones; a wave of CTAs loops over (group, row tile) tiles.
-// Shared memory is swizzled over one block row (2·b bytes: 64 at b = 32, 32 at b = 16).
+// A step of the CTA is one chunk of 64 reduction indices (64 / b input blocks) holding a block of
+// the group: a TMA copy of the X tile (BM rows × 64 indices, 128-byte rows) and of every W block of
+// the group in the chunk, into fixed slots (sub-block j, column c). TMA moves a box row by row, a few
+// cycles a row whatever its width up to 128 bytes, so rows of one input block (2·b bytes) kept the
+// copies, not the tensor cores, the limit (docs/PERFORMANCE.md). A consumer with a block in the step
+// issues its wgmmas over the whole chunk (64 / b sub-blocks × b / 16 k16 slices); slots without a
+// block hold zeros (copied from past the end of W, which TMA zero-fills), so the tensor cores do
+// some work on zeros in exchange for wide wgmmas and one X tile feeding every column of the group.
 //
-// Tables (generated): a group's steps are ordered by column pattern (the subset of its columns
-// holding the input block), then input block: kPatternSteps[g·2^kColumns + p] is the first step of
-// group g with pattern p (p = 0 has none; the entry after the last pattern starts the next group).
-// Step s is (input block, pattern) at kSteps[2s], kSteps[2s+1], with the W block index of slot c at
-// kStepBlocks[s·kColumns + c] (0 where the pattern lacks c); kGroupColumns[g·kColumns + c] is the
-// output block column of slot c (-1 past the last column).
+// Warp-specialized and persistent as dsd_tma_kernel: warpgroup 0 produces (warp 0 copies X, warp 1
+// the W blocks), kWarpsM consumer warpgroups compute; stages complete on "full" mbarriers and are
+// released on "empty" ones; a wave of CTAs loops over (group, row tile) tiles, group fastest so that
+// CTAs running together share rows of X in L2. X is swizzled over 128-byte rows, W blocks over one
+// block row (2·b bytes). The accumulators (Yᵀ) leave through a shared-memory tile per consumer,
+// transposed by stmatrix, then in 16-byte stores along Y's rows.
+//
+// Tables (generated): group g's steps are kGroupSteps[3g] .. kGroupSteps[3g + 3] - 1, in three
+// classes starting at kGroupSteps[3g + k]: chunks holding blocks of both consumers' columns, of
+// consumer 0's only, of consumer 1's only; chunks ascending within a class. Step s is the record kSteps[s · (2 + 64 / b · kColumns) ...]: chunk, pattern (bit
+// j · kColumns + c: sub-block j of column c holds a block), then the W block index of each slot
+// (0 where absent). kGroupColumns[g · kColumns + c] is the output block column of column c (-1 past
+// the last column).
 #pragma once
 
 #include "bsjit/matmul.cuh"
@@ -27,37 +36,50 @@
 namespace bsjit {
 namespace kernels {
 
-template <class Cfg>
-struct DsdGroupedPlan {
-  static constexpr int kRowBytes = 2 * Cfg::kBlock;  // one swizzled row: b 16-bit elements
-  static constexpr int kABytes = Cfg::kBM * kRowBytes;
-  static constexpr int kSlotBytes = Cfg::kBlock * kRowBytes;
-  static constexpr int kStageBytes = kABytes + Cfg::kColumns * kSlotBytes;
-  static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes + 2 * Cfg::kStages * 8;
-  static constexpr int kPatterns = 1 << Cfg::kColumns;  // column subsets (the empty one has no steps)
+struct alignas(16) Chunk16 {  // 16 bytes moved by one vector load or store
+  unsigned x, y, z, w;
 };
 
-// Scales the W blocks of a stage by their gates (a block gated to 0 is zeroed, so that it adds
-// nothing even where W holds infinities). Every consumer thread calls it with the same arguments.
 template <class Cfg>
-__device__ __forceinline__ void gate_stage(const float* gate, int step, int pattern, unsigned char* slots) {
+struct DsdGroupedPlan {
+  static constexpr int S = Cfg::kStages;
+  static constexpr int kRowBytes = 2 * Cfg::kBlock;   // a W block row: b 16-bit values
+  static constexpr int kSlots = 64 / Cfg::kBlock;     // W blocks stacked into one consumer's A operand
+  static constexpr int kSub = 64 / Cfg::kBlock;       // input blocks in a chunk of 64 reduction indices
+  static constexpr int kXBytes = Cfg::kBM * 128;      // X tile: BM rows × 64 indices
+  static constexpr int kSlotBytes = Cfg::kBlock * kRowBytes;
+  static constexpr int kStageBytes = kXBytes + kSub * Cfg::kColumns * kSlotBytes;
+  static constexpr int kRecord = 2 + kSub * Cfg::kColumns;  // ints per step, in kSteps and in a stage's copy
+  // after the stages: their full and empty mbarriers and step records, then one output tile of up to
+  // 128 rows × 64 values (128 bytes) per consumer, 128-byte aligned
+  static constexpr int kRingBytes = (S * kStageBytes + 2 * S * 8 + S * kRecord * 4 + 127) / 128 * 128;
+  static constexpr int kOutRows = Cfg::kBM < 128 ? Cfg::kBM : 128;
+  static constexpr int kOutTileBytes = kOutRows * 128;
+  static constexpr int kSharedBytes = kSwizzleAtomBytes + kRingBytes + Cfg::kWarpsM * kOutTileBytes;
+};
+
+// Scales one consumer's blocks of a stage by their gates (a block gated to 0 is zeroed, so that it
+// adds nothing even where W holds infinities). mine: bit j · kSlots + c set where slot (sub-block j,
+// column c) holds a block; slot(j, c) its address, block(j, c) its W block index. The consumer's 128
+// threads call it with the same arguments.
+template <class Cfg, class Slot, class Block>
+__device__ __forceinline__ void gate_slots(unsigned mine, const float* gate, Slot slot, Block block, int consumer) {
   using Plan = DsdGroupedPlan<Cfg>;
-  constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
   bool scaled = false;
 #pragma unroll 1
-  for (int c = 0; c < Cfg::kColumns; ++c) {  // not unrolled: one copy of this per pattern loop
-    if (!((pattern >> c) & 1)) continue;
-    const float g = gate[Cfg::step_blocks()[step * Cfg::kColumns + c]];
+  for (unsigned rest = mine; rest != 0; rest &= rest - 1) {
+    const int i = __ffs(rest) - 1;
+    const float g = gate[block(i / Plan::kSlots, i % Plan::kSlots)];
     if (g == 1.0f) continue;
-    unsigned* words = reinterpret_cast<unsigned*>(slots + c * Plan::kSlotBytes);
+    unsigned* words = reinterpret_cast<unsigned*>(slot(i / Plan::kSlots, i % Plan::kSlots));
 #pragma unroll 1
-    for (int i = threadIdx.x - 128; i < Plan::kSlotBytes / 4; i += kConsumerThreads)
-      words[i] = g == 0.0f ? 0u : scale_pair<typename Cfg::T>(words[i], g);
+    for (int k = threadIdx.x % 128; k < Plan::kSlotBytes / 4; k += 128)
+      words[k] = g == 0.0f ? 0u : scale_pair<typename Cfg::T>(words[k], g);
     scaled = true;
   }
   if (scaled) {
-    fence_proxy_async();
-    named_barrier_sync(1, kConsumerThreads);
+    fence_proxy_async();  // the writes, for the wgmmas that read them
+    named_barrier_sync(1 + consumer, 128);
   }
 }
 
@@ -69,137 +91,192 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                        const __grid_constant__ TensorMap map_w) {
   using T = typename Cfg::T;
   using Plan = DsdGroupedPlan<Cfg>;
-  constexpr int b = Cfg::kBlock, G = Cfg::kColumns, S = Cfg::kStages, kRowBytes = Plan::kRowBytes;
-  constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
-  constexpr int kRows = Cfg::kBM / kConsumers, kTiles = kRows / 64, kPatterns = Plan::kPatterns;
-  // Steps whose wgmmas may still run while the next is issued: a step's products are few (one to
-  // four narrow wgmmas per m64 tile), so waiting for the previous one alone leaves the tensor
-  // cores idle for most of a wgmma's latency. Half the stages hold wgmmas, half are being loaded.
-  constexpr int kInFlight = S / 2 - 1 < 1 ? 1 : S / 2 - 1 > 4 ? 4 : S / 2 - 1;
+  constexpr int b = Cfg::kBlock, G = Cfg::kColumns, S = Cfg::kStages, BM = Cfg::kBM, P = Plan::kSlots;
+  constexpr int kSub = Plan::kSub, kRowBytes = Plan::kRowBytes, kRecord = Plan::kRecord;
+  constexpr int kConsumers = Cfg::kWarpsM, kClasses = 3;
   static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && (b == 16 || b == 32), "16-bit, feature axis last, b = 16 or 32");
-  static_assert(G >= 1 && G <= 4, "groups of up to 4 columns (15 column patterns)");
-  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == Cfg::kBM && kTiles * 64 == kRows,
-                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles");
-  static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  static_assert(G == kConsumers * P && (kConsumers == 1 || kConsumers == 2), "each consumer owns 64 / b columns");
+  static_assert(BM == 64 || BM == 128 || BM == 256, "the X tile is wgmma's N: 64, 128 or 256 rows");
+  static_assert(Cfg::kThreads == (kConsumers + 1) * 128, "one producer warpgroup and the consumers");
+  static_assert(S >= 2 && S <= 32 && kSub * G <= 32, "patterns and a warp's lanes: one bit per slot");
+  static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((kSwizzleAtomBytes - (smem_address(smem_raw) & (kSwizzleAtomBytes - 1))) &
-                                    (kSwizzleAtomBytes - 1));
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + S * Plan::kStageBytes);
-  unsigned long long* empty = full + S;
-  auto stage_a = [&](int step) { return smem + (step % S) * Plan::kStageBytes; };
-  auto stage_w = [&](int step) { return smem + (step % S) * Plan::kStageBytes + Plan::kABytes; };
+  const StageRing<S, Plan::kStageBytes> ring(smem_raw);
+  int* records = reinterpret_cast<int*>(ring.empty + S);  // the step record of each stage
+  unsigned char* out_tiles = ring.base + Plan::kRingBytes;
+  auto slots_of = [&](int step) { return ring.stage(step) + Plan::kXBytes; };  // slot (j, c): j · G + c
 
   const int warpgroup = threadIdx.x / 128;
-  const int tiles = Cfg::kGroups * ((n + Cfg::kBM - 1) / Cfg::kBM);  // group fastest: CTAs share X rows in L2
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerThreads);
-    fence_barrier_init();
-  }
-  __syncthreads();
+  const int tiles = Cfg::kGroups * ((n + BM - 1) / BM);
+  ring.init(kConsumers * 128, 2);  // empty: every consumer thread; full: producer warps 0 and 1
 
-  if (warpgroup == 0) {  // producer
-    if (threadIdx.x != 0) return;
-    // A step's table entries, read one step ahead: a read from L2 (hundreds of cycles) then
-    // overlaps the wait for a free stage and the previous step's copies.
-    struct Entry {
-      int in = 0, pattern = 0, blocks[G];
-      __device__ void read(int s) {
-        in = Cfg::steps()[2 * s], pattern = Cfg::steps()[2 * s + 1];
-#pragma unroll
-        for (int c = 0; c < G; ++c) blocks[c] = Cfg::step_blocks()[s * G + c];
-      }
+  if (warpgroup == 0) {  // producer: warp 0 copies the X tiles, warp 1 the W blocks (lane i: slot i)
+    if constexpr (kConsumers == 2) warpgroup_release_registers<40>();
+    const int pwarp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (pwarp > 1) return;
+    // Warp 0 reads a step's chunk and pattern, warp 1's lane i the W block of slot i: one step ahead,
+    // so that the read from L2 overlaps the wait for a free stage and the previous step's copies.
+    const int field = pwarp == 0 ? 0 : 2 + lane, fields = pwarp == 0 ? 2 : kRecord;
+    auto read = [&](int s, int& pattern, int& value) {
+      pattern = Cfg::steps()[s * kRecord + 1];
+      value = field < fields ? Cfg::steps()[s * kRecord + field] : 0;
     };
-    int step = 0;  // this CTA's stages so far, over all its tiles
+    unsigned zeroed = 0;  // warp 1, bit s: this lane's slot of stage s holds zeros
+    int step = 0;         // this CTA's stages so far, over all its tiles
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * Cfg::kBM;
-      const int begin = Cfg::pattern_steps()[group * kPatterns], end = Cfg::pattern_steps()[(group + 1) * kPatterns];
-      Entry next;
-      if (begin < end) next.read(begin);
+      const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
+      const int begin = Cfg::group_steps()[group * kClasses], end = Cfg::group_steps()[(group + 1) * kClasses];
+      int next_pattern = 0, next_value = 0;
+      if (begin < end) read(begin, next_pattern, next_value);
       for (int s = begin; s < end; ++s, ++step) {
-        const Entry e = next;
-        if (s + 1 < end) next.read(s + 1);
-        const int round = step / S;
-        if (round > 0) mbarrier_wait(&empty[step % S], (round - 1) & 1);
-        unsigned long long* bar = &full[step % S];
-        mbarrier_arrive_expect_tx(bar, Plan::kABytes + __popc(e.pattern) * Plan::kSlotBytes);
-        tma_load_2d(stage_a(step), map_a, e.in * b, m0, bar);
-#pragma unroll
-        for (int c = 0; c < G; ++c)
-          if ((e.pattern >> c) & 1) tma_load_2d(stage_w(step) + c * Plan::kSlotBytes, map_w, 0, e.blocks[c] * b, bar);
+        const unsigned pattern = next_pattern;
+        const int value = next_value;
+        if (s + 1 < end) read(s + 1, next_pattern, next_value);
+        const int stage = step % S;
+        if (step >= S) mbarrier_wait(&ring.empty[stage], (step / S - 1) & 1);
+        unsigned long long* bar = &ring.full[stage];
+        int* record = records + stage * kRecord;
+        if (pwarp == 0) {
+          if (lane == 0) {
+            record[0] = value, record[1] = static_cast<int>(pattern);
+            mbarrier_arrive_expect_tx(bar, Plan::kXBytes);
+            tma_load_2d(ring.stage(step), map_a, value * 64, m0, bar);
+          }
+          continue;
+        }
+        // lane i: slot i. A present block is copied; an absent slot must hold zeros (the consumers'
+        // wgmmas cover every slot): a copy from past the end of W fills it with them (TMA zero-fills
+        // out-of-bounds boxes), unless it still holds those of an earlier step in this stage.
+        const bool present = lane < kSub * G && ((pattern >> lane) & 1);
+        const bool zero = lane < kSub * G && !present && !((zeroed >> stage) & 1);
+        const unsigned copies = __ballot_sync(0xffffffffu, present || zero);
+        if (lane < kSub * G) {
+          record[2 + lane] = value;
+          zeroed = present ? zeroed & ~(1u << stage) : zeroed | (1u << stage);
+        }
+        if (lane == 0) mbarrier_arrive_expect_tx(bar, __popc(copies) * Plan::kSlotBytes);
+        __syncwarp();
+        if (present || zero)
+          tma_load_2d(slots_of(step) + lane * Plan::kSlotBytes, map_w, 0, present ? value * b : Cfg::kWRows, bar);
       }
     }
     return;
   }
 
-  const int consumer = warpgroup - 1;
+  if constexpr (kConsumers == 2) warpgroup_claim_registers<232>();
+  const int consumer = warpgroup - 1, first_slot = consumer * P;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  unsigned char* out_tile = out_tiles + consumer * Plan::kOutTileBytes;
   int step = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * Cfg::kBM;
-    const int* bounds = Cfg::pattern_steps() + group * kPatterns;
-    const int first_step = step;
-    float d[kTiles][G][b / 2];
+    const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
+    const int* bounds = Cfg::group_steps() + group * kClasses;
+    float d[BM / 2];  // Yᵀ: 64 outputs (the consumer's columns) × BM rows
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t)
+    for (int i = 0; i < BM / 2; ++i) d[i] = 0.0f;
+    wgmma_fence_registers(d);
+    int pending = -1;  // the last step whose wgmmas may still read its stage (-1: none)
+    // A group's steps come in classes (kClasses): blocks for both consumers, for consumer 0 only, for
+    // consumer 1 only. A consumer computes the steps of its classes and releases the others at
+    // once. Loops whose trip counts differ, not a branch per step: a branch around the wgmmas makes
+    // ptxas serialize them (C7520).
+#pragma unroll 1
+    for (int cls = 0; cls < kClasses; ++cls) {
+      const bool mine = cls == 0 || cls == 1 + consumer;
+      const int count = bounds[cls + 1] - bounds[cls];
+      for (int i = 0, n = mine ? count : 0; i < n; ++i, ++step) {
+        const int stage = step % S;
+        mbarrier_wait(&ring.full[stage], (step / S) & 1);
+        const int* record = records + stage * kRecord;
+        unsigned char* x = ring.stage(step);
+        unsigned char* slots = slots_of(step);
+        if (gate != nullptr) {
+          const unsigned pattern = record[1];
+          unsigned held = 0;  // bit j · P + c: this consumer's slot (j, c) holds a block
 #pragma unroll
-      for (int c = 0; c < G; ++c) {
-#pragma unroll
-        for (int i = 0; i < b / 2; ++i) d[t][c][i] = 0.0f;
-        wgmma_fence_registers(d[t][c]);
-      }
-    // One loop per column pattern, so that which accumulators a step's wgmmas update is known at
-    // compile time (a predicate or branch per wgmma makes ptxas serialize the wgmma pipeline).
-#pragma unroll
-    for (int p = 1; p < kPatterns; ++p) {
-      for (int s = bounds[p], end = bounds[p + 1]; s < end; ++s, ++step) {
-        mbarrier_wait(&full[step % S], (step / S) & 1);
-        unsigned char* ws = stage_w(step);
-        if (gate != nullptr) gate_stage<Cfg>(gate, s, p, ws);
-        const unsigned char* as = stage_a(step) + consumer * kRows * kRowBytes;
+          for (int j = 0; j < kSub; ++j) held |= ((pattern >> (j * G + first_slot)) & ((1u << P) - 1)) << (j * P);
+          gate_slots<Cfg>(
+              held, gate, [&](int j, int c) { return slots + (j * G + first_slot + c) * Plan::kSlotBytes; },
+              [&](int j, int c) { return record[2 + j * G + first_slot + c]; }, consumer);
+        }
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < b / 16; ++kk) {
+        for (int j = 0; j < kSub; ++j)
 #pragma unroll
-          for (int t = 0; t < kTiles; ++t) {
-            // X: K-major, 16 reduction indices = 32 bytes along each row; atoms of 8 rows
+          for (int kk = 0; kk < b / 16; ++kk) {
+            // A (sub-block j's slots: 64 outputs × 16 reduction indices). Forward: W's rows are
+            // reduction indices, so A is M-major: rows of b outputs, the slots' atoms
+            // Plan::kSlotBytes apart along M. Backward-data: rows are outputs (K-major), the slots'
+            // rows following each other.
+            const unsigned char* wa = slots + (j * G + first_slot) * Plan::kSlotBytes;
             const unsigned long long da =
-                smem_descriptor_swizzled<kRowBytes>(as + t * 64 * kRowBytes + kk * 32, 16, 8 * kRowBytes);
-#pragma unroll
-            for (int c = 0; c < G; ++c) {
-              if (!((p >> c) & 1)) continue;
-              // forward: W block rows are reduction indices (N-major), 16 rows further on;
-              // backward-data: rows are output indices (K-major), 32 bytes further along each
-              const unsigned char* wb = ws + c * Plan::kSlotBytes;
-              const unsigned long long db =
-                  Cfg::kTransW ? smem_descriptor_swizzled<kRowBytes>(wb + kk * 32, 16, 8 * kRowBytes)
-                               : smem_descriptor_swizzled<kRowBytes>(wb + kk * 16 * kRowBytes, b * kRowBytes,
-                                                                     8 * kRowBytes);
-              wgmma_m64k16_narrow<T, b, Cfg::kTransW ? 0 : 1>(d[t][c], da, db);
-            }
+                Cfg::kTransW ? smem_descriptor_swizzled<kRowBytes>(wa + kk * 32, 16, 8 * kRowBytes)
+                             : smem_descriptor_swizzled<kRowBytes>(wa + kk * 16 * kRowBytes, Plan::kSlotBytes,
+                                                                   8 * kRowBytes);
+            // B (the X tile, 16 reduction indices × BM rows): K-major, 128-byte rows
+            const unsigned long long db = smem_descriptor(x + j * 2 * b + kk * 32, 16, kSwizzleAtomBytes);
+            wgmma_m64k16<T, BM, Cfg::kTransW ? 0 : 1, 0>(d, da, db);
           }
-        }
         wgmma_commit();
-        wgmma_wait<kInFlight>();  // the wgmmas of step - kInFlight have finished: release its stage
-        if (step - kInFlight >= first_step) mbarrier_arrive(&empty[(step - kInFlight) % S]);
+        wgmma_wait<1>();  // the previous computed step's wgmmas have finished: release its stage
+        if (pending >= 0) mbarrier_arrive(&ring.empty[pending % S]);
+        pending = step;
+      }
+      for (int i = 0, n = mine ? 0 : count; i < n; ++i, ++step) {  // none of this consumer's blocks
+        if (pending >= 0) {  // the producer may need that stage before this run ends
+          wgmma_wait<0>();
+          mbarrier_arrive(&ring.empty[pending % S]);
+          pending = -1;
+        }
+        mbarrier_wait(&ring.full[step % S], (step / S) & 1);
+        mbarrier_arrive(&ring.empty[step % S]);
       }
     }
     wgmma_wait<0>();
-    for (int r = max(first_step, step - kInFlight); r < step; ++r) mbarrier_arrive(&empty[r % S]);  // the tile's last
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-      for (int c = 0; c < G; ++c) wgmma_fence_registers(d[t][c]);
+    if (pending >= 0) mbarrier_arrive(&ring.empty[pending % S]);
+    wgmma_fence_registers(d);
 
+    // Accumulator d[4i + 2h + e] is output 16·warp + 8h + lane / 4 (column (that) / b, feature (that) % b)
+    // of row 8i + 2·(lane % 4) + e.
+    const int* columns = Cfg::group_columns() + group * G + first_slot;
+    if (accumulate) {
 #pragma unroll
-    for (int c = 0; c < G; ++c) {
-      const int col = Cfg::group_columns()[group * G + c];
-      if (col < 0) continue;
+      for (int i = 0; i < BM / 8; ++i)
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-        wgmma_epilogue<b>(d[t][c], consumer * kRows + t * 64, [&](int r, int cc, float v0, float v1) {
-          const long long m = static_cast<long long>(m0) + r;
-          if (m >= n) return;
-          store_pair(out + m * Cfg::kOutDim + static_cast<long long>(col) * b + cc, v0, v1, accumulate);
-        });
+        for (int h = 0; h < 2; ++h) {
+          const int o = 16 * warp + 8 * h + lane / 4, col = columns[o / b];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const long long m = static_cast<long long>(m0) + 8 * i + 2 * (lane % 4) + e;
+            if (col >= 0 && m < n) d[4 * i + 2 * h + e] += to_float(out[m * Cfg::kOutDim + col * b + o % b]);
+          }
+        }
+    }
+    // Through the consumer's output tile in shared memory, kOutRows rows at a time: row r holds the 64
+    // outputs in 16-byte chunks, chunk j of row r at j ^ (r % 8) (the 8 rows one stmatrix tile writes
+    // fall in distinct banks). The tile is free at the start: the previous tile's last store_part
+    // ended with a barrier after its reads.
+    constexpr int kOutRows = Plan::kOutRows, kChunksPerColumn = b / 8;
+    auto store_part = [&](int part) {  // rows part·kOutRows .. of the tile, from the shared-memory tile to Y
+      named_barrier_sync(1 + consumer, 128);
+#pragma unroll 4
+      for (int e = threadIdx.x % 128; e < kOutRows * 8; e += 128) {
+        const int row = e / 8, chunk = e % 8, col = columns[chunk / kChunksPerColumn];
+        const long long m = static_cast<long long>(m0) + part * kOutRows + row;
+        if (col < 0 || m >= n) continue;
+        *reinterpret_cast<Chunk16*>(out + m * Cfg::kOutDim + col * b + (chunk % kChunksPerColumn) * 8) =
+            *reinterpret_cast<const Chunk16*>(out_tile + swizzled_offset(row, chunk));
+      }
+      named_barrier_sync(1 + consumer, 128);  // read: the tile may be written again
+    };
+#pragma unroll
+    for (int i = 0; i < BM / 8; i += 2) {
+      const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
+                             pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
+      // stmatrix tile q: rows 8 (i + q / 2) .., outputs 16·warp + 8 (q % 2) ..
+      const int q = lane / 8, row = (8 * (i + q / 2) + lane % 8) % kOutRows, chunk = 2 * warp + q % 2;
+      stmatrix_x4_trans(out_tile + swizzled_offset(row, chunk), r);
+      if ((i + 2) % (kOutRows / 8) == 0) store_part(i / (kOutRows / 8));
     }
   }
 }

@@ -41,23 +41,28 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_address(p)));
 }
 
-// Two 16-bit values packed in 32 bits, each multiplied by s (gated matmul).
+// Two fp32 values rounded to a 16-bit pair packed in 32 bits, lo in the low half (the lower
+// address): an mma A-fragment register, or two adjacent outputs.
 template <class T>
-__device__ __forceinline__ unsigned scale_pair(unsigned v, float s);
+__device__ __forceinline__ unsigned pack_pair(float lo, float hi);
 template <>
-__device__ __forceinline__ unsigned scale_pair<bfloat16_t>(unsigned v, float s) {
-  float lo = __uint_as_float(v << 16) * s, hi = __uint_as_float(v & 0xffff0000u) * s;
+__device__ __forceinline__ unsigned pack_pair<bfloat16_t>(float lo, float hi) {
   unsigned r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 template <>
-__device__ __forceinline__ unsigned scale_pair<half_t>(unsigned v, float s) {
-  float lo = to_float(half_t{static_cast<unsigned short>(v & 0xffff)}) * s;
-  float hi = to_float(half_t{static_cast<unsigned short>(v >> 16)}) * s;
+__device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
   unsigned r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+// Two 16-bit values packed in 32 bits, each multiplied by s (gated matmul).
+template <class T>
+__device__ __forceinline__ unsigned scale_pair(unsigned v, float s) {
+  return pack_pair<T>(to_float(T{static_cast<unsigned short>(v & 0xffff)}) * s,
+                      to_float(T{static_cast<unsigned short>(v >> 16)}) * s);
 }
 
 // Copies a ROWS × COLS tile of 16-bit elements, 16 bytes per cp.async, into dst (row stride

@@ -124,6 +124,36 @@ struct IsBfloat16<bfloat16_t> {
                  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
                : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 
+#define BSJIT_WGMMA_M64N256K16(TYPE)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"        \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+               "}, %128, %129, p, 1, 1, %131, %132;\n}\n"                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+
 // d (64 × N, fp32) += A (64 × 16) · B (16 × N), both from shared memory (accumulate = 0: d = A·B).
 // TRANS_A / TRANS_B: 0 for K-major, 1 for MN-major tiles.
 template <class T, int N, int TRANS_A, int TRANS_B>
@@ -132,49 +162,17 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long lo
 #ifdef BSJIT_NO_WGMMA
   static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
 #else
-  static_assert(N == 64 || N == 128, "wgmma widths used here: 64 and 128");
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma widths used here: 64, 128 and 256");
   constexpr bool kBf16 = IsBfloat16<T>::value;
   if constexpr (N == 64) {
     if constexpr (kBf16) BSJIT_WGMMA_M64N64K16("bf16");
     else BSJIT_WGMMA_M64N64K16("f16");
-  } else {
+  } else if constexpr (N == 128) {
     if constexpr (kBf16) BSJIT_WGMMA_M64N128K16("bf16");
     else BSJIT_WGMMA_M64N128K16("f16");
-  }
-#endif
-}
-
-// Narrow products (N = 16 or 32, for blocks of 16 and 32), both operands from shared memory.
-#define BSJIT_WGMMA_NARROW_M64N16K16(TYPE)                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"          \
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {"               \
-               "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, %10;\n}\n"                 \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-               : "l"(desc_a), "l"(desc_b), "n"(TRANS_B))
-
-#define BSJIT_WGMMA_NARROW_M64N32K16(TYPE)                                                              \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"              \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " {"                   \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %18;\n}\n" \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-               : "l"(desc_a), "l"(desc_b), "n"(TRANS_B))
-
-// d (64 × N, fp32) += A (64 × 16, K-major) · B (16 × N; TRANS_B 0 K-major, 1 N-major).
-template <class T, int N, int TRANS_B>
-__device__ __forceinline__ void wgmma_m64k16_narrow(float (&d)[N / 2], unsigned long long desc_a,
-                                                    unsigned long long desc_b) {
-#ifdef BSJIT_NO_WGMMA
-  static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
-#else
-  static_assert(N == 16 || N == 32, "narrow wgmma widths: 16 and 32");
-  constexpr bool kBf16 = IsBfloat16<T>::value;
-  if constexpr (N == 16) {
-    if constexpr (kBf16) BSJIT_WGMMA_NARROW_M64N16K16("bf16");
-    else BSJIT_WGMMA_NARROW_M64N16K16("f16");
   } else {
-    if constexpr (kBf16) BSJIT_WGMMA_NARROW_M64N32K16("bf16");
-    else BSJIT_WGMMA_NARROW_M64N32K16("f16");
+    if constexpr (kBf16) BSJIT_WGMMA_M64N256K16("bf16");
+    else BSJIT_WGMMA_M64N256K16("f16");
   }
 #endif
 }
@@ -271,6 +269,16 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&d)[N / 2], int row0
 }
 
 
+// Stores four 8 × 8 tiles of 16-bit values, each held as in mma.sync's fragments (thread lane: row
+// lane / 4, columns 2·(lane % 4) and the next, packed in r[i] for tile i), transposed: row j of
+// tile i in shared memory is column j of the fragment, 8 values (16 bytes) at the address that
+// thread 8i + j passes (sm_90).
+__device__ __forceinline__ void stmatrix_x4_trans(void* p, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(p)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // --- Tensor memory access (TMA) and mbarriers -------------------------------------------------
 //
 // A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) describes a 2-D global
@@ -339,8 +347,8 @@ __device__ __forceinline__ void red_add_pair(float* p, float a, float b) {
 }
 // The shared memory of a warp-specialized kernel with a ring of S stages of STAGE_BYTES: the stages
 // from the first 1024-byte aligned address of dynamic shared memory, then S "full" mbarriers (the
-// producer's arrival plus the copies' bytes complete one) and S "empty" ones (`consumers`
-// arrivals free a stage). Every thread calls init before the ring's first use: thread 0
+// arrivals of `producers` threads plus the copies' bytes complete one) and S "empty" ones
+// (`consumers` arrivals free a stage). Every thread calls init before the ring's first use: thread 0
 // initialises the barriers and the CTA synchronises.
 template <int S, int STAGE_BYTES>
 struct StageRing {
@@ -350,9 +358,9 @@ struct StageRing {
       : base(swizzle_aligned(dynamic_smem)),
         full(reinterpret_cast<unsigned long long*>(base + S * STAGE_BYTES)),
         empty(full + S) {}
-  __device__ __forceinline__ void init(unsigned consumers) const {
+  __device__ __forceinline__ void init(unsigned consumers, unsigned producers = 1) const {
     if (threadIdx.x == 0) {
-      for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], consumers);
+      for (int s = 0; s < S; ++s) mbarrier_init(&full[s], producers), mbarrier_init(&empty[s], consumers);
       fence_barrier_init();
     }
     __syncthreads();

@@ -94,59 +94,68 @@ TEST(Generator, TablesRebuildTheLayout) {
   }
 }
 
-// The grouped kernel's tables (templates/bsjit/matmul_grouped.cuh): every (group, pattern) range
-// holds steps of that pattern with input blocks ascending, each slot of the pattern names the W
-// block at (input block, the slot's column), and together the steps rebuild the layout.
+// The grouped kernel's tables (templates/bsjit/matmul_grouped.cuh): each group's steps are the
+// chunks of 64 reduction indices holding a block of its columns, in three classes (blocks of both
+// consumers' columns, of the first consumer's only, of the second's only), chunks ascending within
+// a class; a step's pattern and slots name exactly the W blocks of the chunk in the group's columns,
+// and together the steps rebuild the layout.
 TEST(Generator, GroupedTablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
-    Layout layout = random_layout(1 + seed % 7, 1 + seed % 9 + seed % 3, seed);
+    Layout layout = random_layout(1 + seed % 7 + seed % 4, 1 + seed % 9 + seed % 3, seed);
     for (Op op : {Op::forward, Op::backward_data})
-      for (int columns : {1, 3, 4}) {
-        MatMulSpec spec{op, 32, DType::bf16, FeatureAxis::last};
-        spec.wgmma = true;
-        TileConfig t;
-        t.wgmma = t.tma = t.persistent = true, t.bm = 128, t.warps_m = 2, t.columns = columns, t.stages = 4;
-        spec.tiles = t;
-        auto g = generate_matmul(layout, spec);
-        SCOPED_TRACE(fmt::format("seed {} {} columns {}", seed, to_string(op), columns));
-        auto bounds = table(g.source, "kPatternSteps"), steps = table(g.source, "kSteps");
-        auto blocks = table(g.source, "kStepBlocks"), group_columns = table(g.source, "kGroupColumns");
-        const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
-        const int patterns = 1 << columns, groups = static_cast<int>((out_blocks + columns - 1) / columns);
-        ASSERT_EQ(g.grid_x, groups);
-        ASSERT_EQ(static_cast<int>(bounds.size()), groups * patterns + 1);
-        ASSERT_EQ(static_cast<int>(group_columns.size()), groups * columns);
-        std::vector<std::pair<std::int64_t, std::int64_t>> coords;
-        for (int gi = 0; gi < groups; ++gi) {
-          EXPECT_EQ(bounds[gi * patterns], bounds[gi * patterns + 1]) << "no steps without a column";
-          for (int c = 0; c < columns; ++c) {
-            const int col = gi * columns + c;
-            EXPECT_EQ(group_columns[gi * columns + c], col < out_blocks ? col : -1);
-          }
-          for (int p = 1; p < patterns; ++p)
-            for (int s = bounds[gi * patterns + p]; s < bounds[gi * patterns + p + 1]; ++s) {
-              const int in = steps[2 * s];
-              EXPECT_EQ(steps[2 * s + 1], p);
-              if (s > bounds[gi * patterns + p]) {
-                EXPECT_LT(steps[2 * (s - 1)], in) << "input blocks ascending within a pattern";
-              }
-              for (int c = 0; c < columns; ++c) {
-                const std::int64_t col = group_columns[gi * columns + c];
-                const auto rc = op == Op::forward ? std::pair<std::int64_t, std::int64_t>{in, col}
-                                                  : std::pair<std::int64_t, std::int64_t>{col, in};
-                if ((p >> c) & 1) {
-                  ASSERT_GE(col, 0);
-                  EXPECT_EQ(layout.block_index(rc.first, rc.second), blocks[s * columns + c]);
-                  coords.push_back(rc);
-                } else if (col >= 0) {
-                  EXPECT_EQ(layout.block_index(rc.first, rc.second), -1) << "a pattern names every block of its row";
-                }
-              }
+      for (int b : {16, 32})
+        for (int warpgroups : {1, 2}) {
+          MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+          spec.wgmma = true;
+          TileConfig t;
+          t.wgmma = t.tma = t.persistent = true, t.bm = 128, t.warps_m = warpgroups, t.columns = 1, t.stages = 4;
+          spec.tiles = t;
+          auto g = generate_matmul(layout, spec);
+          const int sub = 64 / b, columns = warpgroups * sub, per = sub, record = 2 + sub * columns;
+          SCOPED_TRACE(fmt::format("seed {} {} b{} columns {}", seed, to_string(op), b, columns));
+          ASSERT_EQ(g.tiles.columns, columns);
+          auto bounds = table(g.source, "kGroupSteps"), steps = table(g.source, "kSteps");
+          auto group_columns = table(g.source, "kGroupColumns");
+          const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
+          const int groups = static_cast<int>((out_blocks + columns - 1) / columns);
+          ASSERT_EQ(g.grid_x, groups);
+          ASSERT_EQ(static_cast<int>(bounds.size()), 3 * groups + 1);
+          ASSERT_EQ(static_cast<int>(group_columns.size()), groups * columns);
+          std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+          for (int gi = 0; gi < groups; ++gi) {
+            for (int c = 0; c < columns; ++c) {
+              const int col = gi * columns + c;
+              EXPECT_EQ(group_columns[gi * columns + c], col < out_blocks ? col : -1);
             }
+            for (int cls = 0; cls < 3; ++cls)
+              for (int s = bounds[3 * gi + cls]; s < bounds[3 * gi + cls + 1]; ++s) {
+                const int chunk = steps[record * s];
+                const unsigned pattern = static_cast<unsigned>(steps[record * s + 1]);
+                if (s > bounds[3 * gi + cls]) {
+                  EXPECT_LT(steps[record * (s - 1)], chunk) << "chunks ascending within a class";
+                }
+                bool held[2] = {false, false};
+                for (int j = 0; j < sub; ++j)
+                  for (int c = 0; c < columns; ++c) {
+                    const std::int64_t col = group_columns[gi * columns + c], in = chunk * sub + j;
+                    const auto rc = op == Op::forward ? std::pair<std::int64_t, std::int64_t>{in, col}
+                                                      : std::pair<std::int64_t, std::int64_t>{col, in};
+                    const bool inside = col >= 0 && in < (op == Op::forward ? layout.rows() : layout.cols());
+                    if ((pattern >> (j * columns + c)) & 1) {
+                      ASSERT_TRUE(inside);
+                      EXPECT_EQ(layout.block_index(rc.first, rc.second), steps[record * s + 2 + j * columns + c]);
+                      coords.push_back(rc);
+                      held[c / per] = true;
+                    } else if (inside) {
+                      EXPECT_EQ(layout.block_index(rc.first, rc.second), -1) << "a pattern names every block of its chunk";
+                    }
+                  }
+                EXPECT_EQ(cls, held[0] && held[1] ? 0 : held[0] ? 1 : 2) << "the class says whose blocks the step holds";
+              }
+          }
+          EXPECT_EQ(bounds.back() * record, layout.blocks() == 0 ? 0 : static_cast<int>(steps.size()));
+          EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout);
         }
-        EXPECT_EQ(bounds.back(), static_cast<int>(steps.size() / 2));  // ("0" stands for an empty table)
-        EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout);
-      }
   }
 }
 
@@ -240,8 +249,10 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           if (!t.wgmma) continue;
           EXPECT_TRUE(t.tma) << "the default is the warp-specialized TMA kernel";
           EXPECT_EQ(t.threads, (t.warps_m + (t.tma ? 1 : 0)) * 128) << "warps_m consumer warpgroups (+ a producer)";
-          EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
-          EXPECT_EQ(t.bk, b >= 64 || op == Op::backward_weight ? 64 : b);
+          if (t.columns == 0) {
+            EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
+          }
+          EXPECT_EQ(t.bk, 64) << "64 reduction indices per stage";
           for (const auto& c : tile_candidates(spec)) EXPECT_LE(c.shared_bytes, 227 * 1024) << tiles_tag(c);
           if (op == Op::backward_weight && b <= 32) {
             EXPECT_EQ(t.tile_edge, 128);
@@ -270,14 +281,19 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           // the small-batch variant: one consumer of 64 rows; for backward-weight, which reduces
           // over those rows, the mma.sync kernel with 2 stages
           if (b <= 32) {
-            EXPECT_EQ(t.columns, 4);
+            EXPECT_EQ(t.columns, t.warps_m * 64 / b) << "each consumer stacks 64 / b columns into wgmma's M";
             EXPECT_NE(g.name_expression.find("dsd_grouped_kernel"), std::string::npos);
-            EXPECT_EQ(t.shared_bytes, t.stages * (t.bm + 4 * b) * 2 * b + 1024 + 16 * t.stages);
+            // the stages (X: bm rows × 64 indices; the group's W blocks in them), their barriers and
+            // step records (128-byte aligned), one output tile of up to 128 rows × 64 per consumer
+            const int sub = 64 / b;
+            const int ring = t.stages * (t.bm * 128 + sub * t.columns * 2 * b * b + 16 + 4 * (2 + sub * t.columns));
+            EXPECT_EQ(t.shared_bytes, 1024 + (ring + 127) / 128 * 128 + t.warps_m * std::min(t.bm, 128) * 128);
             EXPECT_TRUE(g.persistent);
-            EXPECT_EQ(g.tensor_maps[0].box_inner, b) << "one input block of X per step";
+            EXPECT_EQ(g.tensor_maps[0].box_inner, 64) << "64 reduction indices of X per step: 128-byte rows";
             EXPECT_EQ(g.tensor_maps[0].box_outer, t.bm);
+            EXPECT_EQ(g.tensor_maps[0].swizzle, 128);
             EXPECT_EQ(g.tensor_maps[1].box_outer, b) << "one W block per copy";
-            for (const auto& m : g.tensor_maps) EXPECT_EQ(m.swizzle, 2 * b) << "rows of one block, swizzled";
+            EXPECT_EQ(g.tensor_maps[1].swizzle, 2 * b) << "W: rows of one block, swizzled";
             continue;
           }
           EXPECT_EQ(t.columns, 0);
