@@ -239,44 +239,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Accumulator d[4i + 2h + e] is output 16·warp + 8h + lane / 4 (column (that) / b, feature (that) % b)
     // of row 8i + 2·(lane % 4) + e.
     const int* columns = Cfg::group_columns() + group * G + first_slot;
-    if (accumulate) {
-#pragma unroll
-      for (int i = 0; i < BM / 8; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int o = 16 * warp + 8 * h + lane / 4, col = columns[o / b];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const long long m = static_cast<long long>(m0) + 8 * i + 2 * (lane % 4) + e;
-            if (col >= 0 && m < n) d[4 * i + 2 * h + e] += to_float(out[m * Cfg::kOutDim + col * b + o % b]);
-          }
-        }
-    }
     // Through the consumer's output tile in shared memory, kOutRows rows at a time: row r holds the 64
     // outputs in 16-byte chunks, chunk j of row r at j ^ (r % 8) (the 8 rows one stmatrix tile writes
-    // fall in distinct banks). The tile is free at the start: the previous tile's last store_part
-    // ended with a barrier after its reads.
+    // fall in distinct banks). With accumulate, Y's rows come in first the same way, and ldmatrix.trans
+    // hands each thread the old values of its accumulators (added in fp32, rounded once). The tile is
+    // free at the start: the previous tile's last part ended with a barrier after its reads.
     constexpr int kOutRows = Plan::kOutRows, kChunksPerColumn = b / 8;
-    auto store_part = [&](int part) {  // rows part·kOutRows .. of the tile, from the shared-memory tile to Y
-      named_barrier_sync(1 + consumer, 128);
+    auto copy_part = [&](int part, bool to_tile) {  // the chunks of the tile's rows that Y holds, 16 bytes each
 #pragma unroll 4
       for (int e = threadIdx.x % 128; e < kOutRows * 8; e += 128) {
         const int row = e / 8, chunk = e % 8, col = columns[chunk / kChunksPerColumn];
         const long long m = static_cast<long long>(m0) + part * kOutRows + row;
         if (col < 0 || m >= n) continue;
-        *reinterpret_cast<Chunk16*>(out + m * Cfg::kOutDim + col * b + (chunk % kChunksPerColumn) * 8) =
-            *reinterpret_cast<const Chunk16*>(out_tile + swizzled_offset(row, chunk));
+        Chunk16* y = reinterpret_cast<Chunk16*>(out + m * Cfg::kOutDim + col * b + (chunk % kChunksPerColumn) * 8);
+        Chunk16* t = reinterpret_cast<Chunk16*>(out_tile + swizzled_offset(row, chunk));
+        if (to_tile) *t = *y;
+        else *y = *t;
       }
-      named_barrier_sync(1 + consumer, 128);  // read: the tile may be written again
+      named_barrier_sync(1 + consumer, 128);
     };
 #pragma unroll
     for (int i = 0; i < BM / 8; i += 2) {
+      const int part = i / (kOutRows / 8);
+      if (accumulate && i % (kOutRows / 8) == 0)
+        copy_part(part, true);
+      // stmatrix (ldmatrix) tile q: rows 8 (i + q / 2) .., outputs 16·warp + 8 (q % 2) ..
+      const int q = lane / 8, row = (8 * (i + q / 2) + lane % 8) % kOutRows, chunk = 2 * warp + q % 2;
+      unsigned char* at = out_tile + swizzled_offset(row, chunk);
+      if (accumulate) {
+        unsigned old[4];
+        ldmatrix_x4_trans(old, at);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          d[4 * i + 2 * k] += to_float(T{static_cast<unsigned short>(old[k] & 0xffff)});
+          d[4 * i + 2 * k + 1] += to_float(T{static_cast<unsigned short>(old[k] >> 16)});
+        }
+      }
       const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
                              pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
-      // stmatrix tile q: rows 8 (i + q / 2) .., outputs 16·warp + 8 (q % 2) ..
-      const int q = lane / 8, row = (8 * (i + q / 2) + lane % 8) % kOutRows, chunk = 2 * warp + q % 2;
-      stmatrix_x4_trans(out_tile + swizzled_offset(row, chunk), r);
-      if ((i + 2) % (kOutRows / 8) == 0) store_part(i / (kOutRows / 8));
+      stmatrix_x4_trans(at, r);
+      if ((i + 2) % (kOutRows / 8) == 0) {
+        named_barrier_sync(1 + consumer, 128);
+        copy_part(part, false);
+      }
     }
   }
 }
