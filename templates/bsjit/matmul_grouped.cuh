@@ -25,10 +25,10 @@
 //
 // Tables (generated): group g's steps are kGroupSteps[3g] .. kGroupSteps[3g + 3] - 1, in three
 // classes starting at kGroupSteps[3g + k]: chunks holding blocks of both consumers' columns, of
-// consumer 0's only, of consumer 1's only; chunks ascending within a class. Step s is the record kSteps[s · (2 + 64 / b · kColumns) ...]: chunk, pattern (bit
-// j · kColumns + c: sub-block j of column c holds a block), then the W block index of each slot
-// (0 where absent). kGroupColumns[g · kColumns + c] is the output block column of column c (-1 past
-// the last column).
+// consumer 0's only, of consumer 1's only; chunks ascending within a class. Step s is the record
+// kSteps[s · (2 + 64 / b · kColumns) ...]: chunk, pattern (bit j · kColumns + c: sub-block j of column
+// c holds a block), then the W block index of each slot (0 where absent). kGroupColumns[g · kColumns
+// + c] is the output block column of column c (-1 past the last column).
 #pragma once
 
 #include "bsjit/matmul.cuh"
@@ -271,8 +271,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ldmatrix_x4_trans(old, at);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          d[4 * i + 2 * k] += to_float(T{static_cast<unsigned short>(old[k] & 0xffff)});
-          d[4 * i + 2 * k + 1] += to_float(T{static_cast<unsigned short>(old[k] >> 16)});
+          float lo, hi;
+          unpack_pair<T>(old[k], lo, hi);
+          d[4 * i + 2 * k] += lo, d[4 * i + 2 * k + 1] += hi;
         }
       }
       const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),

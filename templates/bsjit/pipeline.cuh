@@ -58,11 +58,19 @@ __device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
   return r;
 }
 
+// The two 16-bit values of a packed pair (pack_pair's inverse), in fp32.
+template <class T>
+__device__ __forceinline__ void unpack_pair(unsigned v, float& lo, float& hi) {
+  lo = to_float(T{static_cast<unsigned short>(v & 0xffff)});
+  hi = to_float(T{static_cast<unsigned short>(v >> 16)});
+}
+
 // Two 16-bit values packed in 32 bits, each multiplied by s (gated matmul).
 template <class T>
 __device__ __forceinline__ unsigned scale_pair(unsigned v, float s) {
-  return pack_pair<T>(to_float(T{static_cast<unsigned short>(v & 0xffff)}) * s,
-                      to_float(T{static_cast<unsigned short>(v >> 16)}) * s);
+  float lo, hi;
+  unpack_pair<T>(v, lo, hi);
+  return pack_pair<T>(lo * s, hi * s);
 }
 
 // Copies a ROWS × COLS tile of 16-bit elements, 16 bytes per cp.async, into dst (row stride
