@@ -77,15 +77,15 @@ struct GeneratedSource {
   std::int64_t workspace_bytes = 0;  // device scratch the launch needs (split partials); 0: none
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
-  // TMA kernels take one tensor map per operand (a, then b) after the plain arguments, which the
-  // host builds per call: a row-major [outer, inner] 16-bit tensor (outer 0: the op's n rows)
-  // copied in boxes of box_inner × box_outer elements.
+  // TMA kernels take one tensor map per operand (a, then b, then out where the kernel stores by
+  // TMA) after the plain arguments, which the host builds per call: a row-major [outer, inner]
+  // 16-bit tensor (outer 0: the op's n rows) copied in boxes of box_inner × box_outer elements.
   struct TensorMapShape {
     std::int64_t inner = 0, outer = 0;
     int box_inner = 0, box_outer = 0;
     int swizzle = 128;  // bytes of the shared-memory swizzle span (128, 64 or 32)
   };
-  std::vector<TensorMapShape> tensor_maps;  // empty, or {a, b}
+  std::vector<TensorMapShape> tensor_maps;  // empty, {a, b} or {a, b, out}
   // Persistent kernels: grid x = min(output tiles, CTAs the GPU holds at once), grid y = 1; the
   // tiles are grid_x output block columns × ceil(n / rows_per_cta) row tiles.
   bool persistent = false;

@@ -174,10 +174,10 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
     shape = launch_shape(kernel, op, n);
   }
   if (shape.grid_x == 0) return;  // no output blocks (backward-weight of an empty layout)
-  for (std::size_t i = 0; i < g.tensor_maps.size() && i < 2; ++i) {
+  for (std::size_t i = 0; i < g.tensor_maps.size() && i < 3; ++i) {
     const auto& m = g.tensor_maps[i];
-    args.maps[i] = tensor_map_2d(g.dtype, i == 0 ? args.a : args.b, m.inner, m.outer > 0 ? m.outer : n,
-                                 m.box_inner, m.box_outer, m.swizzle);
+    const void* base = i == 0 ? args.a : i == 1 ? args.b : args.out;
+    args.maps[i] = tensor_map_2d(g.dtype, base, m.inner, m.outer > 0 ? m.outer : n, m.box_inner, m.box_outer, m.swizzle);
   }
   launch(function, shape, stream, args);
 }

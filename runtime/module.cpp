@@ -78,7 +78,7 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
 
 void launch(CUfunction function, const LaunchShape& s, CUstream stream, KernelArgs& k) {
   const Driver& d = driver();
-  void* args[] = {&k.a, &k.b, &k.out, &k.gate, &k.n, &k.accumulate, &k.workspace, &k.maps[0], &k.maps[1]};
+  void* args[] = {&k.a, &k.b, &k.out, &k.gate, &k.n, &k.accumulate, &k.workspace, &k.maps[0], &k.maps[1], &k.maps[2]};
   BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, s.shared_bytes, stream, args, nullptr));
   if (sync_launches()) BSJIT_CU(d.cuStreamSynchronize(stream));
 }

@@ -41,8 +41,9 @@ struct KernelArgs {
   int n = 0;
   int accumulate = 0;
   float* workspace = nullptr;  // split partials (GeneratedSource::workspace_bytes, zeroed once)
-  // TMA kernels: tensor maps of a and b passed by value after the plain arguments.
-  CUtensorMap maps[2] = {};
+  // TMA kernels: tensor maps of a, b and out passed by value after the plain arguments (a kernel
+  // that takes fewer ignores the rest).
+  CUtensorMap maps[3] = {};
 };
 
 void launch(CUfunction function, const LaunchShape& shape, CUstream stream, KernelArgs& args);

@@ -242,6 +242,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(void* p, const unsigned (&r)[4
                : "memory");
 }
 
+// Stores four 8 × 8 tiles of 16-bit values held as in mma.sync's fragments (packed in r[i] for tile
+// i), untransposed: row j of tile i goes to the 16 bytes at the address that thread 8i + j passes.
+__device__ __forceinline__ void stmatrix_x4(void* p, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(p)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // --- Tensor memory access (TMA) and mbarriers -------------------------------------------------
 //
 // A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) describes a 2-D global
@@ -295,6 +303,28 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap& map, int
           "r"(smem_address(dst)),
       "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
       : "memory");
+}
+// Copies the box at (x, y) of `map` from shared memory (src, swizzled as the map says) to global
+// memory, skipping elements past the tensor's ends; tracked by the issuing thread's bulk groups.
+// The writes to src must be made visible to the async proxy first (fence_proxy_async, then a
+// barrier of the writers).
+__device__ __forceinline__ void tma_store_2d(const TensorMap& map, const void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(&map)),
+               "r"(x), "r"(y), "r"(smem_address(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups are still reading their shared-memory sources
+// (the source may be written again).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most N of this thread's bulk groups are incomplete (their writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to dst,
 // counted on bar like a TMA copy.

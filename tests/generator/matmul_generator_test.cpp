@@ -277,7 +277,8 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             continue;
           }
           const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
-          ASSERT_EQ(g.tensor_maps.size(), 2u);
+          const bool tma_store = b >= 64 && op != Op::backward_weight;  // dsd_tma_kernel stores Y by TMA
+          ASSERT_EQ(g.tensor_maps.size(), tma_store ? 3u : 2u);
           // the small-batch variant: one consumer of 64 rows; for backward-weight, which reduces
           // over those rows, the mma.sync kernel with 2 stages
           if (b <= 32) {
@@ -315,13 +316,18 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             EXPECT_EQ(g.tensor_maps[1].box_outer, 64);
             continue;
           }
-          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 16 * t.stages);
+          // the stages, their barriers (padded to 1024 bytes), a 64 × 64 staging tile of Y per consumer
+          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 1024 + t.warps_m * 64 * 128);
           EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
           EXPECT_TRUE(t.persistent && g.persistent) << "one wave of CTAs looping over output tiles";
           EXPECT_NE(g.source.find("kPersistent = true"), std::string::npos);
           EXPECT_EQ(g.tensor_maps[0].box_outer, t.bm);
           EXPECT_EQ(g.tensor_maps[1].outer, b) << "one W block";
           EXPECT_EQ(g.tensor_maps[1].box_outer, op == Op::backward_data ? b : 64);
+          EXPECT_EQ(g.tensor_maps[2].inner, g.out_features) << "Y (or dX): [n, outputs]";
+          EXPECT_EQ(g.tensor_maps[2].outer, 0) << "n rows, known at launch";
+          EXPECT_EQ(g.tensor_maps[2].box_inner, 64);
+          EXPECT_EQ(g.tensor_maps[2].box_outer, 16) << "each warp stores its 16 rows";
         }
   // only the dsd TMA kernel loops over tiles: a persistent flag elsewhere (a hand-edited tuning
   // record) is refused, not launched on a grid the kernel does not expect
