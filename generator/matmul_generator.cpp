@@ -127,7 +127,16 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 //   (group > 1) was predicted to help by cutting barriers per FLOP and measured 13-60% slower.
 // - dsd on sm_90a, b ≥ 64: the warp-specialized wgmma kernel, persistent (one wave of CTAs looping
 //   over output tiles, so the producer loads the next tile while the consumers store the last),
-//   with 4 consumer warpgroups of 64 rows, 4 stages. Persistent against one tile per CTA (same
+//   swapped (Yᵀ = Wᵀ·Xᵀ: 2 consumers of 64 features × 256 rows at b = 128, of 64 features × 128
+//   rows at b = 64), BM = 256, 4 stages. Sweep on the H200 once the epilogue stored by TMA
+//   (TFLOP/s, balanced, d = 0.5 / 0.1, forward and backward-data): b = 128: 720 / 479 and 678 / 426
+//   against 714 / 460 and 666 / 413 unswapped with 2 consumers of 128 rows, 683 / 468 and
+//   647 / 408 with 4 of 64 rows (the default before); b = 64: 489 / 390 and 462 / 361 against
+//   490 / 366 and 442 / 358 and 479 / 350 and 445 / 336. The swapped kernel reads less shared
+//   memory per FLOP (m64n256k16 or m64n128k16 against m64n128k16 or m64n64k16) but the gain is small:
+//   per step the CTA takes 40-48 KB from L2 for 2.1-4.2 MFLOP, 8-9 TB/s over the GPU at these
+//   rates, near the L2-to-SM ceiling the probes measured (9 TB/s).
+//   Earlier, with 4 consumer warpgroups of 64 rows and stores from registers: persistent against one tile per CTA (same
 //   shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05): 0.227 / 0.087 / 0.075 against
 //   0.232 / 0.098 / 0.090 (2 consumers of 128 rows, one tile per CTA); 2 consumers persistent:
 //   0.224 / 0.091 / 0.080. b = 64, d = 0.05: 0.069 against 0.092.
@@ -210,9 +219,22 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
   }
-  t = finish_wgmma(spec, t);
+  const int b = spec.block;
+  if (t.swapped) {
+    // warps_m / (b / 64) row slices of the tile, each of `rows` rows (wgmma's N)
+    const int slices = b / 64, row_slices = slices > 0 ? t.warps_m / slices : 0, rows = row_slices > 0 ? t.bm / row_slices : 0;
+    t.tensor_cores = t.pipelined = true;
+    t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
+    t.threads = t.warps_m * 128;
+    t.shared_bytes = t.stages * (t.bm * 128 + 64 * b * 2) + 1024;
+    if (!spec.wgmma || spec.op == Op::backward_weight || (b != 64 && b != 128) || row_slices * slices != t.warps_m ||
+        rows * row_slices != t.bm || (rows != 128 && rows != 256) || t.bm > 256)
+      throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), b));
+  } else {
+    t = finish_wgmma(spec, t);
+  }
   t.threads += 128;
-  t.shared_bytes += (2 * t.stages * 8 + 1023) / 1024 * 1024 + t.warps_m * 64 * 128;
+  t.shared_bytes += (2 * t.stages * 8 + 1023) / 1024 * 1024 + t.warps_m * (t.swapped ? 2 : 1) * 64 * 128;
   if (t.stages < 2 || t.shared_bytes > 227 * 1024)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), spec.block));
   return t;
@@ -250,6 +272,9 @@ TileConfig grouped_shape(int bm, int warpgroups, int stages) {
 
 // Applies the finish_* function of a shape's kind.
 TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
+  if (t.swapped && (!t.tma || t.columns > 0 || t.tile_edge > 0 || spec.op == Op::backward_weight))
+    throw Error(fmt::format("tile shape {} is not valid for {} at block {}: only the TMA dsd kernel is swapped",
+                            tiles_tag(t), to_string(spec.op), spec.block));
   return t.columns > 0 ? finish_grouped(spec, t)
          : t.tma       ? finish_tma(spec, t)
          : t.wgmma     ? finish_wgmma(spec, t)
@@ -262,9 +287,10 @@ TileConfig tiled_shape(int edge, int warpgroups, int stages) {
   return t;
 }
 
-TileConfig tma_shape(int bm, int warpgroups, int stages, bool persistent = false) {
+TileConfig tma_shape(int bm, int warpgroups, int stages, bool persistent = false, bool swapped = false) {
   TileConfig t;
   t.wgmma = t.tma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages, t.persistent = persistent;
+  t.swapped = swapped;
   return t;
 }
 
@@ -309,7 +335,8 @@ std::string tiles_tag(const TileConfig& t) {
   if (t.columns > 0) return fmt::format("grp{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}", t.tile_edge, t.warps_m, t.stages);
   if (t.wgmma)
-    return fmt::format("{}{}-bm{}-s{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "");
+    return fmt::format("{}{}-bm{}-s{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
+                       t.swapped ? "-sw" : "");
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
                      t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
@@ -351,6 +378,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
           shapes.push_back(tma_shape(bm, wg, stages));
           if (stages == 4 || stages == 5) shapes.push_back(tma_shape(bm, wg, stages, true));
         }
+    if (spec.wgmma)  // swapped: consumers of 64 features × 128 or 256 rows
+      for (auto [bm, wg] : {std::pair{256, 2}, {256, 1}, {256, 4}, {128, 1}})
+        for (int stages : {3, 4}) shapes.push_back(tma_shape(bm, wg, stages, true, true));
   }
   for (const auto& s : shapes) {
     try {
@@ -384,7 +414,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     if (spec.small_batch)
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
                                                     b >= 64 ? 4 : 1, 4));
-    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 4, 4, true));
+    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 2, 4, true, true));
     // b = 16 and 32 on sm_90a: the grouped kernel, 2 consumers (128 / b output block columns per
     // group) on X tiles of 256 rows, 4 stages. Sweep at b = 32, forward, balanced (TFLOP/s, d = 0.5 /
     // 0.1): 379 / 133 against 345 / 128 with 3 stages, 260 / 124 with one consumer, 253 / 92 with
@@ -593,10 +623,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};
   else if (t.tma)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ;
-                   // Y (or dX) stored by each warp in boxes of 64 outputs × 16 rows
+                   // Y (or dX) stored in boxes of 64 outputs × 16 rows (a warp's), or 64 rows when swapped
     g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, 64, trans_w ? static_cast<int>(b) : 64},
-                     {g.out_features, 0, 64, 16}};
+                     {g.out_features, 0, 64, t.swapped ? 64 : 16}};
   g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
   g.source = fmt::format(
       "// Generated by bsjit: {label}\n"
@@ -620,7 +650,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       "  static constexpr bool kTransW = {trans};\n"
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
       "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
-      "  static constexpr bool kPersistent = {persistent};\n"
+      "  static constexpr bool kPersistent = {persistent}, kSwapped = {swapped};\n"
       "{grouped}"
       "{accessors}"
       "}};\n"
@@ -636,7 +666,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
-      fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("accessors", accessors),
+      fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"), fmt::arg("accessors", accessors),
       fmt::arg("header", t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"), 
       fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",

@@ -28,6 +28,9 @@ struct TileConfig {
   bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on warps_m warpgroups, bk = 64
   bool tma = false;              // wgmma with a TMA producer warpgroup and mbarriers (warp-specialized)
   bool persistent = false;       // TMA dsd: one wave of CTAs looping over output tiles
+  // TMA dsd (b ≥ 64): the swapped product Yᵀ = Wᵀ·Xᵀ, each consumer warpgroup computing 64 output
+  // features of bm / (warps_m / (b / 64)) rows with W's slice as wgmma's A (m64 n128/n256 k16).
+  bool swapped = false;
   // Grouped Hopper dsd (b ≤ 32; also tma, wgmma and persistent): output block columns per CTA
   // tile, walked together over the union of their input blocks; 0 for every other kernel.
   int columns = 0;

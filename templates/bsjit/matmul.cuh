@@ -470,21 +470,64 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // are consumers, waiting on "full", running the stage's wgmmas and, once a stage's wgmmas have
 // finished, arriving on its "empty" mbarrier so the producer may refill it. No CTA-wide barrier
 // in the main loop: loads run up to kStages ahead of the tensor cores.
-// The epilogue goes through shared memory: each warp of a consumer writes its accumulators, 16 rows
-// × 64 columns at a time, into its part of the consumer's staging tile (128-byte swizzled, by
-// stmatrix) and one of its lanes stores that part with TMA, whole 128-byte lines, while the warp
-// goes on to its next tile. (Per warp, so that only __syncwarp orders the writes and the copy: a
-// named barrier per consumer would need a barrier id per warpgroup, and ptxas then reserves all 16,
-// which keeps a second CTA off the SM.) (From registers, 4-byte stores of 8 rows per warp instruction, the epilogue of a 256 × 128
-// tile took some 4000 LSU cycles against 6500 for the main loop at d = 0.1.)
-// Shared memory: the stages, their mbarriers (padded to 1024 bytes), the consumers' staging tiles.
+// The epilogue goes through shared memory and TMA stores (whole 128-byte lines), which run on
+// while the consumers start their next tile. Unswapped, each warp writes its 16 rows × 64 outputs
+// with stmatrix into its part of the consumer's staging tile and one lane stores them, ordered by
+// __syncwarp alone; swapped, the consumer writes 64 rows × 64 features into one of its two staging
+// tiles and one thread stores it after a barrier of the consumer. (From registers, 4-byte stores of
+// 8 rows per warp instruction, the epilogue of a 256 × 128 tile took some 4000 LSU cycles against
+// 6500 for the main loop at d = 0.1: TMA stores took b = 128, d = 0.1 from 290 to 446 TFLOP/s.)
+// Shared memory: the stages, their mbarriers (padded to 1024 bytes), the consumers' staging tiles
+// (8 KB each, two per consumer when swapped).
 template <class Cfg>
 struct DsdTmaPlan {
   using Base = DsdWgmmaPlan<Cfg>;
   static constexpr int kBarrierBytes = (2 * Cfg::kStages * 8 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
-  static constexpr int kOutTileBytes = 64 * kSwizzleRowBytes;  // 64 rows × 64 outputs
+  static constexpr int kOutTileBytes = (Cfg::kSwapped ? 2 : 1) * 64 * kSwizzleRowBytes;  // per consumer
   static constexpr int kSharedBytes = Base::kSharedBytes + kBarrierBytes + Cfg::kWarpsM * kOutTileBytes;
 };
+
+// Synchronises the 128 threads of consumer warpgroup `consumer` (0..3) on named barrier 2 + consumer.
+// The ids are spelled out as constants: with an id in a register, ptxas reserves all 16 barriers,
+// which keeps a second CTA off the SM.
+__device__ __forceinline__ void consumer_barrier(int consumer) {
+  switch (consumer) {
+    case 0: named_barrier_sync(2, 128); break;
+    case 1: named_barrier_sync(3, 128); break;
+    case 2: named_barrier_sync(4, 128); break;
+    default: named_barrier_sync(5, 128); break;
+  }
+}
+
+// A consumer's walk over the `total` stages of one output tile of dsd_tma_kernel (LUT entries from
+// `begin`; `step` counts the CTA's stages over all its tiles): waits for each stage, scales a gated
+// W slice in place (all consumers together), issue(step) issues and commits the stage's wgmmas, and
+// the previous stage is freed once its wgmmas have finished. Returns with every wgmma finished.
+template <class Cfg, class Ring, class Issue>
+__device__ __forceinline__ void dsd_tma_stages(const Ring& ring, const float* __restrict__ gate, int begin, int total,
+                                               int& step, Issue issue) {
+  using Plan = DsdWgmmaPlan<Cfg>;
+  constexpr int kSlicesPerEntry = Cfg::kBlock / Plan::kSlice, S = Cfg::kStages, kConsumerThreads = Cfg::kWarpsM * 128;
+  for (int i = 0; i < total; ++i, ++step) {
+    mbarrier_wait(&ring.full[step % S], (step / S) & 1);
+    const float g = gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + i / kSlicesPerEntry) + 1]];
+    if (g != 0.0f) {  // uniform across the CTA
+      if (g != 1.0f) {
+        scale_shared<typename Cfg::T>(ring.stage(step) + Plan::kABytes, Plan::kBBytes, g, threadIdx.x - 128,
+                                      kConsumerThreads);
+        fence_proxy_async();
+        named_barrier_sync(1, kConsumerThreads);
+      }
+      issue(step);
+      wgmma_wait<1>();  // the previous stage's wgmmas have finished
+    } else {
+      wgmma_wait<0>();
+    }
+    if (i > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);
+  }
+  wgmma_wait<0>();
+  if (total > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);  // the tile's last stage
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -548,75 +591,123 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   unsigned char* out_tile = reinterpret_cast<unsigned char*>(full) + DsdTmaPlan<Cfg>::kBarrierBytes +
                             consumer * DsdTmaPlan<Cfg>::kOutTileBytes;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  unsigned char* warp_tile = out_tile + warp * 16 * kSwizzleRowBytes;  // 16 rows: two whole swizzle atoms
-  int step = 0;
+  int step = 0, piece = 0;
   for (int tile = first; tile < tiles; tile += stride) {
     const int col = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;
     const int begin = Cfg::lut_offsets()[col], total = (Cfg::lut_offsets()[col + 1] - begin) * kSlicesPerEntry;
-    float d[kTiles][b / 2];
+    if constexpr (!Cfg::kSwapped) {
+      float d[kTiles][b / 2];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
+      for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
-      wgmma_fence_registers(d[t]);
-    }
-    for (int i = 0; i < total; ++i, ++step) {
-      mbarrier_wait(&full[step % S], (step / S) & 1);
-      const float g = gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + i / kSlicesPerEntry) + 1]];
-      if (g != 0.0f) {  // uniform across the CTA
-        unsigned char* bs = stage_b(step);
-        if (g != 1.0f) {
-          scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x - 128, kConsumerThreads);
-          fence_proxy_async();
-          named_barrier_sync(1, kConsumerThreads);
-        }
-        dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(step) + consumer * kRows * kSwizzleRowBytes, bs);
-        wgmma_wait<1>();  // the previous stage's wgmmas have finished
-      } else {
-        wgmma_wait<0>();
+        for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
+        wgmma_fence_registers(d[t]);
       }
-      if (i > 0) mbarrier_arrive(&empty[(step - 1) % S]);
-    }
-    wgmma_wait<0>();
-    if (total > 0) mbarrier_arrive(&empty[(step - 1) % S]);  // the tile's last stage
+      dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
+        dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(s) + consumer * kRows * kSwizzleRowBytes, stage_b(s));
+      });
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
-
-    // Accumulator d[t][4i + 2h + e]: row 16·warp + lane / 4 + 8h of m64 tile t, column 8i + 2·(lane % 4) + e.
+      for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
+      // Accumulator d[t][4i + 2h + e]: row 16·warp + lane / 4 + 8h of m64 tile t, column 8i + 2·(lane % 4) + e.
+      // Each warp stores its 16 rows, 64 columns at a time, through its part of the staging tile.
+      unsigned char* warp_tile = out_tile + warp * 16 * kSwizzleRowBytes;  // two whole swizzle atoms
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int row0 = m0 + consumer * kRows + t * 64 + warp * 16;  // the warp's first row; n ≤ 2^31 - 1
+      for (int t = 0; t < kTiles; ++t) {
+        const int row0 = m0 + consumer * kRows + t * 64 + warp * 16;  // the warp's first row; n ≤ 2^31 - 1
+        if (accumulate) {  // Y's old values, added in fp32 (rounded once)
+#pragma unroll
+          for (int i = 0; i < b / 8; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const long long m = static_cast<long long>(row0) + lane / 4 + 8 * h;
+              if (m >= n) continue;
+              float lo, hi;
+              unpack_pair<T>(*reinterpret_cast<const unsigned*>(out + m * Cfg::kOutDim +
+                                                                static_cast<long long>(col) * b + 8 * i + 2 * (lane % 4)),
+                             lo, hi);
+              d[t][4 * i + 2 * h] += lo, d[t][4 * i + 2 * h + 1] += hi;
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < b / 64; ++p) {
+          if (lane == 0) bulk_wait_group_read<0>();  // the warp's last store has read its part
+          __syncwarp();
+          // stmatrix tile q of pair i: the warp's rows 8 (q % 2) .., columns 8 (i + q / 2) ..
+          const int q = lane / 8, row = 8 * (q % 2) + lane % 8;
+#pragma unroll
+          for (int i = 8 * p; i < 8 * p + 8; i += 2) {
+            const float* v = d[t] + 4 * i;
+            const unsigned r[4] = {pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]), pack_pair<T>(v[4], v[5]),
+                                   pack_pair<T>(v[6], v[7])};
+            stmatrix_x4(warp_tile + swizzled_offset(row, i - 8 * p + q / 2), r);
+          }
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0 && row0 < n) {
+            tma_store_2d(map_out, warp_tile, col * b + 64 * p, row0);
+            bulk_commit_group();
+          }
+        }
+      }
+    } else {
+      // Swapped: Yᵀ = Wᵀ·Xᵀ. Consumer c computes output features 64·(c % F) .. of rows R·(c / F) ..
+      // of the tile (F = b / 64 feature slices): A = that slice of the stage's W (MN-major forward,
+      // K-major backward-data), B = those R rows of X (K-major), so each wgmma is m64 nR k16 with
+      // R = 128 or 256 instead of m64 nb k16 per 64 rows. Per FLOP that reads 96 (R = 128) or 80
+      // (R = 256) bytes of shared memory per cycle of the tensor cores against 128 (b = 64) or 96
+      // (b = 128), which bounds the unswapped kernel.
+      constexpr int F = b / 64, R = Cfg::kBM / (kConsumers / F);
+      const int fslice = consumer % F, rows = consumer / F * R;
+      float d[R / 2];
+#pragma unroll
+      for (int i = 0; i < R / 2; ++i) d[i] = 0.0f;
+      wgmma_fence_registers(d);
+      dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
+        const unsigned char* as = stage_b(s) + (Cfg::kTransW ? fslice * 64 * kSwizzleRowBytes : fslice * kSlice * kSwizzleRowBytes);
+        const unsigned char* bs = stage_a(s) + rows * kSwizzleRowBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kSlice / 16; ++kk)
+          wgmma_m64k16<T, R, Cfg::kTransW ? 0 : 1, 0>(
+              d,
+              Cfg::kTransW ? smem_descriptor(as + kk * 32, 16, kSwizzleAtomBytes)
+                           : smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
+              smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes));
+        wgmma_commit();
+      });
+      wgmma_fence_registers(d);
+      // Accumulator d[4i + 2h + e]: feature 16·warp + lane / 4 + 8h of the slice, row 8i + 2·(lane % 4) + e.
+      const long long feature0 = static_cast<long long>(col) * b + fslice * 64;
       if (accumulate) {  // Y's old values, added in fp32 (rounded once)
 #pragma unroll
-        for (int i = 0; i < b / 8; ++i)
+        for (int i = 0; i < R / 8; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const long long m = static_cast<long long>(row0) + lane / 4 + 8 * h;
-            if (m >= n) continue;
-            float lo, hi;
-            unpack_pair<T>(*reinterpret_cast<const unsigned*>(out + m * Cfg::kOutDim + static_cast<long long>(col) * b +
-                                                              8 * i + 2 * (lane % 4)),
-                           lo, hi);
-            d[t][4 * i + 2 * h] += lo, d[t][4 * i + 2 * h + 1] += hi;
+          for (int k = 0; k < 4; ++k) {
+            const long long m = static_cast<long long>(m0) + rows + 8 * i + 2 * (lane % 4) + k % 2;
+            if (m < n) d[4 * i + k] += to_float(out[m * Cfg::kOutDim + feature0 + 16 * warp + lane / 4 + 8 * (k / 2)]);
           }
       }
+      // Pieces of 64 rows × 64 features through two staging tiles in turn (stmatrix.trans writes
+      // rows of the tile from the transposed fragments); one thread stores each piece by TMA. Before
+      // the barrier that hands a piece to the store, that thread waits until the store before it has
+      // read the other tile, which the next piece fills.
 #pragma unroll
-      for (int p = 0; p < b / 64; ++p) {
-        if (lane == 0) bulk_wait_group_read<0>();  // the warp's last store has read its part
-        __syncwarp();
-        // stmatrix tile q of pair i: the warp's rows 8 (q % 2) .., columns 8 (i + q / 2) ..
-        const int q = lane / 8, row = 8 * (q % 2) + lane % 8;
+      for (int p = 0; p < R / 64; ++p, ++piece) {
+        unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
 #pragma unroll
         for (int i = 8 * p; i < 8 * p + 8; i += 2) {
-          const float* v = d[t] + 4 * i;
-          const unsigned r[4] = {pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]), pack_pair<T>(v[4], v[5]),
-                                 pack_pair<T>(v[6], v[7])};
-          stmatrix_x4(warp_tile + swizzled_offset(row, i - 8 * p + q / 2), r);
+          // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
+          const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
+          const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
+                                 pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
+          stmatrix_x4_trans(tile_p + swizzled_offset(row, chunk), r);
         }
         fence_proxy_async();
-        __syncwarp();
-        if (lane == 0 && row0 < n) {
-          tma_store_2d(map_out, warp_tile, col * b + 64 * p, row0);
+        if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
+        consumer_barrier(consumer);
+        const int row0 = m0 + rows + 64 * p;
+        if (threadIdx.x % 128 == 0 && row0 < n) {
+          tma_store_2d(map_out, tile_p, static_cast<int>(feature0), row0);
           bulk_commit_group();
         }
       }

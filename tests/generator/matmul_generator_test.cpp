@@ -316,8 +316,10 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             EXPECT_EQ(g.tensor_maps[1].box_outer, 64);
             continue;
           }
-          // the stages, their barriers (padded to 1024 bytes), a 64 × 64 staging tile of Y per consumer
-          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 1024 + t.warps_m * 64 * 128);
+          // the stages, their barriers (padded to 1024 bytes), 64 × 64 staging tiles of Y: two per
+          // consumer of the swapped kernel (the default: Yᵀ = Wᵀ·Xᵀ, consumers of 64 features)
+          EXPECT_TRUE(t.swapped);
+          EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 1024 + t.warps_m * 2 * 64 * 128);
           EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
           EXPECT_TRUE(t.persistent && g.persistent) << "one wave of CTAs looping over output tiles";
           EXPECT_NE(g.source.find("kPersistent = true"), std::string::npos);
@@ -327,7 +329,7 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           EXPECT_EQ(g.tensor_maps[2].inner, g.out_features) << "Y (or dX): [n, outputs]";
           EXPECT_EQ(g.tensor_maps[2].outer, 0) << "n rows, known at launch";
           EXPECT_EQ(g.tensor_maps[2].box_inner, 64);
-          EXPECT_EQ(g.tensor_maps[2].box_outer, 16) << "each warp stores its 16 rows";
+          EXPECT_EQ(g.tensor_maps[2].box_outer, 64) << "a consumer stores 64 rows at a time";
         }
   // only the dsd TMA kernel loops over tiles: a persistent flag elsewhere (a hand-edited tuning
   // record) is refused, not launched on a grid the kernel does not expect
@@ -341,6 +343,44 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
       else EXPECT_THROW(choose_tiles(s), Error) << tiles_tag(t);
     }
   }
+  // the swapped TMA kernel (Yᵀ = Wᵀ·Xᵀ): consumers of 64 features × 128 or 256 rows; only for dsd
+  for (int b : {64, 128})
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+      MatMulSpec s{op, b, DType::bf16, FeatureAxis::last};
+      s.wgmma = true;
+      int swapped = 0;
+      for (const TileConfig& c : tile_candidates(s)) {
+        SCOPED_TRACE(tiles_tag(c));
+        MatMulSpec tuned = s;
+        tuned.tiles = c;
+        if (!c.swapped) {
+          if (c.tma && op != Op::backward_weight) {  // unswapped: each warp stores its 16 rows
+            const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), tuned);
+            ASSERT_EQ(g.tensor_maps.size(), 3u);
+            EXPECT_EQ(g.tensor_maps[2].box_outer, 16);
+            EXPECT_EQ(c.shared_bytes, c.stages * (c.bm * 128 + 64 * b * 2) + 1024 + 1024 + c.warps_m * 64 * 128);
+          }
+          continue;
+        }
+        ++swapped;
+        EXPECT_NE(tiles_tag(c).find("-sw"), std::string::npos) << "the tag tells the swapped kernel apart";
+        const int row_slices = c.warps_m / (b / 64), rows = c.bm / row_slices;
+        EXPECT_EQ(row_slices * (b / 64), c.warps_m) << "whole feature slices of 64 per row slice";
+        EXPECT_TRUE(rows == 128 || rows == 256) << "wgmma's N: the rows of a consumer";
+        EXPECT_EQ(c.shared_bytes, c.stages * (c.bm * 128 + 64 * b * 2) + 1024 + 1024 + c.warps_m * 2 * 64 * 128)
+            << "two 64 × 64 staging tiles per consumer";
+        const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}, {1, 1}}), tuned);
+        EXPECT_NE(g.source.find("kSwapped = true"), std::string::npos);
+        EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
+        ASSERT_EQ(g.tensor_maps.size(), 3u);
+        EXPECT_EQ(g.tensor_maps[2].box_outer, 64) << "a consumer stores 64 rows × 64 features at a time";
+      }
+      EXPECT_EQ(swapped > 0, op != Op::backward_weight) << to_string(op) << " b" << b;
+      TileConfig bad = generator::TileConfig{};
+      bad.wgmma = bad.tma = bad.persistent = bad.swapped = true, bad.bm = 128, bad.warps_m = 4, bad.stages = 4;
+      s.tiles = bad;  // 32 rows per consumer at b = 64, 64 at b = 128: too narrow for the swapped kernel
+      EXPECT_THROW(choose_tiles(s), Error);
+    }
   // a wgmma shape for a target without it is refused with the reason
   MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
   TileConfig t;

@@ -26,7 +26,7 @@ struct Config {
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 96, kOutDim = 128;
   static constexpr int kOutBlocks = 4;  // output block columns (dsd)
-  static constexpr bool kPersistent = false;
+  static constexpr bool kPersistent = false, kSwapped = false;
   __device__ static const int* lut_offsets() { return kLutOffsets; }
   __device__ static const int* lut() { return kLut; }
 };
