@@ -256,7 +256,7 @@ TileConfig finish_grouped(const MatMulSpec& spec, TileConfig t) {
   t.shared_bytes = 1024 + (t.stages * stage_bytes + 2 * t.stages * 8 + records + 127) / 128 * 128 +
                    t.warps_m * std::min(t.bm, 128) * 128;
   const bool ok = spec.wgmma && spec.op != Op::backward_weight && t.columns > 0 && (t.warps_m == 1 || t.warps_m == 2) &&
-                  (t.bm == 64 || t.bm == 128 || t.bm == 256) && t.stages >= 2 && t.stages * sub * sub <= 64 &&
+                  (t.bm == 64 || t.bm == 128 || t.bm == 256) && t.stages >= 2 && t.stages <= 32 &&
                   t.shared_bytes <= 227 * 1024;
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
