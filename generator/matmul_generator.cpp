@@ -222,7 +222,8 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   const int b = spec.block;
   if (t.swapped) {
     // warps_m / (b / 64) row slices of the tile, each of `rows` rows (wgmma's N)
-    const int slices = b / 64, row_slices = slices > 0 ? t.warps_m / slices : 0, rows = row_slices > 0 ? t.bm / row_slices : 0;
+    const int slices = b / 64, row_slices = slices > 0 ? t.warps_m / slices : 0;
+    const int rows = row_slices > 0 ? t.bm / row_slices : 0;
     t.tensor_cores = t.pipelined = true;
     t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
     t.threads = t.warps_m * 128;
@@ -414,7 +415,8 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     if (spec.small_batch)
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
                                                     b >= 64 ? 4 : 1, 4));
-    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64) return finish_tma(spec, tma_shape(256, 2, 4, true, true));
+    if (spec.wgmma && spec.op != Op::backward_weight && b >= 64)
+      return finish_tma(spec, tma_shape(256, 2, 4, true, true));
     // b = 16 and 32 on sm_90a: the grouped kernel, 2 consumers (128 / b output block columns per
     // group) on X tiles of 256 rows, 4 stages. Sweep at b = 32, forward, balanced (TFLOP/s, d = 0.5 /
     // 0.1): 379 / 133 against 345 / 128 with 3 stages, 260 / 124 with one consumer, 253 / 92 with
@@ -666,7 +668,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
-      fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"), fmt::arg("accessors", accessors),
+      fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
+      fmt::arg("accessors", accessors),
       fmt::arg("header", t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"), 
       fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",

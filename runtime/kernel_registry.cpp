@@ -106,7 +106,8 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   j["key"] = key;
   j["layout_hash"] = layout_hash;
   j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
-                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"columns", t.columns}, {"tile_edge", t.tile_edge}, {"swapped", t.swapped}, {"tag", generator::tiles_tag(t)}};
+                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"columns", t.columns}, {"tile_edge", t.tile_edge},
+                {"swapped", t.swapped}, {"tag", generator::tiles_tag(t)}};
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 

@@ -482,7 +482,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <class Cfg>
 struct DsdTmaPlan {
   using Base = DsdWgmmaPlan<Cfg>;
-  static constexpr int kBarrierBytes = (2 * Cfg::kStages * 8 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr int kBarrierBytes =
+      (2 * Cfg::kStages * 8 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   static constexpr int kOutTileBytes = (Cfg::kSwapped ? 2 : 1) * 64 * kSwizzleRowBytes;  // per consumer
   static constexpr int kSharedBytes = Base::kSharedBytes + kBarrierBytes + Cfg::kWarpsM * kOutTileBytes;
 };
@@ -622,9 +623,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               const long long m = static_cast<long long>(row0) + lane / 4 + 8 * h;
               if (m >= n) continue;
               float lo, hi;
-              unpack_pair<T>(*reinterpret_cast<const unsigned*>(out + m * Cfg::kOutDim +
-                                                                static_cast<long long>(col) * b + 8 * i + 2 * (lane % 4)),
-                             lo, hi);
+              const T* old = out + m * Cfg::kOutDim + static_cast<long long>(col) * b + 8 * i + 2 * (lane % 4);
+              unpack_pair<T>(*reinterpret_cast<const unsigned*>(old), lo, hi);
               d[t][4 * i + 2 * h] += lo, d[t][4 * i + 2 * h + 1] += hi;
             }
         }
@@ -663,15 +663,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int i = 0; i < R / 2; ++i) d[i] = 0.0f;
       wgmma_fence_registers(d);
       dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
-        const unsigned char* as = stage_b(s) + (Cfg::kTransW ? fslice * 64 * kSwizzleRowBytes : fslice * kSlice * kSwizzleRowBytes);
+        // features fslice·64 .. of W's slice: 64 rows further on, whether those are features (backward-data:
+        // b rows of 64 reduction indices) or a group's reduction rows (forward: b / 64 groups of 64 × 64)
+        const unsigned char* as = stage_b(s) + fslice * 64 * kSwizzleRowBytes;
         const unsigned char* bs = stage_a(s) + rows * kSwizzleRowBytes;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kSlice / 16; ++kk)
           wgmma_m64k16<T, R, Cfg::kTransW ? 0 : 1, 0>(
               d,
-              Cfg::kTransW ? smem_descriptor(as + kk * 32, 16, kSwizzleAtomBytes)
-                           : smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
+              Cfg::kTransW
+                  ? smem_descriptor(as + kk * 32, 16, kSwizzleAtomBytes)
+                  : smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
               smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes));
         wgmma_commit();
       });
