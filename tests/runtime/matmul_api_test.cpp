@@ -95,6 +95,20 @@ TEST(MatMulApi, TuningRecordsChooseTheTileShape) {
   const generator::MatMulSpec other{Op::forward, 16, DType::bf16, FeatureAxis::last};
   runtime::store_tuning(hash, other, "sm_90", 0, candidates[1]);
   EXPECT_FALSE(runtime::resolve_spec(hash, other, "sm_90", 0).tiles);
+  // every Hopper shape comes back from its record as it was stored (swapped, grouped, tiled, ...)
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {16, 64}) {
+      generator::MatMulSpec hopper{op, b, DType::bf16, FeatureAxis::last};
+      hopper.wgmma = true;
+      for (const auto& c : generator::tile_candidates(hopper)) {
+        runtime::store_tuning(hash, hopper, "sm_90a", 0, c);
+        const auto back = runtime::resolve_spec(hash, hopper, "sm_90a", 0);
+        ASSERT_TRUE(back.tiles) << generator::tiles_tag(c);
+        EXPECT_EQ(generator::tiles_tag(*back.tiles), generator::tiles_tag(c));
+        EXPECT_EQ(back.tiles->swapped, c.swapped);
+        EXPECT_EQ(generator::choose_tiles(back).shared_bytes, c.shared_bytes) << generator::tiles_tag(c);
+      }
+    }
   set_cache_directory({});
   std::filesystem::remove_all(dir);
 }
