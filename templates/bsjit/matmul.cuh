@@ -14,9 +14,14 @@
 // dsd_wgmma_kernel: the same products on Hopper's warpgroup tensor cores (sm_90a, b = 64 and 128):
 //   warpgroups of 64 or 128 output rows, 64 reduction indices per pipeline stage (wgmma.cuh).
 //
+// dsd_tma_kernel: the same with a TMA producer warpgroup and mbarriers (warp specialization),
+//   persistent, its epilogue stored by TMA; swapped (Cfg::kSwapped, the default), each consumer
+//   computes Yᵀ = Wᵀ·Xᵀ for 64 output features. The grouped kernel of b = 16 and 32 is in
+//   matmul_grouped.cuh.
+//
 // sdd_kernel (sparse = dense · dense): backward-weight dW = Xᵀ·dY on the nonzero blocks only.
 //   One CTA computes one b × b block (row c, column k): Xᵀ[c block, :] · dY[:, k block], reducing
-//   over N, BK rows of N at a time.
+//   over N, BK rows of N at a time. sdd_tma_kernel and sdd_tiled_kernel are its Hopper versions.
 #pragma once
 
 #include "bsjit/common.cuh"
