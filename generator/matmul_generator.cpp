@@ -188,9 +188,13 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
   t.threads = t.warps_m * 128;
   t.shared_bytes = t.stages * (t.bm * 128 + 64 * b * 2) + 1024;
-  const int rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
-  const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 64 || b == 128) &&
-                  t.bm == rows * t.warps_m && (rows == 64 || rows == 128) && t.bm <= 256 &&
+  // A warpgroup's rows: bm / warps_m (one or two m64 tiles); swapped (TMA kernel only), the warpgroups
+  // split into b / 64 feature slices of 64, each row slice bm / (warps_m / (b / 64)) rows (wgmma's N).
+  const int slices = t.swapped ? b / 64 : 1, row_slices = slices > 0 ? t.warps_m / slices : 0;
+  const int rows = row_slices > 0 ? t.bm / row_slices : 0;
+  const bool rows_ok = row_slices * slices == t.warps_m && t.bm == rows * row_slices &&
+                       (t.swapped ? t.tma && (rows == 128 || rows == 256) : rows == 64 || rows == 128);
+  const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 64 || b == 128) && rows_ok && t.bm <= 256 &&
                   t.stages >= (t.tma ? 2 : 3) && t.shared_bytes <= 227 * 1024 &&
                   (t.tma || !t.persistent);  // only the TMA kernel loops over tiles
   if (!ok)
@@ -219,21 +223,7 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
   }
-  const int b = spec.block;
-  if (t.swapped) {
-    // warps_m / (b / 64) row slices of the tile, each of `rows` rows (wgmma's N)
-    const int slices = b / 64, row_slices = slices > 0 ? t.warps_m / slices : 0;
-    const int rows = row_slices > 0 ? t.bm / row_slices : 0;
-    t.tensor_cores = t.pipelined = true;
-    t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
-    t.threads = t.warps_m * 128;
-    t.shared_bytes = t.stages * (t.bm * 128 + 64 * b * 2) + 1024;
-    if (!spec.wgmma || spec.op == Op::backward_weight || (b != 64 && b != 128) || row_slices * slices != t.warps_m ||
-        rows * row_slices != t.bm || (rows != 128 && rows != 256) || t.bm > 256)
-      throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), b));
-  } else {
-    t = finish_wgmma(spec, t);
-  }
+  t = finish_wgmma(spec, t);
   t.threads += 128;
   t.shared_bytes += (2 * t.stages * 8 + 1023) / 1024 * 1024 + t.warps_m * (t.swapped ? 2 : 1) * 64 * 128;
   if (t.stages < 2 || t.shared_bytes > 227 * 1024)
