@@ -180,8 +180,9 @@ TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
 }
 
 // The Hopper kernel's shape from (bm, warpgroups, stages): warps_m warpgroups of 4 warps, each
-// owning bm / warps_m rows (64 or 128: one or two m64 wgmma tiles); 64 reduction indices per
-// stage. DsdWgmmaPlan in templates/bsjit/matmul.cuh computes the same shared-memory size.
+// owning bm / warps_m rows (64 or 128: one or two m64 wgmma tiles), or when swapped 64 output
+// features of 128 or 256 rows; 64 reduction indices per stage. DsdWgmmaPlan in
+// templates/bsjit/matmul.cuh computes the same shared-memory size.
 TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   const int b = spec.block;
   t.tensor_cores = t.pipelined = t.wgmma = true;
