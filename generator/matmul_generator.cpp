@@ -136,8 +136,8 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 //   memory per FLOP (m64n256k16 or m64n128k16 against m64n128k16 or m64n64k16) but the gain is small:
 //   per step the CTA takes 40-48 KB from L2 for 2.1-4.2 MFLOP, 8-9 TB/s over the GPU at these
 //   rates, near the L2-to-SM ceiling the probes measured (9 TB/s).
-//   Earlier, with 4 consumer warpgroups of 64 rows and stores from registers: persistent against one tile per CTA (same
-//   shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05): 0.227 / 0.087 / 0.075 against
+//   Earlier, with 4 consumer warpgroups of 64 rows and stores from registers: persistent against
+//   one tile per CTA (same shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05): 0.227 / 0.087 / 0.075 against
 //   0.232 / 0.098 / 0.090 (2 consumers of 128 rows, one tile per CTA); 2 consumers persistent:
 //   0.224 / 0.091 / 0.080. b = 64, d = 0.05: 0.069 against 0.092.
 //   Before that, one tile per CTA, 2 consumers of 128 rows (TFLOP/s at d = 0.5 / 0.1):
@@ -205,8 +205,8 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
 }
 
 // The warp-specialized TMA kernel: warps_m consumer warpgroups plus one producer warpgroup; the
-// shared memory of DsdTmaPlan (the stages, 2 mbarriers per stage padded to 1024 bytes, and a
-// 64 × 64 staging tile of the output per consumer).
+// shared memory of DsdTmaPlan (the stages, 2 mbarriers per stage padded to 1024 bytes, and one
+// 64 × 64 staging tile of the output per consumer, two when swapped).
 TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   if (spec.op == Op::backward_weight) {
     // one b × b block per CTA: warps_m consumers own b / warps_m rows of it; a stage holds 64 rows
