@@ -137,9 +137,9 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 //   per step the CTA takes 40-48 KB from L2 for 2.1-4.2 MFLOP, 8-9 TB/s over the GPU at these
 //   rates, near the L2-to-SM ceiling the probes measured (9 TB/s).
 //   Earlier, with 4 consumer warpgroups of 64 rows and stores from registers: persistent against
-//   one tile per CTA (same shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05): 0.227 / 0.087 / 0.075 against
-//   0.232 / 0.098 / 0.090 (2 consumers of 128 rows, one tile per CTA); 2 consumers persistent:
-//   0.224 / 0.091 / 0.080. b = 64, d = 0.05: 0.069 against 0.092.
+//   one tile per CTA (same shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05):
+//   0.227 / 0.087 / 0.075 against 0.232 / 0.098 / 0.090 (2 consumers of 128 rows, one tile per
+//   CTA); 2 consumers persistent: 0.224 / 0.091 / 0.080. b = 64, d = 0.05: 0.069 against 0.092.
 //   Before that, one tile per CTA, 2 consumers of 128 rows (TFLOP/s at d = 0.5 / 0.1):
 //   b = 128: 590 / 265 (mma.sync best: 264 / 187; wgmma fed by cp.async with a CTA barrier per
 //   stage, best shape: 345 / 220; TMA with 128 rows: 504-510 / 255);
