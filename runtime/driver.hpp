@@ -38,6 +38,7 @@ namespace bsjit::runtime {
   X(cuMemcpyDtoD)                  \
   X(cuMemcpyDtoDAsync)             \
   X(cuMemsetD8)                    \
+  X(cuMemsetD32Async)              \
   X(cuPointerGetAttribute)         \
   X(cuStreamCreate)                \
   X(cuStreamDestroy)               \

@@ -83,7 +83,8 @@ void launch(CUfunction function, const LaunchShape& s, CUstream stream, KernelAr
   if (sync_launches()) BSJIT_CU(d.cuStreamSynchronize(stream));
 }
 
-double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps) {
+double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps,
+                 const std::function<void()>& before_each) {
   const Driver& d = driver();
   for (int i = 0; i < warmup; ++i) fn();
   CUevent e0, e1;
@@ -91,6 +92,7 @@ double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, i
   BSJIT_CU(d.cuEventCreate(&e1, CU_EVENT_DEFAULT));
   std::vector<float> times;
   for (int i = 0; i < reps; ++i) {
+    if (before_each) before_each();
     BSJIT_CU(d.cuEventRecord(e0, stream));
     fn();
     BSJIT_CU(d.cuEventRecord(e1, stream));

@@ -57,7 +57,11 @@ CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_
                                 int swizzle = 128);
 
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
-double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);
+// before_each, when given, is enqueued before each timed run's first event: work that keeps the GPU
+// busy while the host enqueues fn (so that the host's time for the call is not counted) and that can
+// flush the L2 cache.
+double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps,
+                 const std::function<void()>& before_each = {});
 
 // A device allocation in the current context, freed on destruction (in that context, whichever
 // is current then).

@@ -287,6 +287,10 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned 
       "r"(parity)
       : "memory");
 }
+// Fetches a tensor map into the copy engine's descriptor cache ahead of its first copy.
+__device__ __forceinline__ void prefetch_tensormap(const TensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
+}
 // Copies the box at (x, y) (x: the contiguous dimension, in elements) of `map` into dst.
 __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int x, int y, unsigned long long* bar) {
   asm volatile(

@@ -11,7 +11,15 @@
 namespace bsjit::bench {
 
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
+// By default each timed run follows a read of a 256 MiB scratch buffer on the same stream: the
+// GPU is busy while the host enqueues fn (so a short kernel is not charged the host's launch time,
+// as it was before 2026-11-30: the GPU idled from the first event until the launch arrived), and
+// L2 holds none of fn's inputs (as in a model whose other layers ran in between).
 double time_ms(const std::function<void()>& fn, CUstream stream, int warmup, int reps);
+
+// Off: time each run from an idle GPU, the first event just before fn (the method of the figures
+// before 2026-11-30), for comparison.
+void set_flush_before_timing(bool on);
 
 // Copy bandwidth in bytes/s (bytes read + written) of a large device-to-device copy.
 double copy_bandwidth(CUstream stream, int reps);

@@ -442,12 +442,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> kinds{"balanced", "bernoulli"};
   std::string json_path, csv_path;
   int reps = 20;
-  app.add_option("-s,--suite", suites, "W, small, jit, A (attention), sweep (tile candidates), compile (needs no GPU)")
+  app.add_option("-s,--suite", suites, "W, small, jit, A (attention), sweep (tile candidates), sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
   app.add_option("-b,--block", blocks, "suite W block sizes")->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
+  bool idle = false;
+  app.add_flag("--idle", idle, "time each run from an idle GPU with L2 warm, as before 2026-11-30 (default: after a 256 MiB write)");
   app.add_option("--json", json_path, "write results as JSON");
   app.add_option("--csv", csv_path, "write results as CSV");
   CLI11_PARSE(app, argc, argv);
@@ -466,6 +468,7 @@ int main(int argc, char** argv) {
     }
     runtime::current_context();
     set_cache_directory({});
+    set_flush_before_timing(!idle);
     Env env;
     BSJIT_CU(runtime::driver().cuStreamCreate(&env.stream, CU_STREAM_NON_BLOCKING));
     env.reps = reps;
@@ -480,10 +483,11 @@ int main(int argc, char** argv) {
       else if (s == "jit") run_jit(env, jit);
       else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
-      else if (s == "sweep") {
+      else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;
-        run_sweep(env, 8192, 4096, blocks, densities, sweep);
-        if (!json_path.empty()) std::ofstream(json_path + ".sweep.json") << sweep.dump(1) << "\n";
+        if (s == "sweep") run_sweep(env, 8192, 4096, blocks, densities, sweep);
+        else run_sweep(env, 64, 16384, {32, 64}, {0.1}, sweep);
+        if (!json_path.empty()) std::ofstream(json_path + "." + s + ".json") << sweep.dump(1) << "\n";
       }
       else throw Error("unknown suite " + s);
     }
