@@ -188,14 +188,20 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   t.tensor_cores = t.pipelined = t.wgmma = true;
   t.bn = b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
   t.threads = t.warps_m * 128;
-  t.shared_bytes = t.stages * (t.bm * 128 + 64 * b * 2) + 1024;
+  // a stage: bm rows of X by `slice` reduction indices (128-byte rows; 64 bytes at b = 32) and
+  // W's slice (slice × b)
+  const int slice = std::min(b, 64);
+  t.shared_bytes = t.stages * (t.bm * 2 * slice + slice * b * 2) + 1024;
   // A warpgroup's rows: bm / warps_m (one or two m64 tiles); swapped (TMA kernel only), the warpgroups
   // split into b / 64 feature slices of 64, each row slice bm / (warps_m / (b / 64)) rows (wgmma's N).
   const int slices = t.swapped ? b / 64 : 1, row_slices = slices > 0 ? t.warps_m / slices : 0;
   const int rows = row_slices > 0 ? t.bm / row_slices : 0;
   const bool rows_ok = row_slices * slices == t.warps_m && t.bm == rows * row_slices &&
                        (t.swapped ? t.tma && (rows == 128 || rows == 256) : rows == 64 || rows == 128);
-  const bool ok = spec.wgmma && spec.op != Op::backward_weight && (b == 64 || b == 128) && rows_ok && t.bm <= 256 &&
+  // b = 32: the TMA kernel unswapped (wgmma m64n32k16 on tiles swizzled over 64 bytes), for small
+  // batches (choose_tiles)
+  const bool block_ok = b == 64 || b == 128 || (b == 32 && t.tma && !t.swapped);
+  const bool ok = spec.wgmma && spec.op != Op::backward_weight && block_ok && rows_ok && t.bm <= 256 &&
                   t.stages >= (t.tma ? 2 : 3) && t.shared_bytes <= 227 * 1024 &&
                   (t.tma || !t.persistent);  // only the TMA kernel loops over tiles
   if (!ok)
@@ -226,7 +232,8 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   }
   t = finish_wgmma(spec, t);
   t.threads += 128;
-  t.shared_bytes += (2 * t.stages * 8 + 1023) / 1024 * 1024 + t.warps_m * (t.swapped ? 2 : 1) * 64 * 128;
+  const int staging_row = 2 * std::min(spec.block, 64);  // bytes
+  t.shared_bytes += (2 * t.stages * 8 + 1023) / 1024 * 1024 + t.warps_m * (t.swapped ? 2 : 1) * 64 * staging_row;
   if (t.stages < 2 || t.shared_bytes > 227 * 1024)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), spec.block));
   return t;
@@ -370,6 +377,8 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
           shapes.push_back(tma_shape(bm, wg, stages));
           if (stages == 4 || stages == 5) shapes.push_back(tma_shape(bm, wg, stages, true));
         }
+    if (spec.wgmma && b == 32)  // small batch: more stages of 6 KB
+      for (int stages : {6, 8, 12}) shapes.push_back(tma_shape(64, 1, stages, true));
     if (spec.wgmma)  // swapped: consumers of 64 features × 128 or 256 rows
       for (auto [bm, wg] : {std::pair{256, 2}, {256, 1}, {256, 4}, {128, 1}})
         for (int stages : {3, 4}) shapes.push_back(tma_shape(bm, wg, stages, true, true));
@@ -403,6 +412,10 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
     // 0.045 → 0.025 against the mma.sync shape below.
     if (spec.wgmma && spec.small_batch && b >= 64) return finish_tma(spec, tma_shape(64, 1, 6));
+    // b = 32: the same kernel on tiles 32 wide, persistent (512 output block columns at K = 16384 on
+    // 2-4 CTAs per SM) with 8 stages. A probe of its copies alone (tools/probes/stream_once.cu: W's
+    // 2 KB blocks and 4 KB of X per step) took 0.022-0.026 ms against 0.046 for the mma.sync kernel.
+    if (spec.wgmma && spec.small_batch && b == 32) return finish_tma(spec, tma_shape(64, 1, 8, true));
     if (spec.small_batch)
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,
                                                     b >= 64 ? 4 : 1, 4));
@@ -615,11 +628,14 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
     g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};
-  else if (t.tma)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ;
-                   // Y (or dX) stored in boxes of 64 outputs × 16 rows (a warp's), or 64 rows when swapped
-    g.tensor_maps = {{g.in_features, 0, 64, t.bm},
-                     {b, layout.blocks() * b, 64, trans_w ? static_cast<int>(b) : 64},
-                     {g.out_features, 0, 64, t.swapped ? 64 : 16}};
+  else if (t.tma) {  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ;
+                     // Y (or dX) stored in boxes of 64 outputs × 16 rows (a warp's), or 64 rows when swapped.
+                     // b = 32: 32 wide, swizzled over 64 bytes.
+    const int slice = std::min(static_cast<int>(b), 64), swizzle = 2 * slice;
+    g.tensor_maps = {{g.in_features, 0, slice, t.bm, swizzle},
+                     {b, layout.blocks() * b, slice, trans_w ? static_cast<int>(b) : slice, swizzle},
+                     {g.out_features, 0, slice, t.swapped ? 64 : 16, swizzle}};
+  }
   g.name_expression = fmt::format("bsjit::kernels::{}<bsjit_generated::Config>", kernel);
   g.source = fmt::format(
       "// Generated by bsjit: {label}\n"

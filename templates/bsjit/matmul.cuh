@@ -326,8 +326,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // every piece a multiple of 1024 bytes; 1024 bytes of slack align the first atom.
 template <class Cfg>
 struct DsdWgmmaPlan {
-  static constexpr int kSlice = 64;  // reduction indices per stage: one 128-byte row of X
-  static constexpr int kABytes = Cfg::kBM * kSwizzleRowBytes;
+  // reduction indices per stage: one 128-byte row of X, 64 bytes at b = 32 (the TMA kernel only),
+  // where the tiles are swizzled over 64 bytes (atoms of 8 rows × 64 bytes)
+  static constexpr int kSlice = Cfg::kBlock < 64 ? Cfg::kBlock : 64;
+  static constexpr int kRowBytes = 2 * kSlice, kAtomBytes = 8 * kRowBytes;
+  static constexpr int kABytes = Cfg::kBM * kRowBytes;
   static constexpr int kBBytes = kSlice * Cfg::kBlock * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes;
@@ -347,19 +350,20 @@ template <class Cfg, int TILES>
 __device__ __forceinline__ void dsd_wgmma_stage(float (&d)[TILES][Cfg::kBlock / 2], const unsigned char* as,
                                                 const unsigned char* bs) {
   using T = typename Cfg::T;
-  constexpr int b = Cfg::kBlock, kSlice = DsdWgmmaPlan<Cfg>::kSlice;
+  using Plan = DsdWgmmaPlan<Cfg>;
+  constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, kRow = Plan::kRowBytes, kAtom = Plan::kAtomBytes;
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kSlice / 16; ++kk) {
     // forward: 16 reduction rows further on, column groups kSlice rows apart; backward-data: 32
     // bytes further along each row
     const unsigned long long db =
-        Cfg::kTransW ? smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes)
-                     : smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes);
+        Cfg::kTransW ? smem_descriptor_swizzled<kRow>(bs + kk * 32, 16, kAtom)
+                     : smem_descriptor_swizzled<kRow>(bs + kk * 16 * kRow, kSlice * kRow, kAtom);
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
       wgmma_m64k16<T, b, 0, Cfg::kTransW ? 0 : 1>(
-          d[t], smem_descriptor(as + t * 64 * kSwizzleRowBytes + kk * 32, 16, kSwizzleAtomBytes), db);
+          d[t], smem_descriptor_swizzled<kRow>(as + t * 64 * kRow + kk * 32, 16, kAtom), db);
   }
   wgmma_commit();
 }
@@ -489,7 +493,7 @@ struct DsdTmaPlan {
   using Base = DsdWgmmaPlan<Cfg>;
   static constexpr int kBarrierBytes =
       (2 * Cfg::kStages * 8 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
-  static constexpr int kOutTileBytes = (Cfg::kSwapped ? 2 : 1) * 64 * kSwizzleRowBytes;  // per consumer
+  static constexpr int kOutTileBytes = (Cfg::kSwapped ? 2 : 1) * 64 * Base::kRowBytes;  // per consumer
   static constexpr int kSharedBytes = Base::kSharedBytes + kBarrierBytes + Cfg::kWarpsM * kOutTileBytes;
 };
 
@@ -544,10 +548,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using T = typename Cfg::T;
   using Plan = DsdWgmmaPlan<Cfg>;
   constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, kSlicesPerEntry = b / kSlice, S = Cfg::kStages;
+  constexpr int kRow = Plan::kRowBytes;  // bytes of a row of the X tile and of the staging tiles
   constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
   constexpr int kRows = Cfg::kBM / kConsumers, kTiles = kRows / 64;
-  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b && (b == 64 || b == 128),
-                "16-bit, feature axis last, b = 64 or 128");
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b &&
+                    (b == 64 || b == 128 || (b == 32 && !Cfg::kSwapped)),
+                "16-bit, feature axis last, b = 64 or 128 (or 32, unswapped)");
   static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == Cfg::kBM && kTiles * 64 == kRows,
                 "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles");
   static_assert(S >= 2 && DsdTmaPlan<Cfg>::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
@@ -605,8 +611,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             tma_load_2d(stage_b(step), map_w, k0, w_row, bar);
           } else {
 #pragma unroll
-            for (int p = 0; p < b / 64; ++p)
-              tma_load_2d(stage_b(step) + p * kSlice * kSwizzleRowBytes, map_w, p * 64, w_row + k0, bar);
+            for (int p = 0; p < b / kSlice; ++p)
+              tma_load_2d(stage_b(step) + p * kSlice * kRow, map_w, p * kSlice, w_row + k0, bar);
           }
         }
         __syncwarp();
@@ -633,13 +639,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence_registers(d[t]);
       }
       dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
-        dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(s) + consumer * kRows * kSwizzleRowBytes, stage_b(s));
+        dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(s) + consumer * kRows * kRow, stage_b(s));
       });
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
       // Accumulator d[t][4i + 2h + e]: row 16·warp + lane / 4 + 8h of m64 tile t, column 8i + 2·(lane % 4) + e.
-      // Each warp stores its 16 rows, 64 columns at a time, through its part of the staging tile.
-      unsigned char* warp_tile = out_tile + warp * 16 * kSwizzleRowBytes;  // two whole swizzle atoms
+      // Each warp stores its 16 rows, kSlice columns at a time, through its part of the staging tile.
+      unsigned char* warp_tile = out_tile + warp * 16 * kRow;  // two whole swizzle atoms
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
         const int row0 = m0 + consumer * kRows + t * 64 + warp * 16;  // the warp's first row; n ≤ 2^31 - 1
@@ -656,23 +662,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               d[t][4 * i + 2 * h] += lo, d[t][4 * i + 2 * h + 1] += hi;
             }
         }
+        constexpr int kChunks = kSlice / 8;  // 16-byte chunks of a staging row
 #pragma unroll
-        for (int p = 0; p < b / 64; ++p) {
+        for (int p = 0; p < b / kSlice; ++p) {
           if (lane == 0) bulk_wait_group_read<0>();  // the warp's last store has read its part
           __syncwarp();
           // stmatrix tile q of pair i: the warp's rows 8 (q % 2) .., columns 8 (i + q / 2) ..
           const int q = lane / 8, row = 8 * (q % 2) + lane % 8;
 #pragma unroll
-          for (int i = 8 * p; i < 8 * p + 8; i += 2) {
+          for (int i = kChunks * p; i < kChunks * (p + 1); i += 2) {
             const float* v = d[t] + 4 * i;
             const unsigned r[4] = {pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]), pack_pair<T>(v[4], v[5]),
                                    pack_pair<T>(v[6], v[7])};
-            stmatrix_x4(warp_tile + swizzled_offset(row, i - 8 * p + q / 2), r);
+            stmatrix_x4(warp_tile + swizzled_offset_in<kRow>(row, i - kChunks * p + q / 2), r);
           }
           fence_proxy_async();
           __syncwarp();
           if (lane == 0 && row0 < n) {
-            tma_store_2d(map_out, warp_tile, col * b + 64 * p, row0);
+            tma_store_2d(map_out, warp_tile, col * b + kSlice * p, row0);
             bulk_commit_group();
           }
         }

@@ -32,6 +32,13 @@ constexpr int kSwizzleRowBytes = 128, kSwizzleAtomBytes = 1024;
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return row * kSwizzleRowBytes + ((chunk ^ (row & 7)) << 4);
 }
+// The same in a tile of ROW_BYTES-wide rows swizzled over ROW_BYTES (128 or 64): the hardware XORs
+// the chunk with address bits 7.. (chunk j of row r at j ^ ((r · ROW_BYTES / 128) % (ROW_BYTES / 16))).
+template <int ROW_BYTES>
+__device__ __forceinline__ int swizzled_offset_in(int row, int chunk) {
+  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "rows of 128 or 64 bytes");
+  return row * ROW_BYTES + ((chunk ^ ((row * ROW_BYTES / 128) % (ROW_BYTES / 16))) << 4);
+}
 
 // The first 1024-byte aligned address of dynamic shared memory (swizzled atoms must be aligned;
 // kernels reserve kSwizzleAtomBytes extra).
@@ -112,6 +119,13 @@ struct IsBfloat16<bfloat16_t> {
       "+f"(d[i + 6]), "+f"(d[i + 7])
 #define BSJIT_ACC32(i) BSJIT_ACC8(i), BSJIT_ACC8(i + 8), BSJIT_ACC8(i + 16), BSJIT_ACC8(i + 24)
 
+#define BSJIT_WGMMA_M64N32K16(TYPE)                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                       \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                                           \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n" \
+               : BSJIT_ACC8(0), BSJIT_ACC8(8)                                                                      \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+
 #define BSJIT_WGMMA_M64N64K16(TYPE)                                                                               \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                       \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" BSJIT_REGS_0                          \
@@ -141,9 +155,12 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long lo
 #ifdef BSJIT_NO_WGMMA
   static_assert(sizeof(T) == 0, "wgmma needs the sm_90a target");
 #else
-  static_assert(N == 64 || N == 128 || N == 256, "wgmma widths used here: 64, 128 and 256");
+  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "wgmma widths used here: 32, 64, 128 and 256");
   constexpr bool kBf16 = IsBfloat16<T>::value;
-  if constexpr (N == 64) {
+  if constexpr (N == 32) {
+    if constexpr (kBf16) BSJIT_WGMMA_M64N32K16("bf16");
+    else BSJIT_WGMMA_M64N32K16("f16");
+  } else if constexpr (N == 64) {
     if constexpr (kBf16) BSJIT_WGMMA_M64N64K16("bf16");
     else BSJIT_WGMMA_M64N64K16("f16");
   } else if constexpr (N == 128) {

@@ -295,6 +295,43 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             EXPECT_EQ(g.tensor_maps[0].swizzle, 128);
             EXPECT_EQ(g.tensor_maps[1].box_outer, b) << "one W block per copy";
             EXPECT_EQ(g.tensor_maps[1].swizzle, 2 * b) << "W: rows of one block, swizzled";
+            // small batch at b = 32: dsd_tma_kernel on tiles 32 wide swizzled over 64 bytes, one
+            // consumer of 64 rows, persistent; at b = 16 the mma.sync kernel
+            const auto v = variants(spec);
+            ASSERT_EQ(v.size(), 2u);
+            const TileConfig small = choose_tiles(v[1]);
+            if (b == 16) {
+              EXPECT_FALSE(small.wgmma) << tiles_tag(small);
+              continue;
+            }
+            EXPECT_TRUE(small.tma && small.persistent && !small.swapped) << tiles_tag(small);
+            EXPECT_EQ(small.bm, 64);
+            EXPECT_EQ(small.threads, 256);
+            // stages of 64 rows × 64 bytes of X and one 32 × 32 W block, barriers padded to 1024
+            // bytes, one 64 × 32 staging tile
+            EXPECT_EQ(small.shared_bytes, small.stages * (64 * 64 + 32 * 32 * 2) + 1024 + 1024 + 64 * 64);
+            const auto gs = generate_matmul(Layout::from_coords(2, 2, {{0, 0}, {1, 0}}), v[1]);
+            EXPECT_NE(gs.name_expression.find("dsd_tma_kernel"), std::string::npos);
+            EXPECT_TRUE(gs.persistent);
+            ASSERT_EQ(gs.tensor_maps.size(), 3u);
+            for (const auto& m : gs.tensor_maps) {
+              EXPECT_EQ(m.swizzle, 64) << "rows of 32 elements";
+              EXPECT_EQ(m.box_inner, 32);
+            }
+            EXPECT_EQ(gs.tensor_maps[0].box_outer, 64) << "X: the tile's 64 rows";
+            EXPECT_EQ(gs.tensor_maps[1].box_outer, 32) << "one W block";
+            EXPECT_EQ(gs.tensor_maps[2].box_outer, 16) << "a warp's 16 rows of Y";
+            // swapped shapes and the cp.async wgmma kernel stay b ≥ 64
+            MatMulSpec bad = spec;
+            TileConfig swapped;
+            swapped.wgmma = swapped.tma = swapped.persistent = swapped.swapped = true;
+            swapped.bm = 128, swapped.warps_m = 1, swapped.stages = 4;
+            bad.tiles = swapped;
+            EXPECT_THROW(choose_tiles(bad), Error);
+            TileConfig cp_async;
+            cp_async.wgmma = true, cp_async.bm = 64, cp_async.warps_m = 1, cp_async.stages = 4;
+            bad.tiles = cp_async;
+            EXPECT_THROW(choose_tiles(bad), Error);
             continue;
           }
           EXPECT_EQ(t.columns, 0);
