@@ -124,8 +124,10 @@ TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
     records += e.path().extension() == ".tune";
     if (e.path().extension() != ".bsjit") continue;
     const std::string name = e.path().filename().string();
-    const bool keep = (name.rfind("forward-", 0) == 0 && name.find("-" + chosen[0] + "-") != std::string::npos) ||
-                      (name.rfind("backward_weight-", 0) == 0 && name.find("-" + chosen[1] + "-") != std::string::npos);
+    // the tag, then the arch: "-tma1-bm128-s4-" alone would also match "-tma1-bm128-s4-p-sm_90a-"
+    const auto tagged = [&](const std::string& tag) { return name.find("-" + tag + "-sm_") != std::string::npos; };
+    const bool keep = (name.rfind("forward-", 0) == 0 && tagged(chosen[0])) ||
+                      (name.rfind("backward_weight-", 0) == 0 && tagged(chosen[1]));
     if (keep) ++kept;
     else fs::remove(e.path());
   }

@@ -158,6 +158,7 @@ struct Env {
   CUstream stream;
   int reps;
   double copy_bw;  // bytes/s
+  std::vector<std::string> ops;  // the ops the sweeps time
 };
 
 void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<int>& blocks,
@@ -240,6 +241,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
       // compile every candidate of the three ops in parallel first
       std::vector<runtime::KernelId> ids;
       for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+        if (std::find(env.ops.begin(), env.ops.end(), std::string(to_string(op))) == env.ops.end()) continue;
         generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
         spec.wgmma = generator::has_wgmma(arch);
         for (const auto& t : generator::tile_candidates(spec)) {
@@ -448,6 +450,8 @@ int main(int argc, char** argv) {
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
+  std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
+  app.add_option("-o,--ops", ops, "the ops the sweeps time")->delimiter(',');
   bool idle = false;
   app.add_flag("--idle", idle, "time each run from an idle GPU with L2 warm, as before 2026-11-30 (default: after a 256 MiB write)");
   app.add_option("--json", json_path, "write results as JSON");
@@ -472,6 +476,7 @@ int main(int argc, char** argv) {
     Env env;
     BSJIT_CU(runtime::driver().cuStreamCreate(&env.stream, CU_STREAM_NON_BLOCKING));
     env.reps = reps;
+    env.ops = ops;
     env.copy_bw = copy_bandwidth(env.stream, 10);
     fmt::print("device-to-device copy: {:.2f} TB/s (read + write)\n", env.copy_bw / 1e12);
     std::vector<Row> rows, small_rows;
