@@ -121,9 +121,10 @@ struct IsBfloat16<bfloat16_t> {
 
 #define BSJIT_WGMMA_M64N32K16(TYPE)                                                                               \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                       \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                                           \
-               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n" \
-               : BSJIT_ACC8(0), BSJIT_ACC8(8)                                                                      \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                                        \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"                         \
+               " %16, %17, p, 1, 1, %19, %20;\n}\n"                                                               \
+               : BSJIT_ACC8(0), BSJIT_ACC8(8)                                                                     \
                : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 
 #define BSJIT_WGMMA_M64N64K16(TYPE)                                                                               \

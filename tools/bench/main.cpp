@@ -444,7 +444,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> kinds{"balanced", "bernoulli"};
   std::string json_path, csv_path;
   int reps = 20;
-  app.add_option("-s,--suite", suites, "W, small, jit, A (attention), sweep (tile candidates), sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
+  app.add_option("-s,--suite", suites,
+                 "W, small, jit, A (attention), sweep (tile candidates), sweep-small (those at N = 64, C = K = 16384), "
+                 "compile (needs no GPU)")
       ->delimiter(',');
   app.add_option("-b,--block", blocks, "suite W block sizes")->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
@@ -453,7 +455,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
   app.add_option("-o,--ops", ops, "the ops the sweeps time")->delimiter(',');
   bool idle = false;
-  app.add_flag("--idle", idle, "time each run from an idle GPU with L2 warm, as before 2026-11-30 (default: after a 256 MiB write)");
+  app.add_flag("--idle", idle,
+               "time each run from an idle GPU with L2 warm, as before 2026-11-30 (default: after a 256 MiB read)");
   app.add_option("--json", json_path, "write results as JSON");
   app.add_option("--csv", csv_path, "write results as CSV");
   CLI11_PARSE(app, argc, argv);
