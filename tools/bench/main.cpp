@@ -294,16 +294,20 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   std::mt19937_64 rng(11);
   set_cache_directory({});
   // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64,
-  // the grouped kernel at b = 32 (one loop per column pattern) and the tiled backward-weight
+  // the grouped kernel at b = 32 (one loop per column pattern), the tiled backward-weight and the
+  // small-batch TMA kernel at b = 32
   generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last}, grouped = hopper, tiled = hopper;
   hopper.wgmma = grouped.wgmma = tiled.wgmma = true;
   grouped.block = tiled.block = 32;
   tiled.op = Op::backward_weight;
+  generator::MatMulSpec small = grouped;
+  small.small_batch = true;
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
       {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"},
       {hopper, "sm_90a"},
       {grouped, "sm_90a"},
-      {tiled, "sm_90a"}};
+      {tiled, "sm_90a"},
+      {small, "sm_90a"}};
   for (const auto& [spec, arch] : kernels)
     for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
       std::vector<double> ms;
