@@ -157,6 +157,10 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 //   warp, BK = 32, 4 stages.
 namespace {
 
+// Reduction indices per stage of the dsd wgmma / TMA kernels (DsdWgmmaPlan::kSlice): 64, one
+// 128-byte row of X; b at b = 32, whose tiles have rows of 64 bytes swizzled over 64 bytes.
+int dsd_slice(int b) { return std::min(b, 64); }
+
 // Completes a pipelined shape from (bm, bk, warps, stages) and checks what the templates assert.
 TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
   const int b = spec.block;
@@ -190,7 +194,7 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   t.threads = t.warps_m * 128;
   // a stage: bm rows of X by `slice` reduction indices (128-byte rows; 64 bytes at b = 32) and
   // W's slice (slice × b)
-  const int slice = std::min(b, 64);
+  const int slice = dsd_slice(b);
   t.shared_bytes = t.stages * (t.bm * 2 * slice + slice * b * 2) + 1024;
   // A warpgroup's rows: bm / warps_m (one or two m64 tiles); swapped (TMA kernel only), the warpgroups
   // split into b / 64 feature slices of 64, each row slice bm / (warps_m / (b / 64)) rows (wgmma's N).
@@ -232,7 +236,7 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   }
   t = finish_wgmma(spec, t);
   t.threads += 128;
-  const int staging_row = 2 * std::min(spec.block, 64);  // bytes
+  const int staging_row = 2 * dsd_slice(spec.block);  // bytes
   t.shared_bytes += (2 * t.stages * 8 + 1023) / 1024 * 1024 + t.warps_m * (t.swapped ? 2 : 1) * 64 * staging_row;
   if (t.stages < 2 || t.shared_bytes > 227 * 1024)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}", tiles_tag(t), to_string(spec.op), spec.block));
@@ -631,7 +635,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   else if (t.tma) {  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ;
                      // Y (or dX) stored in boxes of 64 outputs × 16 rows (a warp's), or 64 rows when swapped.
                      // b = 32: 32 wide, swizzled over 64 bytes.
-    const int slice = std::min(static_cast<int>(b), 64), swizzle = 2 * slice;
+    const int slice = dsd_slice(static_cast<int>(b)), swizzle = 2 * slice;
     g.tensor_maps = {{g.in_features, 0, slice, t.bm, swizzle},
                      {b, layout.blocks() * b, slice, trans_w ? static_cast<int>(b) : slice, swizzle},
                      {g.out_features, 0, slice, t.swapped ? 64 : 16, swizzle}};
