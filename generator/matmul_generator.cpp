@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "bsjit/error.hpp"
@@ -50,24 +51,25 @@ std::string array_body(const std::vector<int>& values) {
   return out;
 }
 
-// Tables of the grouped kernel (templates/bsjit/matmul_grouped.cuh says what each holds). per_out[j]
-// lists output block column j's (input block, W block index) pairs. Columns are grouped
-// `columns` at a time in order, the first half of a group the first consumer's, the rest the second
-// one's (`consumers` of them); a group's steps are the chunks of `sub` input blocks (64 reduction
-// indices) holding a block of its columns, in three classes (blocks for both consumers, for the first
-// only, for the second only), chunks ascending within a class (CTAs running together, on the same
-// rows of X, then read X in about the same order). Sets grid_x to the number of groups.
-std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, int columns, int sub,
-                           int consumers, std::int64_t& grid_x) {
-  const int out_blocks = static_cast<int>(per_out.size()), record = 2 + sub * columns;
-  const int groups = (out_blocks + columns - 1) / columns, per = columns / consumers;
+// Tables of the grouped and paired kernels (templates/bsjit/matmul_grouped.cuh says what each
+// holds). per_out[j] lists output block column j's (input block, W block index) pairs; order lists
+// the columns as they are grouped, `columns` at a time (-1: none), the first half of a group the
+// first consumer's (the first column of a pair), the rest the second one's (`consumers` halves); a
+// group's steps are the chunks of `sub` input blocks (64 reduction indices) holding a block of its
+// columns, in three classes (blocks of both halves, of the first only, of the second only), chunks
+// ascending within a class (CTAs running together, on the same rows of X, then read X in about the
+// same order). Sets grid_x to the number of groups.
+std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, const std::vector<int>& order,
+                           int columns, int sub, int consumers, std::int64_t& grid_x) {
+  const int record = 2 + sub * columns, positions = static_cast<int>(order.size());
+  const int groups = (positions + columns - 1) / columns, per = columns / consumers;
   std::vector<int> group_steps, steps, group_columns;
   for (int gi = 0; gi < groups; ++gi) {
     std::map<int, std::vector<int>> chunks;  // chunk → W block per slot j · columns + c (-1: none)
     for (int c = 0; c < columns; ++c) {
-      const int col = gi * columns + c;
-      group_columns.push_back(col < out_blocks ? col : -1);
-      if (col >= out_blocks) continue;
+      const int at = gi * columns + c, col = at < positions ? order[at] : -1;
+      group_columns.push_back(col);
+      if (col < 0) continue;
       for (auto [in, wblock] : per_out[col]) {
         auto& slots = chunks[in / sub];
         slots.resize(sub * columns, -1);
@@ -101,6 +103,43 @@ std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& 
       "__device__ const int kSteps[] = {{{}}};\n"
       "__device__ const int kGroupColumns[] = {{{}}};\n",
       columns, record, columns, array_body(group_steps), array_body(steps), array_body(group_columns));
+}
+
+// Output block columns in pairs for the paired kernel: in column order, each column not yet paired
+// takes the unpaired column sharing most input blocks with it (ties: the lowest index; an odd last
+// column is alone, its partner -1). Returns the columns pair by pair. Counted on suite W's balanced
+// layouts, such pairs share 62-64% of their blocks at d = 0.5 and 33-48% at d ≤ 0.25, so that a
+// step stream of X tiles and W blocks moves 0.75 of the unpaired kernel's bytes at b = 64, d = 0.5,
+// 0.83-0.88 at lower densities (docs/PERFORMANCE.md). Costs the sum over input blocks of the
+// squared number of columns holding them.
+std::vector<int> pair_columns(const std::vector<std::vector<std::pair<int, int>>>& per_out) {
+  const int columns = static_cast<int>(per_out.size());
+  int in_blocks = 0;
+  for (const auto& entries : per_out)
+    for (auto [in, w] : entries) in_blocks = std::max(in_blocks, in + 1);
+  std::vector<std::vector<int>> holders(in_blocks);  // input block → the columns holding it
+  for (int c = 0; c < columns; ++c)
+    for (auto [in, w] : per_out[c]) holders[in].push_back(c);
+  std::vector<int> order, shared(columns, 0), touched;
+  std::vector<bool> paired(columns, false);
+  for (int c = 0; c < columns; ++c) {
+    if (paired[c]) continue;
+    paired[c] = true;
+    for (auto [in, w] : per_out[c])
+      for (int o : holders[in])
+        if (!paired[o] && shared[o]++ == 0) touched.push_back(o);
+    int best = -1;
+    for (int o : touched)
+      if (best < 0 || shared[o] > shared[best] || (shared[o] == shared[best] && o < best)) best = o;
+    for (int o : touched) shared[o] = 0;
+    touched.clear();
+    if (best < 0)  // nothing shared: the next unpaired column
+      for (int o = c + 1; o < columns && best < 0; ++o)
+        if (!paired[o]) best = o;
+    if (best >= 0) paired[best] = true;
+    order.push_back(c), order.push_back(best);
+  }
+  return order;
 }
 
 }  // namespace
@@ -267,6 +306,32 @@ TileConfig finish_grouped(const MatMulSpec& spec, TileConfig t) {
   return t;
 }
 
+// The paired Hopper dsd kernel (b = 64): warps_m consumer warpgroups of bm / warps_m rows (64 or
+// 128: two accumulator sets of that many / 2 per thread, one per column) of both columns of a pair,
+// plus a producer. A stage holds the X tile (bm rows × 64) and two W blocks (8 KB each); after the
+// stages, their mbarriers (padded to 1024 bytes) and two 64 × 64 staging tiles per consumer
+// (DsdPairedPlan).
+TileConfig finish_paired(const MatMulSpec& spec, TileConfig t) {
+  const int b = spec.block, rows = t.warps_m > 0 ? t.bm / t.warps_m : 0;
+  t.tensor_cores = t.pipelined = t.wgmma = t.tma = t.persistent = t.swapped = true;
+  t.bn = 2 * b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0, t.columns = 0;
+  t.threads = (t.warps_m + 1) * 128;
+  t.shared_bytes = 1024 + t.stages * (t.bm * 128 + 2 * 64 * 128) + (2 * t.stages * 8 + 1023) / 1024 * 1024 +
+                   t.warps_m * 2 * 64 * 128;
+  const bool ok = spec.wgmma && spec.op != Op::backward_weight && b == 64 && (rows == 64 || rows == 128) &&
+                  rows * t.warps_m == t.bm && t.bm <= 256 && t.stages >= 2 && t.shared_bytes <= 227 * 1024;
+  if (!ok)
+    throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
+                            spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
+  return t;
+}
+
+TileConfig paired_shape(int bm, int warpgroups, int stages) {
+  TileConfig t;
+  t.wgmma = t.tma = t.persistent = t.swapped = t.paired = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages;
+  return t;
+}
+
 TileConfig grouped_shape(int bm, int warpgroups, int stages) {
   TileConfig t;
   t.wgmma = t.tma = t.persistent = true, t.bm = bm, t.warps_m = warpgroups, t.columns = 1, t.stages = stages;
@@ -278,7 +343,10 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
   if (t.swapped && (!t.tma || t.columns > 0 || t.tile_edge > 0 || spec.op == Op::backward_weight))
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}: only the TMA dsd kernel is swapped",
                             tiles_tag(t), to_string(spec.op), spec.block));
-  return t.columns > 0 ? finish_grouped(spec, t)
+  if (t.paired && (t.columns > 0 || t.tile_edge > 0))
+    throw Error(fmt::format("tile shape {} is not valid: paired, grouped and tiled are different kernels", tiles_tag(t)));
+  return t.paired        ? finish_paired(spec, t)
+         : t.columns > 0 ? finish_grouped(spec, t)
          : t.tma       ? finish_tma(spec, t)
          : t.wgmma     ? finish_wgmma(spec, t)
                        : finish_pipelined(spec, t);
@@ -335,6 +403,7 @@ std::string kernel_label(const MatMulSpec& spec) {
 }
 
 std::string tiles_tag(const TileConfig& t) {
+  if (t.paired) return fmt::format("pair{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.columns > 0) return fmt::format("grp{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}", t.tile_edge, t.warps_m, t.stages);
   if (t.wgmma)
@@ -383,6 +452,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
         }
     if (spec.wgmma && b == 32)  // small batch: more stages of 6 KB
       for (int stages : {6, 8, 12}) shapes.push_back(tma_shape(64, 1, stages, true));
+    if (spec.wgmma && b == 64)  // pairs of columns: consumers of both columns' 64 features × 128 or 64 rows
+      for (auto [bm, wg, stages] : {std::tuple{256, 2, 4}, {256, 2, 3}, {256, 4, 3}, {128, 2, 6}, {128, 1, 6}})
+        shapes.push_back(paired_shape(bm, wg, stages));
     if (spec.wgmma)  // swapped: consumers of 64 features × 128 or 256 rows
       for (auto [bm, wg] : {std::pair{256, 2}, {256, 1}, {256, 4}, {128, 1}})
         for (int stages : {3, 4}) shapes.push_back(tma_shape(bm, wg, stages, true, true));
@@ -480,6 +552,36 @@ double tile_fill(const Layout& layout, std::int64_t per) {
   return tiles.empty() ? 0.0 : static_cast<double>(layout.blocks()) / (static_cast<double>(tiles.size()) * per * per);
 }
 
+// For each output block column j: pairs (input block, W block index), input block ascending.
+// forward: columns of the layout; backward-data (trans_w): rows (the layout of Wᵀ).
+std::vector<std::vector<std::pair<int, int>>> output_columns(const Layout& layout, bool trans_w) {
+  std::vector<std::vector<std::pair<int, int>>> per_out(trans_w ? layout.rows() : layout.cols());
+  const auto& coords = layout.coords();
+  for (std::size_t i = 0; i < coords.size(); ++i) {
+    auto [r, c] = coords[i];
+    if (trans_w) per_out[r].emplace_back(c, static_cast<int>(i));
+    else per_out[c].emplace_back(r, static_cast<int>(i));
+  }
+  for (auto& entries : per_out) std::sort(entries.begin(), entries.end());
+  return per_out;
+}
+
+// The share of the blocks that pair_columns' pairs hold both of (their steps copy one X tile for
+// two W blocks).
+double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out) {
+  const std::vector<int> order = pair_columns(per_out);
+  std::int64_t blocks = 0, shared = 0;
+  for (std::size_t p = 0; p + 1 < order.size(); p += 2) {
+    blocks += static_cast<std::int64_t>(per_out[order[p]].size());
+    if (order[p + 1] < 0) continue;
+    blocks += static_cast<std::int64_t>(per_out[order[p + 1]].size());
+    std::set<int> first;
+    for (auto [in, w] : per_out[order[p]]) first.insert(in);
+    for (auto [in, w] : per_out[order[p + 1]]) shared += 2 * static_cast<std::int64_t>(first.count(in));
+  }
+  return blocks == 0 ? 0.0 : static_cast<double>(shared) / static_cast<double>(blocks);
+}
+
 // The heuristic's tile choice for this layout (an explicit spec.tiles is taken as it is).
 // Backward-weight at b ≤ 32 on Hopper computes whole E × E tiles of dW (sdd_tiled_kernel): its
 // useful share of tensor work is the tiles' fill, so the layout decides between E = 128, E = 64
@@ -488,8 +590,26 @@ double tile_fill(const Layout& layout, std::int64_t per) {
 // b = 16, d = 0.1, fill 0.104: 66) and 335 × fill at E = 64 (b = 32, d = 0.1, fill 0.29: 96;
 // b = 16, d = 0.1, fill 0.12: 42); the mma.sync kernel 75-78 at b = 32 and 29-31 at b = 16
 // whatever the density. The largest predicted rate wins.
+//
+// Forward and backward-data at b = 64 on Hopper (N above the small batch) pair output block columns
+// that share input blocks (dsd_paired_kernel) where that pays. Sweep on the H200 (suite W, balanced,
+// TFLOP/s, the paired kernel pair2-bm256-s4 against the swapped tma2-bm256-s4-p-sw; in brackets
+// paired_share, the share of the blocks in steps that hold both columns' blocks): forward d = 0.5
+// 609 / 534 (0.62), d = 0.25 515 / 497 (0.44), d = 0.1 394 / 410 (0.37), d = 0.05 290 / 299 (0.36);
+// backward-data 599 / 460, 509 / 442, 396 / 378, 274 / 257 (0.58, 0.39, 0.29, 0.28). So
+// backward-data is always paired (the swapped kernel's backward-data ran 8-14% under its forward,
+// the paired one within 6%: not from the sharing alone, and not explained), the forward where the
+// share is 0.4 or more.
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
-  if (spec.tiles || spec.op != Op::backward_weight) return spec;
+  if (spec.tiles) return spec;
+  if (spec.op != Op::backward_weight) {
+    const TileConfig t = choose_tiles(spec);
+    if (spec.block != 64 || !t.tma || !t.swapped || spec.small_batch) return spec;
+    if (spec.op == Op::forward && paired_share(output_columns(layout, false)) < 0.4) return spec;
+    MatMulSpec chosen = spec;
+    chosen.tiles = finish_paired(spec, paired_shape(256, 2, 4));
+    return chosen;
+  }
   const TileConfig t = choose_tiles(spec);
   if (t.tile_edge == 0) return spec;
   const int b = spec.block;
@@ -581,21 +701,18 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
     out_blocks = trans_w ? layout.rows() : layout.cols();
-    std::vector<std::vector<std::pair<int, int>>> per_out(out_blocks);
-    const auto& coords = layout.coords();
-    for (std::size_t i = 0; i < coords.size(); ++i) {
-      auto [r, c] = coords[i];
-      if (trans_w) per_out[r].emplace_back(c, static_cast<int>(i));
-      else per_out[c].emplace_back(r, static_cast<int>(i));
-    }
+    const auto per_out = output_columns(layout, trans_w);
     g.rows_per_cta = t.bm;
-    if (t.columns > 0) {
-      tables = grouped_tables(per_out, t.columns, static_cast<int>(64 / b), t.warps_m, g.grid_x);
+    if (t.paired) {
+      tables = grouped_tables(per_out, pair_columns(per_out), 2, 1, 2, g.grid_x);
+    } else if (t.columns > 0) {
+      std::vector<int> order(out_blocks);
+      for (int j = 0; j < out_blocks; ++j) order[j] = j;
+      tables = grouped_tables(per_out, order, t.columns, static_cast<int>(64 / b), t.warps_m, g.grid_x);
     } else {
       std::vector<int> offsets{0}, lut;
-      lut.reserve(2 * coords.size());
+      lut.reserve(2 * layout.blocks());
       for (auto& entries : per_out) {
-        std::sort(entries.begin(), entries.end());
         for (auto& [in, w] : entries) lut.push_back(in), lut.push_back(w);
         offsets.push_back(static_cast<int>(lut.size() / 2));
       }
@@ -612,13 +729,14 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   const char* accessors = sdd ? (t.tile_edge > 0 ? "  __device__ static const int* coords() { return kCoords; }\n"
                                                    "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
                                                  : "  __device__ static const int* coords() { return kCoords; }\n")
-                          : t.columns > 0
+                          : t.columns > 0 || t.paired
                               ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
                                 "  __device__ static const int* steps() { return kSteps; }\n"
                                 "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
                               : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.columns > 0     ? "dsd_grouped_kernel"
+  const char* kernel = t.paired          ? "dsd_paired_kernel"
+                       : t.columns > 0   ? "dsd_grouped_kernel"
                        : t.tile_edge > 0 ? "sdd_tiled_kernel"
                        : t.tma           ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
                        : t.wgmma     ? "dsd_wgmma_kernel"
@@ -681,8 +799,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
       fmt::arg("accessors", accessors),
-      fmt::arg("header", t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"), 
-      fmt::arg("grouped", t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
+      fmt::arg("header", t.paired ? "matmul_paired.cuh" : t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"),
+      fmt::arg("grouped", t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
+                          : t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
                                                       t.columns, g.grid_x, layout.blocks() * b)
                           : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)

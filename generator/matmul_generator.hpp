@@ -34,6 +34,9 @@ struct TileConfig {
   // Grouped Hopper dsd (b ≤ 32; also tma, wgmma and persistent): output block columns per CTA
   // tile, walked together over the union of their input blocks; 0 for every other kernel.
   int columns = 0;
+  // Paired Hopper dsd (b = 64; also tma, wgmma, persistent and swapped): tiles of two output block
+  // columns paired by the input blocks they share (dsd_paired_kernel).
+  bool paired = false;
   // Tiled Hopper backward-weight (b ≤ 32; also tma and wgmma): the edge (64 or 128) of the dW tiles
   // computed whole, each storing the blocks it holds; 0 for every other kernel.
   int tile_edge = 0;

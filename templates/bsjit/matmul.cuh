@@ -509,6 +509,50 @@ __device__ __forceinline__ void consumer_barrier(int consumer) {
   }
 }
 
+// Stores a swapped consumer's accumulators: Yᵀ, 64 output features from feature0 × R rows from row_base
+// (rows at or past n are not stored), d[4i + 2h + e] being feature 16·warp + lane / 4 + 8h, row
+// 8i + 2·(lane % 4) + e. With accumulate, Y's old values are added in fp32 (rounded once). Pieces of
+// 64 rows × 64 features go through the consumer's two staging tiles (out_tile) in turn, `piece`
+// counting them over the CTA's life: stmatrix.trans writes rows of a tile from the transposed
+// fragments and one thread stores it by TMA. Before the barrier that hands a piece to the store,
+// that thread waits until the store before it has read the other tile, which the next piece fills.
+template <class Cfg, int R>
+__device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::T* __restrict__ out,
+                                               const TensorMap& map_out, unsigned char* out_tile, int& piece,
+                                               long long feature0, int row_base, int n, int accumulate, int consumer) {
+  using T = typename Cfg::T;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  if (accumulate) {
+#pragma unroll
+    for (int i = 0; i < R / 8; ++i)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const long long m = static_cast<long long>(row_base) + 8 * i + 2 * (lane % 4) + k % 2;
+        if (m < n) d[4 * i + k] += to_float(out[m * Cfg::kOutDim + feature0 + 16 * warp + lane / 4 + 8 * (k / 2)]);
+      }
+  }
+#pragma unroll
+  for (int p = 0; p < R / 64; ++p, ++piece) {
+    unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
+#pragma unroll
+    for (int i = 8 * p; i < 8 * p + 8; i += 2) {
+      // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
+      const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
+      const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
+                             pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
+      stmatrix_x4_trans(tile_p + swizzled_offset(row, chunk), r);
+    }
+    fence_proxy_async();
+    if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
+    consumer_barrier(consumer);
+    const int row0 = row_base + 64 * p;
+    if (threadIdx.x % 128 == 0 && row0 < n) {
+      tma_store_2d(map_out, tile_p, static_cast<int>(feature0), row0);
+      bulk_commit_group();
+    }
+  }
+}
+
 // A consumer's walk over the `total` stages of one output tile of dsd_tma_kernel (LUT entries from
 // `begin`; `step` counts the CTA's stages over all its tiles): waits for each stage, scales a gated
 // W slice in place (all consumers together), issue(step) issues and commits the stage's wgmmas, and
@@ -714,41 +758,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_commit();
       });
       wgmma_fence_registers(d);
-      // Accumulator d[4i + 2h + e]: feature 16·warp + lane / 4 + 8h of the slice, row 8i + 2·(lane % 4) + e.
-      const long long feature0 = static_cast<long long>(col) * b + fslice * 64;
-      if (accumulate) {  // Y's old values, added in fp32 (rounded once)
-#pragma unroll
-        for (int i = 0; i < R / 8; ++i)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const long long m = static_cast<long long>(m0) + rows + 8 * i + 2 * (lane % 4) + k % 2;
-            if (m < n) d[4 * i + k] += to_float(out[m * Cfg::kOutDim + feature0 + 16 * warp + lane / 4 + 8 * (k / 2)]);
-          }
-      }
-      // Pieces of 64 rows × 64 features through two staging tiles in turn (stmatrix.trans writes
-      // rows of the tile from the transposed fragments); one thread stores each piece by TMA. Before
-      // the barrier that hands a piece to the store, that thread waits until the store before it has
-      // read the other tile, which the next piece fills.
-#pragma unroll
-      for (int p = 0; p < R / 64; ++p, ++piece) {
-        unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
-#pragma unroll
-        for (int i = 8 * p; i < 8 * p + 8; i += 2) {
-          // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
-          const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
-          const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
-                                 pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
-          stmatrix_x4_trans(tile_p + swizzled_offset(row, chunk), r);
-        }
-        fence_proxy_async();
-        if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
-        consumer_barrier(consumer);
-        const int row0 = m0 + rows + 64 * p;
-        if (threadIdx.x % 128 == 0 && row0 < n) {
-          tma_store_2d(map_out, tile_p, static_cast<int>(feature0), row0);
-          bulk_commit_group();
-        }
-      }
+      store_features<Cfg, R>(d, out, map_out, out_tile, piece, static_cast<long long>(col) * b + fslice * 64, m0 + rows,
+                             n, accumulate, consumer);
     }
   }
   if (lane == 0) bulk_wait_group<0>();  // shared memory outlives the stores

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "bsjit/error.hpp"
@@ -157,6 +158,128 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
           EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout);
         }
   }
+}
+
+// The paired kernel's tables (templates/bsjit/matmul_paired.cuh): every output block column in
+// exactly one pair, a pair's steps the input blocks of its two columns in three classes (both, the
+// first's only, the second's only), ascending within a class, naming the W blocks exactly; the steps
+// rebuild the layout; column 0's partner shares the most input blocks with it.
+TEST(Generator, PairedTablesRebuildTheLayout) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    Layout layout = random_layout(1 + seed % 7 + seed % 4, 1 + seed % 9 + seed % 3, seed);
+    for (Op op : {Op::forward, Op::backward_data}) {
+      MatMulSpec spec{op, 64, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      TileConfig t;
+      t.paired = true, t.bm = 256, t.warps_m = 2, t.stages = 4;
+      spec.tiles = t;
+      auto g = generate_matmul(layout, spec);
+      SCOPED_TRACE(fmt::format("seed {} {}", seed, to_string(op)));
+      EXPECT_NE(g.name_expression.find("dsd_paired_kernel"), std::string::npos);
+      EXPECT_EQ(tiles_tag(g.tiles), "pair2-bm256-s4");
+      auto bounds = table(g.source, "kGroupSteps"), steps = table(g.source, "kSteps");
+      auto pair_columns = table(g.source, "kGroupColumns");
+      const bool fwd = op == Op::forward;
+      const std::int64_t out_blocks = fwd ? layout.cols() : layout.rows();
+      const int pairs = static_cast<int>((out_blocks + 1) / 2);
+      ASSERT_EQ(g.grid_x, pairs);
+      ASSERT_EQ(static_cast<int>(bounds.size()), 3 * pairs + 1);
+      ASSERT_EQ(static_cast<int>(pair_columns.size()), 2 * pairs);
+      std::vector<int> seen(out_blocks, 0);
+      for (int i = 0; i < 2 * pairs; ++i) {
+        if (pair_columns[i] < 0) {
+          EXPECT_TRUE(i == 2 * pairs - 1 && out_blocks % 2 == 1) << "only an odd last column is alone";
+          continue;
+        }
+        ASSERT_LT(pair_columns[i], out_blocks);
+        ++seen[pair_columns[i]];
+      }
+      for (int c = 0; c < out_blocks; ++c) EXPECT_EQ(seen[c], 1) << "column " << c;
+      auto inputs_of = [&](std::int64_t col) {
+        std::set<std::int64_t> in;
+        for (std::int64_t i = 0; i < (fwd ? layout.rows() : layout.cols()); ++i)
+          if (layout.block_index(fwd ? i : col, fwd ? col : i) >= 0) in.insert(i);
+        return in;
+      };
+      auto shared = [&](std::int64_t x, std::int64_t y) {
+        int count = 0;
+        for (auto i : inputs_of(x)) count += inputs_of(y).count(i) > 0;
+        return count;
+      };
+      if (out_blocks > 1) {
+        ASSERT_EQ(pair_columns[0], 0);
+        for (int c = 1; c < out_blocks; ++c) EXPECT_LE(shared(0, c), shared(0, pair_columns[1])) << "column " << c;
+      }
+      std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+      for (int p = 0; p < pairs; ++p)
+        for (int cls = 0; cls < 3; ++cls)
+          for (int s = bounds[3 * p + cls]; s < bounds[3 * p + cls + 1]; ++s) {
+            const int in = steps[4 * s], pattern = steps[4 * s + 1];
+            if (s > bounds[3 * p + cls]) {
+              EXPECT_LT(steps[4 * (s - 1)], in) << "input blocks ascending within a class";
+            }
+            EXPECT_EQ(cls, pattern == 3 ? 0 : pattern == 1 ? 1 : 2) << "the class says whose blocks the step holds";
+            for (int c = 0; c < 2; ++c) {
+              const std::int64_t col = pair_columns[2 * p + c];
+              const bool held = (pattern >> c) & 1;
+              if (col < 0) {
+                EXPECT_FALSE(held);
+                continue;
+              }
+              const auto rc = fwd ? std::pair<std::int64_t, std::int64_t>{in, col}
+                                  : std::pair<std::int64_t, std::int64_t>{col, in};
+              EXPECT_EQ(layout.block_index(rc.first, rc.second), held ? steps[4 * s + 2 + c] : -1);
+              if (held) coords.push_back(rc);
+            }
+          }
+      EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout);
+    }
+  }
+}
+
+// Columns with the same input blocks end up paired, and their steps all hold both blocks.
+TEST(Generator, PairsColumnsThatShareInputBlocks) {
+  // columns 0 and 3, 1 and 5, 2 and 4 hold the same block rows
+  const Layout layout = Layout::from_dense(4, 6, {1, 0, 1, 1, 1, 0,  //
+                                                  0, 1, 0, 0, 0, 1,  //
+                                                  1, 1, 0, 1, 0, 1,  //
+                                                  0, 0, 1, 0, 1, 0});
+  MatMulSpec spec{Op::forward, 64, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  TileConfig t;
+  t.paired = true, t.bm = 128, t.warps_m = 1, t.stages = 6;
+  spec.tiles = t;
+  auto g = generate_matmul(layout, spec);
+  EXPECT_EQ(table(g.source, "kGroupColumns"), (std::vector<int>{0, 3, 1, 5, 2, 4}));
+  EXPECT_EQ(table(g.source, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4, 6, 6, 6}));
+  const auto steps = table(g.source, "kSteps");
+  for (std::size_t s = 0; s < steps.size() / 4; ++s) EXPECT_EQ(steps[4 * s + 1], 3);
+}
+
+// The layout decides whether b = 64's forward pairs output block columns (at least 0.4 of the
+// blocks in steps holding both columns' blocks); backward-data always pairs; not at b = 128 nor for
+// small batches.
+TEST(Generator, PairsColumnsWhereTheyShareEnough) {
+  std::vector<std::uint8_t> ones(16, 1), diagonal(16, 0);
+  for (int i = 0; i < 4; ++i) diagonal[5 * i] = 1;
+  const Layout full = Layout::from_dense(4, 4, ones), diag = Layout::from_dense(4, 4, diagonal);
+  for (int b : {64, 128})
+    for (Op op : {Op::forward, Op::backward_data})
+      for (bool small : {false, true}) {
+        MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = true, spec.small_batch = small;
+        SCOPED_TRACE(fmt::format("{} b{} small {}", to_string(op), b, small));
+        const bool pairs = b == 64 && !small;
+        EXPECT_EQ(generate_matmul(full, spec).tiles.paired, pairs);
+        EXPECT_EQ(generate_matmul(diag, spec).tiles.paired, pairs && op == Op::backward_data);
+        spec.wgmma = false;
+        EXPECT_FALSE(generate_matmul(full, spec).tiles.paired) << "sm_80 and plain sm_90 have no wgmma";
+      }
+  // an explicit shape (a tuning record) is taken as it is
+  MatMulSpec spec{Op::forward, 64, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  spec.tiles = tile_candidates(spec).front();
+  EXPECT_FALSE(generate_matmul(full, spec).tiles.paired);
 }
 
 // The tiled backward-weight kernel's tables: the tiles holding a block, each with the block index of
@@ -357,7 +480,10 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           // consumer of the swapped kernel (the default: Yᵀ = Wᵀ·Xᵀ, consumers of 64 features)
           EXPECT_TRUE(t.swapped);
           EXPECT_EQ(t.shared_bytes, t.stages * (t.bm * 128 + 64 * b * 2) + 1024 + 1024 + t.warps_m * 2 * 64 * 128);
-          EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
+          // on this layout (one block) backward-data at b = 64 pairs output block columns (layout_choice)
+          const bool paired = b == 64 && op == Op::backward_data;
+          EXPECT_EQ(g.tiles.paired, paired);
+          EXPECT_NE(g.name_expression.find(paired ? "dsd_paired_kernel" : "dsd_tma_kernel"), std::string::npos);
           EXPECT_TRUE(t.persistent && g.persistent) << "one wave of CTAs looping over output tiles";
           EXPECT_NE(g.source.find("kPersistent = true"), std::string::npos);
           EXPECT_EQ(g.tensor_maps[0].box_outer, t.bm);
@@ -385,7 +511,7 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
     for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
       MatMulSpec s{op, b, DType::bf16, FeatureAxis::last};
       s.wgmma = true;
-      int swapped = 0;
+      int swapped = 0, paired = 0;
       for (const TileConfig& c : tile_candidates(s)) {
         SCOPED_TRACE(tiles_tag(c));
         MatMulSpec tuned = s;
@@ -397,6 +523,17 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             EXPECT_EQ(g.tensor_maps[2].box_outer, 16);
             EXPECT_EQ(c.shared_bytes, c.stages * (c.bm * 128 + 64 * b * 2) + 1024 + 1024 + c.warps_m * 64 * 128);
           }
+          continue;
+        }
+        if (c.paired) {  // pairs of columns: a stage holds two W blocks, each consumer stores both columns
+          ++paired;
+          EXPECT_EQ(tiles_tag(c).rfind("pair", 0), 0u);
+          EXPECT_EQ(c.shared_bytes, c.stages * (c.bm * 128 + 2 * 64 * 128) + 1024 + 1024 + c.warps_m * 2 * 64 * 128);
+          const auto g = generate_matmul(Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}}), tuned);
+          EXPECT_NE(g.name_expression.find("dsd_paired_kernel"), std::string::npos);
+          ASSERT_EQ(g.tensor_maps.size(), 3u);
+          EXPECT_EQ(g.tensor_maps[2].box_outer, 64);
+          EXPECT_EQ(g.grid_x, op == Op::forward ? 2 : 1) << "output block columns in pairs";
           continue;
         }
         ++swapped;
@@ -413,6 +550,7 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
         EXPECT_EQ(g.tensor_maps[2].box_outer, 64) << "a consumer stores 64 rows × 64 features at a time";
       }
       EXPECT_EQ(swapped > 0, op != Op::backward_weight) << to_string(op) << " b" << b;
+      EXPECT_EQ(paired > 0, op != Op::backward_weight && b == 64) << to_string(op) << " b" << b;
       TileConfig bad = generator::TileConfig{};
       bad.wgmma = bad.tma = bad.persistent = bad.swapped = true, bad.bm = 128, bad.warps_m = 4, bad.stages = 4;
       s.tiles = bad;  // 32 rows per consumer at b = 64, 64 at b = 128: too narrow for the swapped kernel

@@ -159,6 +159,7 @@ struct Env {
   int reps;
   double copy_bw;  // bytes/s
   std::vector<std::string> ops;  // the ops the sweeps time
+  std::vector<std::string> tiles;  // the sweeps time only tile shapes whose tags start with one of these (all: empty)
 };
 
 void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<int>& blocks,
@@ -245,6 +246,10 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
         generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
         spec.wgmma = generator::has_wgmma(arch);
         for (const auto& t : generator::tile_candidates(spec)) {
+          const std::string tag = generator::tiles_tag(t);
+          if (!env.tiles.empty() &&
+              std::none_of(env.tiles.begin(), env.tiles.end(), [&](const std::string& p) { return tag.rfind(p, 0) == 0; }))
+            continue;
           spec.tiles = t;
           ids.push_back({L.hash().hex(), spec, arch});
         }
@@ -458,6 +463,9 @@ int main(int argc, char** argv) {
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
   std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
   app.add_option("-o,--ops", ops, "the ops the sweeps time")->delimiter(',');
+  std::vector<std::string> tiles;
+  app.add_option("-t,--tiles", tiles, "the sweeps time only the tile shapes whose tags start with one of these")
+      ->delimiter(',');
   bool idle = false;
   app.add_flag("--idle", idle,
                "time each run from an idle GPU with L2 warm, as before 2026-11-30 (default: after a 256 MiB read)");
@@ -484,6 +492,7 @@ int main(int argc, char** argv) {
     BSJIT_CU(runtime::driver().cuStreamCreate(&env.stream, CU_STREAM_NON_BLOCKING));
     env.reps = reps;
     env.ops = ops;
+  env.tiles = tiles;
     env.copy_bw = copy_bandwidth(env.stream, 10);
     fmt::print("device-to-device copy: {:.2f} TB/s (read + write)\n", env.copy_bw / 1e12);
     std::vector<Row> rows, small_rows;
