@@ -600,10 +600,32 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
 // backward-data is always paired (the swapped kernel's backward-data ran 8-14% under its forward,
 // the paired one within 6%: not from the sharing alone, and not explained), the forward where the
 // share is 0.4 or more.
+//
+// At b = 32 the grouped kernel (default) copies an X tile of 256 rows × 64 indices per step, a step
+// being a chunk of two input blocks holding a block of any of the group's 4 columns; the unswapped
+// TMA kernel copies 256 rows × 32 indices per block. The grouped kernel's steps per block grow as
+// the density falls (balanced, suite W: 0.25 at d = 0.5, 0.45 at 0.25, 0.71 at 0.1, 0.85 at 0.05).
+// Sweep, forward, TFLOP/s, grouped grp2-bm256-s4 against the TMA kernel tma2-bm256-s4-p: d = 0.25
+// 230 / 204, d = 0.1 157 / 185, d = 0.05 121 / 154. So the TMA kernel where the grouped one would
+// take more than 0.55 steps per block.
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
   if (spec.tiles) return spec;
   if (spec.op != Op::backward_weight) {
     const TileConfig t = choose_tiles(spec);
+    if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {
+      const auto per_out = output_columns(layout, spec.op == Op::backward_data);
+      std::int64_t steps = 0;
+      for (std::size_t g = 0; g < per_out.size(); g += t.columns) {
+        std::set<int> chunks;
+        for (std::size_t c = g; c < std::min(per_out.size(), g + t.columns); ++c)
+          for (auto [in, w] : per_out[c]) chunks.insert(in / 2);
+        steps += static_cast<std::int64_t>(chunks.size());
+      }
+      if (static_cast<double>(steps) <= 0.55 * static_cast<double>(layout.blocks())) return spec;
+      MatMulSpec chosen = spec;
+      chosen.tiles = finish_tma(spec, tma_shape(256, 2, 4, true));
+      return chosen;
+    }
     if (spec.block != 64 || !t.tma || !t.swapped || spec.small_batch) return spec;
     if (spec.op == Op::forward && paired_share(output_columns(layout, false)) < 0.4) return spec;
     MatMulSpec chosen = spec;

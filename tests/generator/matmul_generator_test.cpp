@@ -282,6 +282,34 @@ TEST(Generator, PairsColumnsWhereTheyShareEnough) {
   EXPECT_FALSE(generate_matmul(full, spec).tiles.paired);
 }
 
+// At b = 32 the layout decides between the grouped kernel and the unswapped TMA kernel: the grouped
+// one where its steps (chunks of two input blocks holding a block of any of a group's 4 columns)
+// number at most 0.55 per block; b = 16 keeps the grouped kernel.
+TEST(Generator, GroupedOrTmaByStepsPerBlock) {
+  // one block per row and column, at (4 (c % 4) + c / 4, c): any 4 consecutive columns (forward) or
+  // rows (backward-data) hold their blocks in 4 different chunks, one step per block
+  std::vector<std::uint8_t> ones(256, 1), spread(256, 0);
+  for (int c = 0; c < 16; ++c) spread[(4 * (c % 4) + c / 4) * 16 + c] = 1;
+  const Layout full = Layout::from_dense(16, 16, ones), thin = Layout::from_dense(16, 16, spread);
+  for (int b : {16, 32})
+    for (Op op : {Op::forward, Op::backward_data}) {
+      MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      SCOPED_TRACE(fmt::format("{} b{}", to_string(op), b));
+      EXPECT_GT(generate_matmul(full, spec).tiles.columns, 0) << "a full layout: one step per 4 columns × 2 blocks";
+      const auto g = generate_matmul(thin, spec);
+      if (b == 16) {
+        EXPECT_GT(g.tiles.columns, 0) << "the TMA kernel has no b = 16";
+        continue;
+      }
+      EXPECT_EQ(g.tiles.columns, 0) << "one step per block: the TMA kernel";
+      EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
+      EXPECT_EQ(tiles_tag(g.tiles), "tma2-bm256-s4-p");
+      spec.small_batch = true;  // the small-batch variant keeps its own shape
+      EXPECT_EQ(tiles_tag(generate_matmul(thin, spec).tiles), tiles_tag(choose_tiles(spec)));
+    }
+}
+
 // The tiled backward-weight kernel's tables: the tiles holding a block, each with the block index of
 // every slot (row-major, -1 where the layout has none), together rebuild the layout.
 TEST(Generator, TiledTablesRebuildTheLayout) {
@@ -399,7 +427,9 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             }
             continue;
           }
-          const auto g = generate_matmul(Layout::from_coords(2, 2, {{0, 0}}), spec);
+          // at b ≤ 32 a full layout, where the grouped kernel's steps each hold several blocks
+          const auto g = generate_matmul(b <= 32 ? Layout::from_dense(2, 2, {1, 1, 1, 1}) : Layout::from_coords(2, 2, {{0, 0}}),
+                                         spec);
           const bool tma_store = b >= 64 && op != Op::backward_weight;  // dsd_tma_kernel stores Y by TMA
           ASSERT_EQ(g.tensor_maps.size(), tma_store ? 3u : 2u);
           // the small-batch variant: one consumer of 64 rows; for backward-weight, which reduces
