@@ -142,6 +142,79 @@ std::vector<int> pair_columns(const std::vector<std::vector<std::pair<int, int>>
   return order;
 }
 
+// Output block columns in groups of `columns` for the grouped kernel, so that a group's columns
+// share chunks (sub input blocks, 64 reduction indices: a step copies one X tile per chunk): each
+// group starts at the lowest column not yet grouped and adds, one at a time, the column that brings
+// the fewest chunks the group does not hold yet (ties: the lowest index). Counted on suite W's
+// balanced layouts, this takes the steps per block from 0.46 to 0.40 (b = 32, d = 0.25), 0.72 to
+// 0.57 (d = 0.1), 0.30 to 0.25 (b = 16, d = 0.1) and 0.50 to 0.38 (d = 0.05) against groups of
+// consecutive columns. The search scans every column per pick; past 4096 columns the groups are
+// consecutive. Returns the columns group by group, -1 filling the last.
+std::vector<int> group_by_chunks(const std::vector<std::vector<std::pair<int, int>>>& per_out, int columns, int sub) {
+  const int n = static_cast<int>(per_out.size());
+  std::vector<int> order;
+  if (n > 4096) {
+    for (int c = 0; c < n; ++c) order.push_back(c);
+  } else {
+    std::vector<std::vector<int>> chunks(n);  // each column's chunks, ascending
+    int chunk_count = 0;
+    for (int c = 0; c < n; ++c) {
+      for (auto [in, w] : per_out[c])
+        if (chunks[c].empty() || chunks[c].back() != in / sub) chunks[c].push_back(in / sub);
+      if (!chunks[c].empty()) chunk_count = std::max(chunk_count, chunks[c].back() + 1);
+    }
+    std::vector<std::vector<int>> holders(chunk_count);  // chunk → the columns holding it
+    for (int c = 0; c < n; ++c)
+      for (int x : chunks[c]) holders[x].push_back(c);
+    std::vector<int> extra(n);  // chunks of column c the group being built does not hold
+    for (int c = 0; c < n; ++c) extra[c] = static_cast<int>(chunks[c].size());
+    std::vector<bool> grouped(n, false), held(chunk_count, false);
+    std::vector<int> group_chunks;
+    auto add = [&](int c) {
+      grouped[c] = true;
+      order.push_back(c);
+      for (int x : chunks[c])
+        if (!held[x]) {
+          held[x] = true, group_chunks.push_back(x);
+          for (int o : holders[x]) --extra[o];
+        }
+    };
+    for (int start = 0; start < n; ++start) {
+      if (grouped[start]) continue;
+      add(start);
+      for (int size = 1; size < columns; ++size) {
+        int best = -1;
+        for (int o = start + 1; o < n; ++o)
+          if (!grouped[o] && (best < 0 || extra[o] < extra[best])) best = o;
+        if (best < 0) break;
+        add(best);
+      }
+      for (int x : group_chunks) {
+        held[x] = false;
+        for (int o : holders[x]) ++extra[o];
+      }
+      group_chunks.clear();
+      while (order.size() % columns != 0) order.push_back(-1);
+    }
+  }
+  while (order.size() % columns != 0) order.push_back(-1);
+  return order;
+}
+
+// The steps of the grouped kernel's tables for groups in `order`: per group, its chunks.
+std::int64_t grouped_steps(const std::vector<std::vector<std::pair<int, int>>>& per_out, const std::vector<int>& order,
+                           int columns, int sub) {
+  std::int64_t steps = 0;
+  for (std::size_t g = 0; g < order.size(); g += columns) {
+    std::set<int> chunks;
+    for (std::size_t c = g; c < g + columns && c < order.size(); ++c)
+      if (order[c] >= 0)
+        for (auto [in, w] : per_out[order[c]]) chunks.insert(in / sub);
+    steps += static_cast<std::int64_t>(chunks.size());
+  }
+  return steps;
+}
+
 }  // namespace
 
 bool supported_block(int block) { return block == 8 || block == 16 || block == 32 || block == 64 || block == 128; }
@@ -604,23 +677,18 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
 // At b = 32 the grouped kernel (default) copies an X tile of 256 rows × 64 indices per step, a step
 // being a chunk of two input blocks holding a block of any of the group's 4 columns; the unswapped
 // TMA kernel copies 256 rows × 32 indices per block. The grouped kernel's steps per block grow as
-// the density falls (balanced, suite W: 0.25 at d = 0.5, 0.45 at 0.25, 0.71 at 0.1, 0.85 at 0.05).
-// Sweep, forward, TFLOP/s, grouped grp2-bm256-s4 against the TMA kernel tma2-bm256-s4-p: d = 0.25
-// 230 / 204, d = 0.1 157 / 185, d = 0.05 121 / 154. So the TMA kernel where the grouped one would
-// take more than 0.55 steps per block.
+// the density falls (balanced, suite W, columns grouped by group_by_chunks: 0.24 at d = 0.5, 0.40 at
+// 0.25, 0.57 at 0.1, 0.64 at 0.05). Sweep, forward, TFLOP/s, grouped grp2-bm256-s4 against the TMA
+// kernel tma2-bm256-s4-p: d = 0.25 249 / 204, d = 0.1 179 / 186, d = 0.05 142 / 154 (with groups of
+// consecutive columns, 0.46 / 0.72 / 0.85 steps per block: 230, 157, 121). So the TMA kernel where
+// the grouped one would take more than 0.55 steps per block.
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
   if (spec.tiles) return spec;
   if (spec.op != Op::backward_weight) {
     const TileConfig t = choose_tiles(spec);
     if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {
       const auto per_out = output_columns(layout, spec.op == Op::backward_data);
-      std::int64_t steps = 0;
-      for (std::size_t g = 0; g < per_out.size(); g += t.columns) {
-        std::set<int> chunks;
-        for (std::size_t c = g; c < std::min(per_out.size(), g + t.columns); ++c)
-          for (auto [in, w] : per_out[c]) chunks.insert(in / 2);
-        steps += static_cast<std::int64_t>(chunks.size());
-      }
+      const std::int64_t steps = grouped_steps(per_out, group_by_chunks(per_out, t.columns, 2), t.columns, 2);
       if (static_cast<double>(steps) <= 0.55 * static_cast<double>(layout.blocks())) return spec;
       MatMulSpec chosen = spec;
       chosen.tiles = finish_tma(spec, tma_shape(256, 2, 4, true));
@@ -728,9 +796,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     if (t.paired) {
       tables = grouped_tables(per_out, pair_columns(per_out), 2, 1, 2, g.grid_x);
     } else if (t.columns > 0) {
-      std::vector<int> order(out_blocks);
-      for (int j = 0; j < out_blocks; ++j) order[j] = j;
-      tables = grouped_tables(per_out, order, t.columns, static_cast<int>(64 / b), t.warps_m, g.grid_x);
+      const int sub = static_cast<int>(64 / b);
+      tables = grouped_tables(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub, t.warps_m, g.grid_x);
     } else {
       std::vector<int> offsets{0}, lut;
       lut.reserve(2 * layout.blocks());

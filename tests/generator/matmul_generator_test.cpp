@@ -123,11 +123,21 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
           ASSERT_EQ(static_cast<int>(bounds.size()), 3 * groups + 1);
           ASSERT_EQ(static_cast<int>(group_columns.size()), groups * columns);
           std::vector<std::pair<std::int64_t, std::int64_t>> coords;
-          for (int gi = 0; gi < groups; ++gi) {
-            for (int c = 0; c < columns; ++c) {
-              const int col = gi * columns + c;
-              EXPECT_EQ(group_columns[gi * columns + c], col < out_blocks ? col : -1);
+          std::vector<int> seen(out_blocks, 0);  // every column in one group; -1 only after the last
+          for (int i = 0; i < groups * columns; ++i) {
+            if (group_columns[i] < 0) {
+              EXPECT_GE(i, out_blocks) << "only the last group is short";
+              continue;
             }
+            ASSERT_LT(group_columns[i], out_blocks);
+            ++seen[group_columns[i]];
+          }
+          for (int c = 0; c < out_blocks; ++c) EXPECT_EQ(seen[c], 1) << "column " << c;
+          for (int gi = 0; gi < groups; ++gi) {
+            EXPECT_EQ(group_columns[gi * columns], *std::min_element(group_columns.begin() + gi * columns,
+                                                                     group_columns.end(),
+                                                                     [](int x, int y) { return x >= 0 && (y < 0 || x < y); }))
+                << "a group starts at the lowest column left";
             for (int cls = 0; cls < 3; ++cls)
               for (int s = bounds[3 * gi + cls]; s < bounds[3 * gi + cls + 1]; ++s) {
                 const int chunk = steps[record * s];
@@ -286,17 +296,19 @@ TEST(Generator, PairsColumnsWhereTheyShareEnough) {
 // one where its steps (chunks of two input blocks holding a block of any of a group's 4 columns)
 // number at most 0.55 per block; b = 16 keeps the grouped kernel.
 TEST(Generator, GroupedOrTmaByStepsPerBlock) {
-  // one block per row and column, at (4 (c % 4) + c / 4, c): any 4 consecutive columns (forward) or
-  // rows (backward-data) hold their blocks in 4 different chunks, one step per block
-  std::vector<std::uint8_t> ones(256, 1), spread(256, 0);
-  for (int c = 0; c < 16; ++c) spread[(4 * (c % 4) + c / 4) * 16 + c] = 1;
-  const Layout full = Layout::from_dense(16, 16, ones), thin = Layout::from_dense(16, 16, spread);
+  // one block per output block column, each in a chunk of its own (forward: blocks (2c, c) of a 32 × 16
+  // layout; backward-data: the transpose), so that no grouping shares a chunk: one step per block
+  std::vector<std::pair<std::int64_t, std::int64_t>> fwd, bwd;
+  for (int c = 0; c < 16; ++c) fwd.emplace_back(2 * c, c), bwd.emplace_back(c, 2 * c);
+  std::vector<std::uint8_t> ones(256, 1);
+  const Layout full = Layout::from_dense(16, 16, ones);
   for (int b : {16, 32})
     for (Op op : {Op::forward, Op::backward_data}) {
       MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
       spec.wgmma = true;
       SCOPED_TRACE(fmt::format("{} b{}", to_string(op), b));
       EXPECT_GT(generate_matmul(full, spec).tiles.columns, 0) << "a full layout: one step per 4 columns × 2 blocks";
+      const Layout thin = op == Op::forward ? Layout::from_coords(32, 16, fwd) : Layout::from_coords(16, 32, bwd);
       const auto g = generate_matmul(thin, spec);
       if (b == 16) {
         EXPECT_GT(g.tiles.columns, 0) << "the TMA kernel has no b = 16";
@@ -308,6 +320,22 @@ TEST(Generator, GroupedOrTmaByStepsPerBlock) {
       spec.small_batch = true;  // the small-batch variant keeps its own shape
       EXPECT_EQ(tiles_tag(generate_matmul(thin, spec).tiles), tiles_tag(choose_tiles(spec)));
     }
+}
+
+
+// The grouped kernel groups columns that share chunks: columns 0, 2, 4, 6 hold blocks in input
+// blocks 0-3, columns 1, 3, 5, 7 in input blocks 4-7, so groups of 4 (b = 32: 2 consumers × 2
+// columns) take one set each, 2 steps per group instead of 4.
+TEST(Generator, GroupsColumnsThatShareChunks) {
+  std::vector<std::uint8_t> m(8 * 8, 0);
+  for (int c = 0; c < 8; ++c)
+    for (int r = 0; r < 4; ++r) m[(c % 2 * 4 + r) * 8 + c] = 1;
+  MatMulSpec spec{Op::forward, 32, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  const auto g = generate_matmul(Layout::from_dense(8, 8, m), spec);
+  ASSERT_GT(g.tiles.columns, 0);
+  EXPECT_EQ(table(g.source, "kGroupColumns"), (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
+  EXPECT_EQ(table(g.source, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4}));
 }
 
 // The tiled backward-weight kernel's tables: the tiles holding a block, each with the block index of
