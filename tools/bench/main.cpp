@@ -298,18 +298,23 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
 void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   std::mt19937_64 rng(11);
   set_cache_directory({});
-  // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64,
-  // the grouped kernel at b = 32 (one loop per column pattern), the tiled backward-weight and the
-  // small-batch TMA kernel at b = 32
+  // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64
+  // (swapped, and paired), the grouped kernel at b = 32, the tiled backward-weight and the small-batch
+  // TMA kernel at b = 32. Shapes named, so that the layout does not choose another kernel.
   generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last}, grouped = hopper, tiled = hopper;
   hopper.wgmma = grouped.wgmma = tiled.wgmma = true;
   grouped.block = tiled.block = 32;
   tiled.op = Op::backward_weight;
-  generator::MatMulSpec small = grouped;
+  generator::MatMulSpec small = grouped, paired = hopper;
   small.small_batch = true;
+  generator::TileConfig pair;
+  pair.paired = true, pair.bm = 256, pair.warps_m = 2, pair.stages = 4;
+  paired.tiles = pair;
+  for (auto* spec : {&hopper, &grouped, &tiled, &small}) spec->tiles = generator::choose_tiles(*spec);
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
       {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"},
       {hopper, "sm_90a"},
+      {paired, "sm_90a"},
       {grouped, "sm_90a"},
       {tiled, "sm_90a"},
       {small, "sm_90a"}};
