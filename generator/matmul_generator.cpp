@@ -194,7 +194,6 @@ std::vector<int> group_by_chunks(const std::vector<std::vector<std::pair<int, in
         for (int o : holders[x]) ++extra[o];
       }
       group_chunks.clear();
-      while (order.size() % columns != 0) order.push_back(-1);
     }
   }
   while (order.size() % columns != 0) order.push_back(-1);
