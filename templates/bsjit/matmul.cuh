@@ -509,6 +509,21 @@ __device__ __forceinline__ void consumer_barrier(int consumer) {
   }
 }
 
+// The wgmmas of one 64-index stage of the swapped product (Yᵀ = Wᵀ·Xᵀ), issued, not committed: d (64
+// output features × R rows) += A·B, A the 64 W rows at `as` (MN-major forward: reduction rows of 64
+// features, a further group of 64 features 64 rows on; K-major backward-data), B R rows of the X
+// tile at `bs` (K-major).
+template <class Cfg, int R>
+__device__ __forceinline__ void swapped_wgmmas(float (&d)[R / 2], const unsigned char* as, const unsigned char* bs) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64k16<typename Cfg::T, R, Cfg::kTransW ? 0 : 1, 0>(
+        d,
+        Cfg::kTransW ? smem_descriptor(as + kk * 32, 16, kSwizzleAtomBytes)
+                     : smem_descriptor(as + kk * 16 * kSwizzleRowBytes, 64 * kSwizzleRowBytes, kSwizzleAtomBytes),
+        smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes));
+}
+
 // Stores a swapped consumer's accumulators: Yᵀ, 64 output features from feature0 × R rows from row_base
 // (rows at or past n are not stored), d[4i + 2h + e] being feature 16·warp + lane / 4 + 8h, row
 // 8i + 2·(lane % 4) + e. With accumulate, Y's old values are added in fp32 (rounded once). Pieces of
@@ -744,17 +759,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
         // features fslice·64 .. of W's slice: 64 rows further on, whether those are features (backward-data:
         // b rows of 64 reduction indices) or a group's reduction rows (forward: b / 64 groups of 64 × 64)
-        const unsigned char* as = stage_b(s) + fslice * 64 * kSwizzleRowBytes;
-        const unsigned char* bs = stage_a(s) + rows * kSwizzleRowBytes;
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kSlice / 16; ++kk)
-          wgmma_m64k16<T, R, Cfg::kTransW ? 0 : 1, 0>(
-              d,
-              Cfg::kTransW
-                  ? smem_descriptor(as + kk * 32, 16, kSwizzleAtomBytes)
-                  : smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
-              smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes));
+        swapped_wgmmas<Cfg, R>(d, stage_b(s) + fslice * 64 * kSwizzleRowBytes, stage_a(s) + rows * kSwizzleRowBytes);
         wgmma_commit();
       });
       wgmma_fence_registers(d);

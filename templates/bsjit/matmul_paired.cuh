@@ -141,15 +141,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 128) prefetch_tensormap(map_out);
   // d (64 features × R rows) += the W block of column c · the consumer's rows of the X tile
   auto chain = [&](float(&d)[R / 2], int step, int c) {
-    const unsigned char* as = ring.stage(step) + Plan::kXBytes + c * Plan::kSlotBytes;
-    const unsigned char* bs = ring.stage(step) + rows * kSwizzleRowBytes;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64k16<T, R, Cfg::kTransW ? 0 : 1, 0>(
-          d,
-          Cfg::kTransW ? smem_descriptor(as + kk * 32, 16, kSwizzleAtomBytes)
-                       : smem_descriptor(as + kk * 16 * kSwizzleRowBytes, Plan::kSlotBytes, kSwizzleAtomBytes),
-          smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes));
+    swapped_wgmmas<Cfg, R>(d, ring.stage(step) + Plan::kXBytes + c * Plan::kSlotBytes,
+                           ring.stage(step) + rows * kSwizzleRowBytes);
   };
   int step = 0, piece = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
