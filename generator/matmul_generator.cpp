@@ -330,17 +330,30 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
 // 64 × 64 staging tile of the output per consumer, two when swapped).
 TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   if (spec.op == Op::backward_weight) {
-    // one b × b block per CTA: warps_m consumers own b / warps_m rows of it; a stage holds 64 rows
-    // of N of X and dY (SddTmaPlan)
-    // b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge), computed whole (sdd_tiled_kernel)
-    const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : b, rows = t.warps_m > 0 ? edge / t.warps_m : 0;
+    // a stage holds 64 rows of N of X and dY (SddTmaPlan); warps_m consumers split the tile's rows
+    // (up to b / 64 of them, whole m64 tiles each), the rest its columns (wgmma's N):
+    // - one b × b block per CTA (b ≥ 64, sdd_tma_kernel);
+    // - b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge), computed whole (sdd_tiled_kernel);
+    // - b ≥ 64: row_blocks blocks of one block row, b × row_blocks·b (sdd_rows_kernel).
+    const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : b;
+    const int cols = t.row_blocks > 0 ? t.row_blocks * b : edge;
+    const int along_rows = std::clamp(edge / 64, 1, std::max(t.warps_m, 1)), along_cols = t.warps_m / along_rows;
+    const int width = along_cols > 0 ? cols / along_cols : 0, tiles = edge / along_rows / 64;
     t.tensor_cores = t.pipelined = t.wgmma = true;
-    t.bm = t.bn = edge, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
+    t.bm = edge, t.bn = cols, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
     t.threads = (t.warps_m + 1) * 128;
-    t.shared_bytes = t.stages * 2 * 64 * edge * 2 + 1024 + 2 * t.stages * 8;
-    const bool tiled_ok = t.tile_edge == 0 ? (b == 64 || b == 128) : (b <= 32 && (edge == 64 || edge == 128));
-    if (!spec.wgmma || !tiled_ok || b < 16 || rows * t.warps_m != edge || (rows != 64 && rows != 128) ||
-        t.stages < 2 || t.shared_bytes > 227 * 1024 || t.persistent || t.columns > 0)
+    t.shared_bytes = t.stages * 64 * (edge + cols) * 2 + 1024 + 2 * t.stages * 8;
+    const bool kind_ok = t.tile_edge > 0   ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0
+                         : t.row_blocks > 0 ? b >= 64 && t.row_blocks >= 2
+                                           : b == 64 || b == 128;
+    // wgmma widths 64-256; accumulators: at most 128 per thread, and with more than 2 consumers
+    // (≤ 128 registers per thread at 640 threads) at most 64
+    const int accumulators = tiles * width / 2;
+    const bool consumers_ok = t.warps_m >= 1 && along_rows * along_cols == t.warps_m && width * along_cols == cols &&
+                              tiles * 64 * along_rows == edge && width % 64 == 0 && width <= 256 &&
+                              accumulators <= (t.warps_m <= 2 ? 128 : 64);
+    if (!spec.wgmma || !kind_ok || !consumers_ok || t.stages < 2 || t.shared_bytes > 227 * 1024 || t.persistent ||
+        t.columns > 0)
       throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
@@ -415,8 +428,12 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
   if (t.swapped && (!t.tma || t.columns > 0 || t.tile_edge > 0 || spec.op == Op::backward_weight))
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}: only the TMA dsd kernel is swapped",
                             tiles_tag(t), to_string(spec.op), spec.block));
-  if (t.paired && (t.columns > 0 || t.tile_edge > 0))
-    throw Error(fmt::format("tile shape {} is not valid: paired, grouped and tiled are different kernels", tiles_tag(t)));
+  if (t.row_blocks > 0 && spec.op != Op::backward_weight)
+    throw Error(fmt::format("tile shape {} is not valid for {}: row groups are backward-weight's", tiles_tag(t),
+                            to_string(spec.op)));
+  if ((t.paired && (t.columns > 0 || t.tile_edge > 0)) || (t.row_blocks > 0 && (t.paired || t.columns > 0)))
+    throw Error(fmt::format("tile shape {} is not valid: paired, grouped, tiled and row-grouped are different kernels",
+                            tiles_tag(t)));
   return t.paired        ? finish_paired(spec, t)
          : t.columns > 0 ? finish_grouped(spec, t)
          : t.tma       ? finish_tma(spec, t)
@@ -427,6 +444,12 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
 TileConfig tiled_shape(int edge, int warpgroups, int stages) {
   TileConfig t;
   t.wgmma = t.tma = true, t.tile_edge = edge, t.warps_m = warpgroups, t.stages = stages;
+  return t;
+}
+
+TileConfig rows_shape(int row_blocks, int warpgroups, int stages) {
+  TileConfig t;
+  t.wgmma = t.tma = true, t.row_blocks = row_blocks, t.warps_m = warpgroups, t.stages = stages;
   return t;
 }
 
@@ -478,6 +501,7 @@ std::string tiles_tag(const TileConfig& t) {
   if (t.paired) return fmt::format("pair{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.columns > 0) return fmt::format("grp{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}", t.tile_edge, t.warps_m, t.stages);
+  if (t.row_blocks > 0) return fmt::format("rows{}-tma{}-s{}", t.row_blocks, t.warps_m, t.stages);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
                        t.swapped ? "-sw" : "");
@@ -499,6 +523,11 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     if (spec.wgmma && b <= 32)
       for (int edge : {128, 64})
         for (int stages : {4, 6}) shapes.push_back(tiled_shape(edge, 1, stages));
+    // blocks of a block row together: b = 64 on 1 consumer of 2 or 4 blocks or 2 consumers of 2 or
+    // 4 each; b = 128 on 2 consumers of 64 rows × 2 blocks
+    if (spec.wgmma && b >= 64)
+      for (auto [m, wg, stages] : {std::tuple{2, 1, 6}, {4, 1, 4}, {4, 1, 5}, {4, 2, 4}, {8, 2, 3}, {2, 2, 4}, {2, 2, 3}})
+        shapes.push_back(rows_shape(m, wg, stages));
     shapes.insert(shapes.end(), {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
               pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)});
   } else {
@@ -615,6 +644,21 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
 }
 
 namespace {
+
+// The blocks of each block row in groups of m (column order), the last group of a row padded with
+// -1: m block indices per group, groups in block-row order.
+std::vector<int> row_groups(const Layout& layout, int m) {
+  std::vector<int> out;
+  const auto& coords = layout.coords();  // row-major: a row's blocks are consecutive
+  for (std::size_t i = 0; i < coords.size();) {
+    std::size_t end = i;
+    while (end < coords.size() && coords[end].first == coords[i].first) ++end;
+    for (std::size_t first = i; first < end; first += m)
+      for (std::size_t s = first; s < first + m; ++s) out.push_back(s < end ? static_cast<int>(s) : -1);
+    i = end;
+  }
+  return out;
+}
 
 // Fraction of the E × E dW tiles' block slots that hold a block of the layout: the useful share of
 // the tiled backward-weight kernel's tensor work.
@@ -756,6 +800,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     } else {
       coords.reserve(2 * layout.blocks());
       for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
+      if (t.row_blocks > 0) {
+        tile_blocks = row_groups(layout, t.row_blocks);
+        units = static_cast<std::int64_t>(tile_blocks.size()) / t.row_blocks;
+      }
     }
     g.grid_x = units;
     g.rows_per_cta = 0;
@@ -775,9 +823,15 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
         t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
     if (t.pipelined && units > 0 && (per_sm >= 4 || t.tma)) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
-      if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * edge * edge + 1) * 4 * units;
+      if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * t.bm * t.bn + 1) * 4 * units;
     }
-    tables = t.tile_edge > 0
+    tables = t.row_blocks > 0
+                 ? fmt::format("// (block row, block column) of each nonzero block of W, in block order, and the\n"
+                               "// blocks of each group of {} of one block row (-1: an empty slot).\n"
+                               "__device__ const int kCoords[] = {{{}}};\n"
+                               "__device__ const int kTileBlocks[] = {{{}}};\n",
+                               t.row_blocks, array_body(coords), array_body(tile_blocks))
+           : t.tile_edge > 0
                  ? fmt::format("// (tile row, tile column) of each {0} × {0} tile of dW holding a block, and the\n"
                                "// block index of each block of the tile (row-major; -1: none).\n"
                                "__device__ const int kCoords[] = {{{1}}};\n"
@@ -814,7 +868,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     }
   }
 
-  const char* accessors = sdd ? (t.tile_edge > 0 ? "  __device__ static const int* coords() { return kCoords; }\n"
+  const char* accessors = sdd ? (t.tile_edge > 0 || t.row_blocks > 0 ? "  __device__ static const int* coords() { return kCoords; }\n"
                                                    "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
                                                  : "  __device__ static const int* coords() { return kCoords; }\n")
                           : t.columns > 0 || t.paired
@@ -826,6 +880,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   const char* kernel = t.paired          ? "dsd_paired_kernel"
                        : t.columns > 0   ? "dsd_grouped_kernel"
                        : t.tile_edge > 0 ? "sdd_tiled_kernel"
+                       : t.row_blocks > 0 ? "sdd_rows_kernel"
                        : t.tma           ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
                        : t.wgmma     ? "dsd_wgmma_kernel"
                        : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
@@ -893,6 +948,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
                                                       t.columns, g.grid_x, layout.blocks() * b)
                           : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
+                          : t.row_blocks > 0 ? fmt::format("  static constexpr int kRowBlocks = {};  // blocks per row group\n", t.row_blocks)
                                             : ""),
       fmt::arg("smem_check", t.pipelined ? ""
                                          : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "

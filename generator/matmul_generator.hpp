@@ -40,6 +40,10 @@ struct TileConfig {
   // Tiled Hopper backward-weight (b ≤ 32; also tma and wgmma): the edge (64 or 128) of the dW tiles
   // computed whole, each storing the blocks it holds; 0 for every other kernel.
   int tile_edge = 0;
+  // Row-grouped Hopper backward-weight (b ≥ 64; also tma and wgmma): blocks of one block row of dW
+  // computed together (sdd_rows_kernel), X's slice copied once for all of them; 0 for every other
+  // kernel.
+  int row_blocks = 0;
 };
 
 struct MatMulSpec {

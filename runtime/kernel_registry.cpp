@@ -87,6 +87,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.persistent = j.value("persistent", false);
     t.columns = j.value("columns", 0);
     t.tile_edge = j.value("tile_edge", 0);
+    t.row_blocks = j.value("row_blocks", 0);
     t.swapped = j.value("swapped", false);
     t.paired = j.value("paired", false);
     generator::MatMulSpec tuned = spec;
@@ -108,7 +109,7 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   j["layout_hash"] = layout_hash;
   j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
                 {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"columns", t.columns}, {"tile_edge", t.tile_edge},
-                {"swapped", t.swapped}, {"paired", t.paired}, {"tag", generator::tiles_tag(t)}};
+                {"row_blocks", t.row_blocks}, {"swapped", t.swapped}, {"paired", t.paired}, {"tag", generator::tiles_tag(t)}};
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 

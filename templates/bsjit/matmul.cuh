@@ -172,26 +172,26 @@ struct EpilogueOf {
   }
 };
 
-// Writes one E × E tile of dW (tile `tile` of gridDim.x) from the accumulators this CTA's threads
+// Writes one R × C tile of dW (tile `tile` of gridDim.x) from the accumulators this CTA's threads
 // hold: for_each(store) calls store(r, c, v0, v1) for every pair of adjacent values (r, c),
 // (r, c + 1) a thread holds, and write(r, c, v0, v1) puts a pair of the finished tile in place.
 // Every thread of the CTA must call the same instantiation (it has a __shared__ flag and CTA
 // barriers).
 // Split over N (Cfg::kSplits CTAs per tile, blockIdx.y = split): each split writes its fp32
 // partial; the last split of the tile to finish adds them in split order (deterministic) and
-// writes. workspace: [kSplits][tiles][E][E] partials, then one arrival counter per tile, which the
+// writes. workspace: [kSplits][tiles][R][C] partials, then one arrival counter per tile, which the
 // last split sets back to 0 for the next launch.
-template <class Cfg, int E, class ForEach, class Write>
+template <class Cfg, int R, int C, class ForEach, class Write>
 __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int tile, float* workspace) {
   if (Cfg::kSplits == 1) {
     for_each(write);
     return;
   }
-  const long long plane = static_cast<long long>(gridDim.x) * E * E;
-  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(tile) * E * E;
+  const long long plane = static_cast<long long>(gridDim.x) * R * C;
+  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(tile) * R * C;
   for_each([&](int r, int c, float v0, float v1) {
-    mine[r * E + c] = v0;
-    mine[r * E + c + 1] = v1;
+    mine[r * C + c] = v0;
+    mine[r * C + c + 1] = v1;
   });
   __threadfence();
   __syncthreads();
@@ -201,13 +201,13 @@ __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* base = workspace + static_cast<long long>(tile) * E * E;
+  const float* base = workspace + static_cast<long long>(tile) * R * C;
   for_each([&](int r, int c, float, float) {
     float v0 = 0.0f, v1 = 0.0f;
 #pragma unroll 1
     for (int s = 0; s < Cfg::kSplits; ++s) {
-      v0 += load_global_cg(base + s * plane + r * E + c);
-      v1 += load_global_cg(base + s * plane + r * E + c + 1);
+      v0 += load_global_cg(base + s * plane + r * C + c);
+      v1 += load_global_cg(base + s * plane + r * C + c + 1);
     }
     write(r, c, v0, v1);
   });
@@ -220,7 +220,7 @@ __device__ __forceinline__ void store_dw_block(ForEach for_each, typename Cfg::T
                                                int accumulate, float* workspace) {
   constexpr int b = Cfg::kBlock;
   typename Cfg::T* out = dw + static_cast<long long>(block) * b * b;
-  store_dw_tile<Cfg, b>(
+  store_dw_tile<Cfg, b, b>(
       for_each,
       [&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); }, block,
       workspace);
@@ -817,49 +817,67 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
 // sdd_tma_kernel: backward-weight on the Hopper path. One b × b block of dW (or a split of N for
 // it) per CTA: dW_block = X[:, c block]ᵀ · dY[:, k block]. Each stage holds 64 rows of N of both
-// operands, copied by TMA as b/64 boxes of 64 × 64 each (MN-major, 128-byte swizzled): A = Xᵀ is
-// M-major, B = dY N-major. A producer warpgroup and kWarpsM consumer warpgroups, as in
+// operands, copied by TMA as boxes of 64 rows × 64 features each (MN-major, 128-byte swizzled):
+// A = Xᵀ is M-major, B = dY N-major. A producer warpgroup and kWarpsM consumer warpgroups, as in
 // dsd_tma_kernel.
 // sdd_tiled_kernel: the same main loop for blocks of 16 and 32, on E × E tiles of dW (E = 64 or
 // 128) that hold at least one block: the tile is computed whole and its blocks are stored. An E-wide
 // tile feeds the tensor cores where one narrow block cannot (wgmma's M is 64); the blocks a tile
 // lacks cost tensor time, so the generator keeps this for layouts whose tiles are well filled.
-template <class Cfg, int E = Cfg::kBlock>
+// sdd_rows_kernel: the same main loop for blocks of 64 and 128, on kRowBlocks blocks of one block row
+// of dW at once: X's slice of the row is copied once per step for all of them (a CTA per block copies
+// it once per block), so a step moves (1 + m) / 2m of the bytes per FLOP.
+template <class Cfg, int ROWS = Cfg::kBlock, int COLS = ROWS>
 struct SddTmaPlan {
-  static constexpr int kSlice = 64;                      // rows of N per stage
-  static constexpr int kOperandBytes = kSlice * E * 2;  // one operand's stage
-  static constexpr int kStageBytes = 2 * kOperandBytes;
+  static constexpr int kSlice = 64;                          // rows of N per stage
+  static constexpr int kOperandBytes = kSlice * ROWS * 2;   // A's stage (Xᵀ); B's (dY) follows
+  static constexpr int kStageBytes = kSlice * (ROWS + COLS) * 2;
   static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes + 2 * Cfg::kStages * 8;
 };
 
-// for_each of store_dw_tile over a warpgroup's wgmma accumulator tiles; threads of a warpgroup
-// that holds none (a producer) pass holds = false.
+// for_each of store_dw_tile over a warpgroup's wgmma accumulator tiles (columns from col0); threads of
+// a warpgroup that holds none (a producer) pass holds = false.
 template <int TILES, int N>
 struct WgmmaTiles {
   const float (&d)[TILES][N / 2];
-  int row0;
+  int row0, col0;
   bool holds;
   template <class Store>
   __device__ __forceinline__ void operator()(Store store) const {
     if (!holds) return;
+    const int c0 = col0;
 #pragma unroll
-    for (int t = 0; t < TILES; ++t) wgmma_epilogue<N>(d[t], row0 + t * 64, store);
+    for (int t = 0; t < TILES; ++t)
+      wgmma_epilogue<N>(d[t], row0 + t * 64, [&](int r, int c, float v0, float v1) { store(r, c0 + c, v0, v1); });
   }
 };
 
-// The main loop of sdd_tma_kernel and sdd_tiled_kernel: the E × E product X[:, c_base..]ᵀ ·
-// dY[:, k_base..] over the rows of `range`, then store(for_each) with the accumulators.
-template <class Cfg, int E, class Store>
-__device__ __forceinline__ void sdd_tma_body(int c_base, int k_base, const SddRange<Cfg>& range,
+// Feature coordinates of the dY boxes (64 features each) of a tile whose columns are contiguous.
+struct ContiguousColumns {
+  static constexpr bool kGaps = false;
+  int base;
+  __device__ __forceinline__ int operator()(int box) const { return base + box * 64; }
+};
+
+// The main loop of the Hopper backward-weight kernels: the ROWS × COLS product X[:, c_base..]ᵀ ·
+// dY[:, columns] over the rows of `range`, then store(for_each) with the accumulators. dY's box j
+// (64 features) starts at feature column(j); with Column::kGaps, where that is < 0 it is not copied,
+// and the product's columns there are left undefined for the store to skip.
+// Consumers: up to ROWS / 64 split the rows (whole m64 tiles each), the rest split the columns
+// (wgmma's N = COLS / that).
+template <class Cfg, int ROWS, int COLS, class Column, class Store>
+__device__ __forceinline__ void sdd_tma_body(int c_base, Column column, const SddRange<Cfg>& range,
                                              const TensorMap& map_x, const TensorMap& map_dy, Store store) {
   using T = typename Cfg::T;
-  using Plan = SddTmaPlan<Cfg, E>;
-  constexpr int kSlice = Plan::kSlice, S = Cfg::kStages, kGroups = E / 64;
+  using Plan = SddTmaPlan<Cfg, ROWS, COLS>;
+  constexpr int kSlice = Plan::kSlice, S = Cfg::kStages, kBoxBytes = kSlice * kSwizzleRowBytes;
   constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
-  constexpr int kRows = E / kConsumers, kTiles = kRows / 64;
-  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && (E == 64 || E == 128), "16-bit, feature axis last, E = 64 or 128");
-  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == E && kTiles * 64 == kRows,
-                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles of the tile");
+  constexpr int kAlongRows = ROWS / 64 < kConsumers ? ROWS / 64 : kConsumers, kAlongCols = kConsumers / kAlongRows;
+  constexpr int kRows = ROWS / kAlongRows, kTiles = kRows / 64, N = COLS / kAlongCols;
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && ROWS % 64 == 0 && COLS % 64 == 0, "16-bit, feature axis last");
+  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kAlongRows * kAlongCols == kConsumers &&
+                    kTiles * 64 * kAlongRows == ROWS && N * kAlongCols == COLS && N <= 256,
+                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles and wgmma widths");
   static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
   const StageRing<S, Plan::kStageBytes> ring(smem_raw);
@@ -871,19 +889,25 @@ __device__ __forceinline__ void sdd_tma_body(int c_base, int k_base, const SddRa
   ring.init(kConsumerThreads);
 
   const int consumer = warpgroup - 1;
-  float d[kTiles][E / 2];
+  const int row0 = (consumer % kAlongRows) * kRows, col0 = (consumer / kAlongRows) * N;
+  float d[kTiles][N / 2];
   if (warpgroup == 0) {  // producer
     if (threadIdx.x == 0) {
+      int boxes = COLS / 64;  // dY boxes copied per step
+      if constexpr (Column::kGaps) {
+#pragma unroll
+        for (int j = 0; j < COLS / 64; ++j) boxes -= column(j) < 0;
+      }
       for (int step = 0; step < range.steps; ++step) {
         const int round = step / S;
         if (round > 0) mbarrier_wait(&empty[step % S], (round - 1) & 1);
         unsigned long long* bar = &full[step % S];
-        mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
+        mbarrier_arrive_expect_tx(bar, Plan::kOperandBytes + boxes * kBoxBytes);
         const int n0 = static_cast<int>(range.begin) + step * kSlice;
 #pragma unroll
-        for (int j = 0; j < kGroups; ++j) {
-          tma_load_2d(stage_a(step) + j * kSlice * kSwizzleRowBytes, map_x, c_base + j * 64, n0, bar);
-          tma_load_2d(stage_b(step) + j * kSlice * kSwizzleRowBytes, map_dy, k_base + j * 64, n0, bar);
+        for (int j = 0; j < ROWS / 64 || j < COLS / 64; ++j) {
+          if (j < ROWS / 64) tma_load_2d(stage_a(step) + j * kBoxBytes, map_x, c_base + j * 64, n0, bar);
+          if (j < COLS / 64 && (!Column::kGaps || column(j) >= 0)) tma_load_2d(stage_b(step) + j * kBoxBytes, map_dy, column(j), n0, bar);
         }
       }
     }
@@ -891,25 +915,22 @@ __device__ __forceinline__ void sdd_tma_body(int c_base, int k_base, const SddRa
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int i = 0; i < E / 2; ++i) d[t][i] = 0.0f;
+      for (int i = 0; i < N / 2; ++i) d[t][i] = 0.0f;
       wgmma_fence_registers(d[t]);
     }
     for (int step = 0; step < range.steps; ++step) {
       mbarrier_wait(&full[step % S], (step / S) & 1);
-      const unsigned char* as = stage_a(step) + consumer * kTiles * kSlice * kSwizzleRowBytes;
-      const unsigned char* bs = stage_b(step);
+      const unsigned char* as = stage_a(step) + (row0 / 64) * kBoxBytes;
+      const unsigned char* bs = stage_b(step) + (col0 / 64) * kBoxBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kSlice / 16; ++kk) {
-        // 16 rows of N further on; groups of 64 columns kSlice rows apart
-        const unsigned long long db =
-            smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kSlice * kSwizzleRowBytes, kSwizzleAtomBytes);
+        // 16 rows of N further on; boxes of 64 features kSlice rows apart
+        const unsigned long long db = smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kBoxBytes, kSwizzleAtomBytes);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
-          wgmma_m64k16<T, E, 1, 1>(d[t],
-                                   smem_descriptor(as + t * kSlice * kSwizzleRowBytes + kk * 16 * kSwizzleRowBytes,
-                                                   kSlice * kSwizzleRowBytes, kSwizzleAtomBytes),
-                                   db);
+          wgmma_m64k16<T, N, 1, 1>(
+              d[t], smem_descriptor(as + t * kBoxBytes + kk * 16 * kSwizzleRowBytes, kBoxBytes, kSwizzleAtomBytes), db);
       }
       wgmma_commit();
       wgmma_wait<1>();
@@ -921,7 +942,7 @@ __device__ __forceinline__ void sdd_tma_body(int c_base, int k_base, const SddRa
   }
   // Every thread takes part in the epilogue, through one instantiation of it (the split reduction
   // synchronises the CTA and shares a __shared__ flag); the producer warpgroup holds no values.
-  store(WgmmaTiles<kTiles, E>{d, consumer * kRows, warpgroup > 0});
+  store(WgmmaTiles<kTiles, N>{d, row0, col0, warpgroup > 0});
 }
 
 // store of sdd_tma_kernel: the whole tile is block `block` of dW.
@@ -948,13 +969,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int block = blockIdx.x;
   const float g = gate != nullptr ? gate[block] : 1.0f;
   const SddRange<Cfg> range(n, SddTmaPlan<Cfg>::kSlice, g);  // whole 64-row steps; rows past n read as zeros
-  sdd_tma_body<Cfg, b>(Cfg::coords()[2 * block] * b, Cfg::coords()[2 * block + 1] * b, range, map_x, map_dy,
-                       SddBlockStore<Cfg>{dw, block, accumulate, g, workspace});
+  sdd_tma_body<Cfg, b, b>(Cfg::coords()[2 * block] * b, ContiguousColumns{Cfg::coords()[2 * block + 1] * b}, range,
+                          map_x, map_dy, SddBlockStore<Cfg>{dw, block, accumulate, g, workspace});
 }
 
-// store of sdd_tiled_kernel: the blocks of tile `tile` (kTileBlocks: (E/b)² block indices, row-major
-// over the tile, -1 where the layout has none), each scaled by its gate (0: written as 0).
-template <class Cfg>
+// store of sdd_tiled_kernel and sdd_rows_kernel: the blocks of R × C tile `tile` (Cfg::tile_blocks():
+// (R / b) × (C / b) block indices per tile, row-major, -1 where the layout has none), each scaled by
+// its gate (0: written as 0).
+template <class Cfg, int R, int C>
 struct SddTileStore {
   typename Cfg::T* dw;
   const float* gate;
@@ -962,9 +984,9 @@ struct SddTileStore {
   float* workspace;
   template <class ForEach>
   __device__ __forceinline__ void operator()(ForEach for_each) const {
-    constexpr int b = Cfg::kBlock, E = Cfg::kTileEdge, kPerRow = E / b;
-    const int* blocks = Cfg::tile_blocks() + tile * kPerRow * kPerRow;
-    store_dw_tile<Cfg, E>(
+    constexpr int b = Cfg::kBlock, kPerRow = C / b;
+    const int* blocks = Cfg::tile_blocks() + tile * (R / b) * kPerRow;
+    store_dw_tile<Cfg, R, C>(
         for_each,
         [&](int r, int c, float v0, float v1) {
           const int block = blocks[(r / b) * kPerRow + c / b];
@@ -987,8 +1009,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(Cfg::kBlock == 16 || Cfg::kBlock == 32, "b = 16 or 32");
   const int tile = blockIdx.x;
   const SddRange<Cfg> range(n, SddTmaPlan<Cfg, E>::kSlice, 1.0f);
-  sdd_tma_body<Cfg, E>(Cfg::coords()[2 * tile] * E, Cfg::coords()[2 * tile + 1] * E, range, map_x, map_dy,
-                       SddTileStore<Cfg>{dw, gate, tile, accumulate, workspace});
+  sdd_tma_body<Cfg, E, E>(Cfg::coords()[2 * tile] * E, ContiguousColumns{Cfg::coords()[2 * tile + 1] * E}, range,
+                          map_x, map_dy, SddTileStore<Cfg, E, E>{dw, gate, tile, accumulate, workspace});
+}
+
+// Feature coordinates of the dY boxes of a row group: box j is the (j % (b / 64))-th of slot
+// j / (b / 64)'s block; -1 for a slot the group leaves empty.
+template <class Cfg>
+struct GroupColumns {
+  static constexpr bool kGaps = true;
+  const int* blocks;
+  __device__ __forceinline__ int operator()(int box) const {
+    constexpr int b = Cfg::kBlock, kBoxes = b / 64;
+    const int block = blocks[box / kBoxes];
+    return block < 0 ? -1 : Cfg::coords()[2 * block + 1] * b + (box % kBoxes) * 64;
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    sdd_rows_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
+                    typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
+                    float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
+                    const __grid_constant__ TensorMap map_dy) {
+  constexpr int b = Cfg::kBlock, M = Cfg::kRowBlocks;
+  static_assert(b == 64 || b == 128, "b = 64 or 128");
+  const int group = blockIdx.x;
+  const int* blocks = Cfg::tile_blocks() + group * M;  // the group's first slot always holds a block
+  const SddRange<Cfg> range(n, SddTmaPlan<Cfg>::kSlice, 1.0f);
+  sdd_tma_body<Cfg, b, M * b>(Cfg::coords()[2 * blocks[0]] * b, GroupColumns<Cfg>{blocks}, range, map_x, map_dy,
+                              SddTileStore<Cfg, b, M * b>{dw, gate, group, accumulate, workspace});
 }
 
 }  // namespace kernels

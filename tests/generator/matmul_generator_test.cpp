@@ -371,6 +371,90 @@ TEST(Generator, TiledTablesRebuildTheLayout) {
       }
 }
 
+// The row-grouped backward-weight kernel's tables: each group holds up to m blocks of one block row
+// in column order, padded with -1 only at the end of a row; together the groups hold every block once.
+TEST(Generator, RowGroupTablesRebuildTheLayout) {
+  for (std::uint64_t seed = 1; seed <= 10; ++seed)
+    for (int b : {64, 128})
+      for (int m : {2, 4, 8}) {
+        if (b == 128 && m != 2) continue;
+        Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
+        MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = true;
+        TileConfig t;
+        t.wgmma = t.tma = true, t.row_blocks = m, t.warps_m = m == 8 || b == 128 ? 2 : 1, t.stages = 3;
+        spec.tiles = t;
+        const auto g = generate_matmul(layout, spec);
+        SCOPED_TRACE(fmt::format("seed {} b{} m {}", seed, b, m));
+        ASSERT_NE(g.name_expression.find("sdd_rows_kernel"), std::string::npos);
+        EXPECT_NE(g.source.find(fmt::format("kRowBlocks = {};", m)), std::string::npos);
+        const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+        const int groups = static_cast<int>(g.grid_x);
+        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, groups * m));
+        ASSERT_EQ(static_cast<int>(coords.size()), std::max<int>(1, 2 * layout.blocks()));
+        std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
+        int previous_row = -1, padded_groups = 0;
+        for (int i = 0; i < groups; ++i) {
+          const int* slots = blocks.data() + i * m;
+          ASSERT_GE(slots[0], 0) << "a group's first slot holds a block";
+          const int row = coords[2 * slots[0]];
+          EXPECT_GE(row, previous_row) << "groups in block-row order";
+          previous_row = row;
+          bool padded = false;
+          for (int s = 0; s < m; ++s) {
+            if (slots[s] < 0) {
+              padded = true;
+              continue;
+            }
+            EXPECT_FALSE(padded) << "padding only after the group's blocks";
+            EXPECT_EQ(coords[2 * slots[s]], row) << "one block row per group";
+            if (s > 0) {
+              EXPECT_EQ(slots[s], slots[s - 1] + 1) << "a row's blocks in order";
+            }
+            rebuilt.push_back({coords[2 * slots[s]], coords[2 * slots[s] + 1]});
+          }
+          if (padded) {
+            ++padded_groups;
+            EXPECT_TRUE(i + 1 == groups || coords[2 * blocks[(i + 1) * m]] != row) << "only a row's last group is short";
+          }
+        }
+        EXPECT_LE(padded_groups, layout.rows());
+        EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
+        EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
+        if (g.splits > 1) {
+          EXPECT_EQ(g.workspace_bytes, (static_cast<std::int64_t>(g.splits) * b * m * b + 1) * 4 * groups);
+        }
+      }
+}
+
+// Which row-grouped shapes are valid: wgmma widths of 64-256 per consumer, at most 128 accumulators
+// a thread, b ≥ 64; the shared memory the template computes.
+TEST(Generator, RowGroupShapes) {
+  auto shape = [](int b, int m, int wg, int stages) {
+    MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    TileConfig t;
+    t.wgmma = t.tma = true, t.row_blocks = m, t.warps_m = wg, t.stages = stages;
+    spec.tiles = t;
+    return spec;
+  };
+  const TileConfig t = choose_tiles(shape(64, 8, 2, 3));
+  EXPECT_EQ(tiles_tag(t), "rows8-tma2-s3");
+  EXPECT_EQ(t.bm, 64);
+  EXPECT_EQ(t.bn, 512);
+  EXPECT_EQ(t.threads, 384);
+  EXPECT_EQ(t.shared_bytes, 3 * 64 * (64 + 512) * 2 + 1024 + 2 * 3 * 8);
+  EXPECT_EQ(choose_tiles(shape(128, 2, 2, 4)).bn, 256);
+  EXPECT_THROW(choose_tiles(shape(64, 8, 1, 3)), Error) << "N = 512 on one consumer";
+  EXPECT_THROW(choose_tiles(shape(128, 2, 1, 3)), Error) << "256 accumulators a thread";
+  EXPECT_THROW(choose_tiles(shape(64, 8, 2, 4)), Error) << "shared memory";
+  EXPECT_THROW(choose_tiles(shape(32, 4, 1, 4)), Error) << "b ≥ 64";
+  EXPECT_THROW(choose_tiles(shape(64, 1, 1, 4)), Error) << "one block per group is sdd_tma_kernel";
+  MatMulSpec forward = shape(64, 4, 1, 4);
+  forward.op = Op::forward;
+  EXPECT_THROW(choose_tiles(forward), Error) << "backward-weight only";
+}
+
 // What the templates' static_asserts demand, checked on the host for every combination.
 TEST(Generator, TileConfigsAreConsistent) {
   for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})

@@ -168,42 +168,48 @@ INSTANTIATE_TEST_SUITE_P(All, MatMulGpu, ::testing::ValuesIn(all_combos()),
                          [](const auto& info) { return combo_name(info.param); });
 
 // Every Hopper tile shape the autotuner may pick (wgmma with cp.async, wgmma with a TMA producer, the
-// grouped kernels of b ≤ 32),
-// forced through a tuning record, on partial row tiles, gates (some exactly 0) and accumulation.
-TEST(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
+// grouped, paired, tiled and row-grouped kernels), forced through a tuning record, on partial row
+// tiles, gates (some exactly 0) and accumulation; one test per op.
+class MatMulGpuHopper : public ::testing::TestWithParam<Op> {};
+
+TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
   const Variant variants[] = {{131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
+  const Op op = GetParam();
   int shapes = 0;
-  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
-    for (int b : {16, 32, 64, 128})
-      for (DType dt : {DType::bf16, DType::f16}) {
-        const Layout layout = random_layout(b, 99 + b);  // not the layouts of the tests above
-        generator::MatMulSpec spec{op, b, dt, FeatureAxis::last};
-        spec.wgmma = true;
-        std::uint64_t seed = 5000 + b;
-        for (const auto& t : generator::tile_candidates(spec)) {
-          // f16: one stage count suffices (the grouped kernels of b ≤ 32: one shape per block size)
-          if (!t.wgmma || (dt == DType::f16 && t.stages != (t.columns > 0 ? 4 : 3)) ||
-              (dt == DType::f16 && t.columns > 0 && (t.bm != 128 || t.warps_m != 2)))
-            continue;
-          runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
-          MatMul mm(layout, {b, dt, FeatureAxis::last, "sm_90a"});
-          ++shapes;
-          for (const Variant& v : variants) {
-            auto r = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
-            tally().add(dt, r.relative_error);
-            SCOPED_TRACE(fmt::format("{} b{} {} {} n={} gate={} accumulate={}", to_string(op), b, to_string(dt),
-                                     generator::tiles_tag(t), v.n, v.gated, v.accumulate));
-            EXPECT_EQ(r.unwritten, 0);
-            EXPECT_LE(r.relative_error, check::tolerance(dt));
-          }
+  for (int b : {16, 32, 64, 128})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const Layout layout = random_layout(b, 99 + b);  // not the layouts of the tests above
+      generator::MatMulSpec spec{op, b, dt, FeatureAxis::last};
+      spec.wgmma = true;
+      std::uint64_t seed = 5000 + b;
+      for (const auto& t : generator::tile_candidates(spec)) {
+        // f16: one stage count suffices (the grouped kernels of b ≤ 32: one shape per block size)
+        if (!t.wgmma || (dt == DType::f16 && t.stages != (t.columns > 0 ? 4 : 3)) ||
+            (dt == DType::f16 && t.columns > 0 && (t.bm != 128 || t.warps_m != 2)))
+          continue;
+        runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
+        MatMul mm(layout, {b, dt, FeatureAxis::last, "sm_90a"});
+        ++shapes;
+        for (const Variant& v : variants) {
+          auto r = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
+          tally().add(dt, r.relative_error);
+          SCOPED_TRACE(fmt::format("{} b{} {} {} n={} gate={} accumulate={}", to_string(op), b, to_string(dt),
+                                   generator::tiles_tag(t), v.n, v.gated, v.accumulate));
+          EXPECT_EQ(r.unwritten, 0);
+          EXPECT_LE(r.relative_error, check::tolerance(dt));
         }
       }
-  EXPECT_GT(shapes, 40);
-  std::printf("GPU matmul: %d Hopper tile shapes checked\n", shapes);
+    }
+  EXPECT_GT(shapes, 15);
+  std::printf("GPU matmul: %d Hopper tile shapes checked for %s\n", shapes, std::string(to_string(op)).c_str());
 }
+
+INSTANTIATE_TEST_SUITE_P(Ops, MatMulGpuHopper,
+                         ::testing::Values(Op::forward, Op::backward_data, Op::backward_weight),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(MatMulGpuErrors, WrongArchKernelIsAClearError) {
   std::string why;
