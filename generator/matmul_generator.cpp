@@ -341,7 +341,7 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     const int width = along_cols > 0 ? cols / along_cols : 0, tiles = edge / along_rows / 64;
     t.tensor_cores = t.pipelined = t.wgmma = true;
     t.bm = edge, t.bn = cols, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
-    t.threads = (t.warps_m + 1) * 128;
+    t.threads = t.warps_m * 128 + 32;  // consumer warpgroups, then a producer warp
     t.shared_bytes = t.stages * 64 * (edge + cols) * 2 + 1024 + 2 * t.stages * 8;
     const bool kind_ok = t.tile_edge > 0   ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0
                          : t.row_blocks > 0 ? b >= 64 && t.row_blocks >= 2
@@ -698,6 +698,47 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
   return blocks == 0 ? 0.0 : static_cast<double>(shared) / static_cast<double>(blocks);
 }
 
+// Backward-weight at b ≥ 64 on Hopper: one block per CTA (sdd_tma_kernel) or row groups of 2 or 4
+// blocks (sdd_rows_kernel), whichever one wave of CTAs (SddSchedule) is predicted to finish first.
+// A kernel's units run in waves of P CTAs, each wave taking the time one CTA takes for a unit; the
+// units left after the full waves split along N into q pieces, which cost 1 / q of a wave and about
+// 0.3 of one more (pipeline fill, partials written, the last piece adding them alone). Measured on
+// the H200 (suite W sweep, N = 8192, balanced layouts; µs per wave, CTAs per wave): tma1-bm64-s4 52
+// (2 per SM), rows2-tma1-s6 41.5, rows4-tma1-s4 70, tma1-bm128-s4 53, rows2-tma2-s4 (b = 128) 94.
+// Row groups copy X's slice once for their blocks: b = 64, d = 0.5 / 0.25 / 0.1 / 0.05, TFLOP/s,
+// tma1 / rows2 / rows4: 328 / 413 / 448, 327 / 413 / 427, 338 / 303 / 374, 243 / 254 / 211;
+// b = 128, tma1 / rows2: 644 / 730, 619 / 463, 437 / 352, 323 / 264. The model picks the fastest
+// of each cell.
+double sdd_waves(std::int64_t units, std::int64_t ctas) {
+  const std::int64_t waves = units / ctas, left = units % ctas;
+  const std::int64_t q = left == 0 ? 1 : std::clamp<std::int64_t>(ctas / left, 1, 8);
+  return static_cast<double>(waves) + (left == 0 ? 0.0 : q == 1 ? 1.0 : 1.0 / static_cast<double>(q) + 0.3);
+}
+
+MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
+  if (layout.blocks() == 0) return spec;
+  struct Candidate {
+    TileConfig shape;
+    double wave_us;
+    std::int64_t ctas;
+  };
+  const std::vector<Candidate> candidates =
+      spec.block == 64 ? std::vector<Candidate>{{tma_shape(64, 1, 4), 52, 264}, {rows_shape(2, 1, 6), 41.5, 132},
+                                                {rows_shape(4, 1, 4), 70, 132}}
+                       : std::vector<Candidate>{{tma_shape(128, 1, 4), 53, 132}, {rows_shape(2, 2, 4), 94, 132}};
+  double best = 0;
+  TileConfig chosen;
+  for (const auto& c : candidates) {
+    const std::int64_t m = std::max(1, c.shape.row_blocks);
+    const std::int64_t units = m == 1 ? layout.blocks() : static_cast<std::int64_t>(row_groups(layout, m).size()) / m;
+    const double us = c.wave_us * sdd_waves(units, c.ctas);
+    if (best == 0 || us < best) best = us, chosen = c.shape;
+  }
+  MatMulSpec out = spec;
+  out.tiles = finish_tma(spec, chosen);
+  return out;
+}
+
 // The heuristic's tile choice for this layout (an explicit spec.tiles is taken as it is).
 // Backward-weight at b ≤ 32 on Hopper computes whole E × E tiles of dW (sdd_tiled_kernel): its
 // useful share of tensor work is the tiles' fill, so the layout decides between E = 128, E = 64
@@ -744,6 +785,7 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
     return chosen;
   }
   const TileConfig t = choose_tiles(spec);
+  if (t.tma && t.tile_edge == 0) return sdd_choice(layout, spec);
   if (t.tile_edge == 0) return spec;
   const int b = spec.block;
   const double mma_sync = b == 32 ? 76.0 : 30.0, tiled128 = 660.0 * tile_fill(layout, 128 / b),
@@ -777,6 +819,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
 
   std::string tables;
   std::int64_t out_blocks = 0;  // dsd: output block columns
+  std::int64_t planes = 0;      // sdd on Hopper: workspace planes (SddSchedule)
   if (sdd) {
     // (row, col) of every nonzero block, in block order; tiled: of every E × E tile holding a
     // block, with the block indices of each tile.
@@ -814,14 +857,20 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     //   b = 64, d = 0.05, 205 blocks, 4 CTAs/SM, 2 splits: 107 → 137-140
     //   b = 128, d = 0.1, 102 blocks, 2 CTAs/SM: 172 → 158 (2 splits), 128 (3 splits)
     //   b = 128, d = 0.05, 51 blocks: 116 → 127 (5 splits), 89 (6); Bernoulli layouts lost 8-11%
-    // so the big b = 128 tile, which nearly fills an SM alone, is not split. The warp-specialized
-    // TMA kernel keeps an SM busy alone and gains from splitting to one wave at any size: b = 128,
-    // d = 0.05 (51 blocks): 116 → 207 TFLOP/s; d = 0.1: 172 → 455 (with the kernel change).
-    // The last split of each block adds the partials in split order: deterministic.
+    // so the big b = 128 tile, which nearly fills an SM alone, is not split. The last split of each
+    // block adds the partials in split order: deterministic.
+    // The Hopper kernels (t.tma) instead run one wave of CTAs over their units (SddSchedule in
+    // templates/bsjit/matmul.cuh): whole units in waves, those left over from the last full wave split
+    // along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds
+    // (at most the units); the workspace holds a partial per CTA of an H100 / H200 (144 SMs at most).
     constexpr std::int64_t kSms = 132, kSharedPerSm = 227 * 1024;
     const std::int64_t per_sm =
         t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
-    if (t.pipelined && units > 0 && (per_sm >= 4 || t.tma)) {
+    if (t.tma) {
+      g.persistent = true;
+      planes = std::min<std::int64_t>(units * 8, 144 * per_sm);  // 8: SddSchedule::kMaxPieces
+      if (units > 0) g.workspace_bytes = (planes * t.bm * t.bn + planes) * 4;
+    } else if (t.pipelined && units > 0 && per_sm >= 4) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
       if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * t.bm * t.bn + 1) * 4 * units;
     }
@@ -887,7 +936,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                      : (sdd ? "sdd_kernel" : "dsd_kernel");
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
-  g.persistent = t.persistent;
+  g.persistent = g.persistent || t.persistent;
   if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box
     g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, 64, 64}};
   else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
@@ -926,6 +975,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
       "  static constexpr bool kPersistent = {persistent}, kSwapped = {swapped};\n"
       "{grouped}"
+      "{units}"
       "{accessors}"
       "}};\n"
       "{smem_check}"
@@ -943,6 +993,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
       fmt::arg("accessors", accessors),
       fmt::arg("header", t.paired ? "matmul_paired.cuh" : t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"),
+      fmt::arg("units", sdd && t.tma ? fmt::format("  static constexpr int kUnits = {}, kPlanes = {};  // dW units, workspace planes\n", g.grid_x, planes) : std::string()),
       fmt::arg("grouped", t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
                           : t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",

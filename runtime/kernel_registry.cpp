@@ -168,7 +168,10 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
   if (g.persistent) {
     shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
     shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
-    const std::int64_t tiles = g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta);
+    // dsd: output tiles (row tiles of each output block column); sdd: units of dW, which pieces of
+    // leftover units spread over every CTA the GPU holds (SddSchedule)
+    const std::int64_t tiles = g.rows_per_cta > 0 ? g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta)
+                                                  : (g.grid_x > 0 ? INT_MAX : 0);
     if (tiles > INT_MAX)
       throw Error(fmt::format("bsjit: {}: n = {} gives {} output tiles; at most {} are supported", to_string(op), n,
                               tiles, INT_MAX));

@@ -9,7 +9,9 @@
 #include <map>
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <tuple>
 
 #include "bsjit/error.hpp"
 #include "generator/matmul_generator.hpp"
@@ -48,12 +50,15 @@ struct MatMul::Impl {
     std::shared_ptr<const runtime::PreparedKernel> prepared;
   };
   std::mutex mutex;  // guards launchables and workspaces
-  // Split-N scratch per (context, stream): launches on one stream run in order, so they can share it.
-  std::map<std::pair<CUcontext, CUstream>, std::unique_ptr<runtime::DeviceMemory>> workspaces;
+  // Split-N scratch per (context, stream, kernel): launches on one stream run in order, so one
+  // kernel's launches can share it; kernels cannot, as each expects its arrival counters (at its own
+  // offset) to be 0 where another writes partials.
+  std::map<std::tuple<CUcontext, CUstream, std::string>, std::unique_ptr<runtime::DeviceMemory>> workspaces;
 
-  float* workspace(CUcontext ctx, CUstream stream, std::int64_t bytes) {
+  float* workspace(CUcontext ctx, CUstream stream, const runtime::PreparedKernel& kernel) {
+    const std::int64_t bytes = kernel.generated.workspace_bytes;
     std::lock_guard lock(mutex);
-    auto& w = workspaces[{ctx, stream}];
+    auto& w = workspaces[{ctx, stream, kernel.key}];
     if (!w || static_cast<std::int64_t>(w->bytes) < bytes) {
       if (w) BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));  // the old one may still be in use
       w = std::make_unique<runtime::DeviceMemory>(bytes);
@@ -115,7 +120,7 @@ struct MatMul::Impl {
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
     if (l.prepared->generated.workspace_bytes > 0)
-      args.workspace = workspace(ctx, s, l.prepared->generated.workspace_bytes);
+      args.workspace = workspace(ctx, s, *l.prepared);
     runtime::launch_prepared(*l.prepared, l.function, op, n, s, args);
   }
 };
@@ -214,7 +219,7 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a.get(), b.get(), out.get(), nullptr, static_cast<int>(n), 0, nullptr};
     if (prepared[i]->generated.workspace_bytes > 0)
-      args.workspace = impl_->workspace(ctx, s, prepared[i]->generated.workspace_bytes);
+      args.workspace = impl_->workspace(ctx, s, *prepared[i]);
     double ms = runtime::median_ms([&] { runtime::launch_prepared(*prepared[i], f, op, n, s, args); }, s, 2, 10);
     std::string tag = candidates[i].tiles ? generator::tiles_tag(*candidates[i].tiles) : "default";
     result.milliseconds.emplace_back(tag, ms);

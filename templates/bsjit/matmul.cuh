@@ -815,18 +815,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   store_dw_block<Cfg>(EpilogueOf<decltype(mma)>{mma}, dw, block, g, accumulate, workspace);
 }
 
-// sdd_tma_kernel: backward-weight on the Hopper path. One b × b block of dW (or a split of N for
-// it) per CTA: dW_block = X[:, c block]ᵀ · dY[:, k block]. Each stage holds 64 rows of N of both
-// operands, copied by TMA as boxes of 64 rows × 64 features each (MN-major, 128-byte swizzled):
-// A = Xᵀ is M-major, B = dY N-major. A producer warpgroup and kWarpsM consumer warpgroups, as in
-// dsd_tma_kernel.
-// sdd_tiled_kernel: the same main loop for blocks of 16 and 32, on E × E tiles of dW (E = 64 or
-// 128) that hold at least one block: the tile is computed whole and its blocks are stored. An E-wide
-// tile feeds the tensor cores where one narrow block cannot (wgmma's M is 64); the blocks a tile
-// lacks cost tensor time, so the generator keeps this for layouts whose tiles are well filled.
-// sdd_rows_kernel: the same main loop for blocks of 64 and 128, on kRowBlocks blocks of one block row
-// of dW at once: X's slice of the row is copied once per step for all of them (a CTA per block copies
-// it once per block), so a step moves (1 + m) / 2m of the bytes per FLOP.
+// The Hopper backward-weight kernels: dW on units of Cfg::kUnits (R × C tiles of dW), each the
+// product X[:, rows]ᵀ · dY[:, columns] over N. A stage holds 64 rows of N of both operands, copied
+// by TMA as boxes of 64 rows × 64 features (MN-major, 128-byte swizzled): A = Xᵀ is M-major, B = dY
+// N-major. kWarpsM consumer warpgroups, then one producer warp (so that with 2 consumers, 288
+// threads, a thread may hold 224 registers: the accumulators of a 64 × 256 tile and the epilogue's).
+// - sdd_tma_kernel (b = 64, 128): a unit is one b × b block.
+// - sdd_tiled_kernel (b = 16, 32): an E × E tile of dW (E = 64 or 128) holding at least one block,
+//   computed whole, its blocks stored. An E-wide tile feeds the tensor cores where one narrow block
+//   cannot (wgmma's M is 64); the blocks a tile lacks cost tensor time, so the generator keeps this
+//   for layouts whose tiles are well filled.
+// - sdd_rows_kernel (b = 64, 128): up to kRowBlocks blocks of one block row of dW: X's slice of the
+//   row is copied once per step for all of them (once per block with a unit per block), so a step
+//   moves (1 + m) / 2m of the bytes per FLOP.
 template <class Cfg, int ROWS = Cfg::kBlock, int COLS = ROWS>
 struct SddTmaPlan {
   static constexpr int kSlice = 64;                          // rows of N per stage
@@ -835,39 +836,110 @@ struct SddTmaPlan {
   static constexpr int kSharedBytes = Cfg::kStages * kStageBytes + kSwizzleAtomBytes + 2 * Cfg::kStages * 8;
 };
 
-// for_each of store_dw_tile over a warpgroup's wgmma accumulator tiles (columns from col0); threads of
-// a warpgroup that holds none (a producer) pass holds = false.
-template <int TILES, int N>
-struct WgmmaTiles {
-  const float (&d)[TILES][N / 2];
-  int row0, col0;
-  bool holds;
-  template <class Store>
-  __device__ __forceinline__ void operator()(Store store) const {
-    if (!holds) return;
-    const int c0 = col0;
-#pragma unroll
-    for (int t = 0; t < TILES; ++t)
-      wgmma_epilogue<N>(d[t], row0 + t * 64, [&](int r, int c, float v0, float v1) { store(r, c0 + c, v0, v1); });
+// One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.
+struct SddItem {
+  int unit, first, last, piece;
+};
+
+// How the units are spread over the gridDim.x = P CTAs (at most the GPU holds at once). Whole units
+// in waves: CTA p takes units p, p + P, ..., so a wave's CTAs walk N together and read the rows of X
+// and dY they share from L2. The units left after the full waves are split along N into q pieces
+// each, for the CTAs that would otherwise idle in the last wave (q = 1: taken whole); each piece
+// writes its fp32 partial and the last piece of a unit to finish adds them in piece order
+// (deterministic). Workspace: Cfg::kPlanes planes of R × C partials (piece j of leftover unit r at
+// r·q + j), then one arrival counter per leftover unit, which the last piece sets back to 0.
+template <class Cfg>
+struct SddSchedule {
+  static constexpr int kMaxPieces = 8;
+  int steps, waves, left, q;
+  __device__ __forceinline__ explicit SddSchedule(int n) {
+    const int P = gridDim.x;
+    steps = (n + 63) / 64;
+    waves = Cfg::kUnits / P;
+    left = Cfg::kUnits % P;
+    q = 1;
+    if (left > 0) q = min(min(kMaxPieces, P / left), min(steps, Cfg::kPlanes / left));
+    if (q < 1) q = 1;
+  }
+  __device__ __forceinline__ int items() const {
+    return waves + (static_cast<int>(blockIdx.x) < left * q ? 1 : 0);
+  }
+  __device__ __forceinline__ SddItem item(int i) const {
+    const int p = blockIdx.x;
+    if (i < waves) return {p + i * static_cast<int>(gridDim.x), 0, steps, -1};
+    const int unit = waves * gridDim.x + p % left;
+    if (q == 1) return {unit, 0, steps, -1};
+    const int chunk = (steps + q - 1) / q, first = min(steps, (p / left) * chunk);
+    return {unit, first, min(steps, first + chunk), p / left};
   }
 };
 
-// Feature coordinates of the dY boxes (64 features each) of a tile whose columns are contiguous.
-struct ContiguousColumns {
-  static constexpr bool kGaps = false;
-  int base;
-  __device__ __forceinline__ int operator()(int box) const { return base + box * 64; }
-};
+// Stores one item's R × C tile from a consumer's accumulators d (kTiles m64 tiles from row row0 of
+// the tile, N columns from col0; every consumer thread calls it): a whole unit through units.write,
+// a piece as its partial, the last piece of its unit to finish adding them all (in d, one plane at a
+// time, so that a plane's loads are in flight together) and writing.
+template <class Cfg, int R, int C, int TILES, int N, class Units>
+__device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
+                                               const SddItem& item, const SddSchedule<Cfg>& schedule,
+                                               float* workspace) {
+  constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
+  constexpr long long kPlane = static_cast<long long>(R) * C;
+  const int unit = item.unit;
+  auto write = [&] {
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
+        units.write(unit, r, col0 + c, d[t][e], d[t][e + 1]);
+      });
+  };
+  if (item.piece < 0) {
+    write();
+    return;
+  }
+  const int leftover = unit - schedule.waves * gridDim.x;
+  float* planes = workspace + leftover * schedule.q * kPlane;
+  float* mine = planes + item.piece * kPlane;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+    wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
+      *reinterpret_cast<float2*>(mine + r * C + col0 + c) = make_float2(d[t][e], d[t][e + 1]);
+    });
+  __threadfence();
+  named_barrier_sync(1, kConsumerThreads);
+  __shared__ int last;
+  unsigned* counter = reinterpret_cast<unsigned*>(workspace + Cfg::kPlanes * kPlane) + leftover;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(schedule.q - 1);
+  named_barrier_sync(1, kConsumerThreads);
+  if (!last) return;
+  __threadfence();
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
+#pragma unroll 1
+  for (int j = 0; j < schedule.q; ++j) {
+    const float* plane = planes + j * kPlane;
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(plane + r * C + col0 + c));
+        d[t][e] += v.x;
+        d[t][e + 1] += v.y;
+      });
+  }
+  write();
+  if (threadIdx.x == 0) *counter = 0;
+}
 
-// The main loop of the Hopper backward-weight kernels: the ROWS × COLS product X[:, c_base..]ᵀ ·
-// dY[:, columns] over the rows of `range`, then store(for_each) with the accumulators. dY's box j
-// (64 features) starts at feature column(j); with Column::kGaps, where that is < 0 it is not copied,
-// and the product's columns there are left undefined for the store to skip.
-// Consumers: up to ROWS / 64 split the rows (whole m64 tiles each), the rest split the columns
-// (wgmma's N = COLS / that).
-template <class Cfg, int ROWS, int COLS, class Column, class Store>
-__device__ __forceinline__ void sdd_tma_body(int c_base, Column column, const SddRange<Cfg>& range,
-                                             const TensorMap& map_x, const TensorMap& map_dy, Store store) {
+// The main loop of the Hopper backward-weight kernels over the CTA's items (SddSchedule). Units: the
+// kernel's units, with row_base(u) (X's first feature), column(u, j) (dY's first feature of box j,
+// 64 features; with Units::kGaps, < 0 where the unit leaves the box empty: not copied, the product's
+// columns there undefined and not written) and write(u, r, c, v0, v1) (a finished pair of the tile).
+// Consumers: up to ROWS / 64 split the rows (whole m64 tiles each), the rest the columns (wgmma's N =
+// COLS / that). The producer runs ahead into the next item while the consumers store.
+template <class Cfg, int ROWS, int COLS, class Units>
+__device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const TensorMap& map_x,
+                                             const TensorMap& map_dy, float* workspace) {
   using T = typename Cfg::T;
   using Plan = SddTmaPlan<Cfg, ROWS, COLS>;
   constexpr int kSlice = Plan::kSlice, S = Cfg::kStages, kBoxBytes = kSlice * kSwizzleRowBytes;
@@ -875,53 +947,70 @@ __device__ __forceinline__ void sdd_tma_body(int c_base, Column column, const Sd
   constexpr int kAlongRows = ROWS / 64 < kConsumers ? ROWS / 64 : kConsumers, kAlongCols = kConsumers / kAlongRows;
   constexpr int kRows = ROWS / kAlongRows, kTiles = kRows / 64, N = COLS / kAlongCols;
   static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && ROWS % 64 == 0 && COLS % 64 == 0, "16-bit, feature axis last");
-  static_assert(Cfg::kThreads == kConsumerThreads + 128 && kAlongRows * kAlongCols == kConsumers &&
+  static_assert(Cfg::kThreads == kConsumerThreads + 32 && kAlongRows * kAlongCols == kConsumers &&
                     kTiles * 64 * kAlongRows == ROWS && N * kAlongCols == COLS && N <= 256,
-                "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles and wgmma widths");
+                "kWarpsM consumer warpgroups owning whole m64 tiles, then a producer warp; wgmma widths");
   static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
   const StageRing<S, Plan::kStageBytes> ring(smem_raw);
   unsigned long long *full = ring.full, *empty = ring.empty;
-  auto stage_a = [&](int step) { return ring.stage(step); };
-  auto stage_b = [&](int step) { return ring.stage(step) + Plan::kOperandBytes; };
+  auto stage_a = [&](int i) { return ring.stage(i); };
+  auto stage_b = [&](int i) { return ring.stage(i) + Plan::kOperandBytes; };
 
-  const int warpgroup = threadIdx.x / 128;
   ring.init(kConsumerThreads);
+  const SddSchedule<Cfg> schedule(n);
+  const int items = schedule.items();
 
-  const int consumer = warpgroup - 1;
-  const int row0 = (consumer % kAlongRows) * kRows, col0 = (consumer / kAlongRows) * N;
-  float d[kTiles][N / 2];
-  if (warpgroup == 0) {  // producer
-    if (threadIdx.x == 0) {
-      int boxes = COLS / 64;  // dY boxes copied per step
-      if constexpr (Column::kGaps) {
+  if (threadIdx.x >= kConsumerThreads) {  // the producer warp
+    if (threadIdx.x != kConsumerThreads) return;
+    int i = 0;  // position in the ring, over all items
+    for (int it = 0; it < items; ++it) {
+      const SddItem item = schedule.item(it);
+      // the item's coordinates, read from the tables once (the copies' asm clobbers memory, so
+      // reads in the step loop would be repeated every step, on the producer's critical path)
+      const int c_base = units.row_base(item.unit);
+      int columns[COLS / 64];
+      int boxes = 0;  // dY boxes copied per step
 #pragma unroll
-        for (int j = 0; j < COLS / 64; ++j) boxes -= column(j) < 0;
+      for (int j = 0; j < COLS / 64; ++j) {
+        columns[j] = units.column(item.unit, j);
+        boxes += !Units::kGaps || columns[j] >= 0;
       }
-      for (int step = 0; step < range.steps; ++step) {
-        const int round = step / S;
-        if (round > 0) mbarrier_wait(&empty[step % S], (round - 1) & 1);
-        unsigned long long* bar = &full[step % S];
+      for (int k = item.first; k < item.last; ++k, ++i) {
+        if (i >= S) mbarrier_wait(&empty[i % S], ((i / S) - 1) & 1);
+        unsigned long long* bar = &full[i % S];
         mbarrier_arrive_expect_tx(bar, Plan::kOperandBytes + boxes * kBoxBytes);
-        const int n0 = static_cast<int>(range.begin) + step * kSlice;
+        const int n0 = k * kSlice;
 #pragma unroll
         for (int j = 0; j < ROWS / 64 || j < COLS / 64; ++j) {
-          if (j < ROWS / 64) tma_load_2d(stage_a(step) + j * kBoxBytes, map_x, c_base + j * 64, n0, bar);
-          if (j < COLS / 64 && (!Column::kGaps || column(j) >= 0)) tma_load_2d(stage_b(step) + j * kBoxBytes, map_dy, column(j), n0, bar);
+          if (j < ROWS / 64) tma_load_2d(stage_a(i) + j * kBoxBytes, map_x, c_base + j * 64, n0, bar);
+          if (j < COLS / 64 && (!Units::kGaps || columns[j] >= 0))
+            tma_load_2d(stage_b(i) + j * kBoxBytes, map_dy, columns[j], n0, bar);
         }
       }
     }
-  } else {
+    return;
+  }
+
+  const int consumer = threadIdx.x / 128;
+  // (constants where the consumers split only one way: the epilogue then finds each pair's block
+  // at compile time)
+  const int row0 = kAlongRows == 1 ? 0 : (consumer % kAlongRows) * kRows;
+  const int col0 = kAlongCols == 1 ? 0 : (consumer / kAlongRows) * N;
+  float d[kTiles][N / 2];
+  int i = 0;
+  for (int it = 0; it < items; ++it) {
+    const SddItem item = schedule.item(it);
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int i = 0; i < N / 2; ++i) d[t][i] = 0.0f;
+      for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
       wgmma_fence_registers(d[t]);
     }
-    for (int step = 0; step < range.steps; ++step) {
-      mbarrier_wait(&full[step % S], (step / S) & 1);
-      const unsigned char* as = stage_a(step) + (row0 / 64) * kBoxBytes;
-      const unsigned char* bs = stage_b(step) + (col0 / 64) * kBoxBytes;
+    for (int k = item.first; k < item.last; ++k, ++i) {
+      mbarrier_wait(&full[i % S], (i / S) & 1);
+      const unsigned char* as = stage_a(i) + (row0 / 64) * kBoxBytes;
+      const unsigned char* bs = stage_b(i) + (col0 / 64) * kBoxBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kSlice / 16; ++kk) {
@@ -934,112 +1023,89 @@ __device__ __forceinline__ void sdd_tma_body(int c_base, Column column, const Sd
       }
       wgmma_commit();
       wgmma_wait<1>();
-      if (step > 0) mbarrier_arrive(&empty[(step - 1) % S]);
+      if (k > item.first) mbarrier_arrive(&empty[(i - 1) % S]);
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
+    if (item.last > item.first) mbarrier_arrive(&empty[(i - 1) % S]);
+    store_sdd_item<Cfg, ROWS, COLS, kTiles, N>(d, row0, col0, units, item, schedule, workspace);
   }
-  // Every thread takes part in the epilogue, through one instantiation of it (the split reduction
-  // synchronises the CTA and shares a __shared__ flag); the producer warpgroup holds no values.
-  store(WgmmaTiles<kTiles, N>{d, row0, col0, warpgroup > 0});
 }
 
-// store of sdd_tma_kernel: the whole tile is block `block` of dW.
+// Writes finished pairs of dW: element (r % b, c % b) of block `block`, scaled by its gate (a block
+// gated to 0 gets dW = 0, whatever X and dY hold).
 template <class Cfg>
-struct SddBlockStore {
-  typename Cfg::T* dw;
-  int block, accumulate;
-  float g;
-  float* workspace;
-  template <class ForEach>
-  __device__ __forceinline__ void operator()(ForEach for_each) const {
-    store_dw_block<Cfg>(for_each, dw, block, g, accumulate, workspace);
-  }
-};
-
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    sdd_tma_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
-                   typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
-                   float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
-                   const __grid_constant__ TensorMap map_dy) {
-  constexpr int b = Cfg::kBlock;
-  static_assert(b == 64 || b == 128, "b = 64 or 128");
-  const int block = blockIdx.x;
-  const float g = gate != nullptr ? gate[block] : 1.0f;
-  const SddRange<Cfg> range(n, SddTmaPlan<Cfg>::kSlice, g);  // whole 64-row steps; rows past n read as zeros
-  sdd_tma_body<Cfg, b, b>(Cfg::coords()[2 * block] * b, ContiguousColumns{Cfg::coords()[2 * block + 1] * b}, range,
-                          map_x, map_dy, SddBlockStore<Cfg>{dw, block, accumulate, g, workspace});
-}
-
-// store of sdd_tiled_kernel and sdd_rows_kernel: the blocks of R × C tile `tile` (Cfg::tile_blocks():
-// (R / b) × (C / b) block indices per tile, row-major, -1 where the layout has none), each scaled by
-// its gate (0: written as 0).
-template <class Cfg, int R, int C>
-struct SddTileStore {
+struct DwWriter {
   typename Cfg::T* dw;
   const float* gate;
-  int tile, accumulate;
-  float* workspace;
-  template <class ForEach>
-  __device__ __forceinline__ void operator()(ForEach for_each) const {
-    constexpr int b = Cfg::kBlock, kPerRow = C / b;
-    const int* blocks = Cfg::tile_blocks() + tile * (R / b) * kPerRow;
-    store_dw_tile<Cfg, R, C>(
-        for_each,
-        [&](int r, int c, float v0, float v1) {
-          const int block = blocks[(r / b) * kPerRow + c / b];
-          if (block < 0) return;
-          const float g = gate == nullptr ? 1.0f : gate[block];
-          if (g == 0.0f) v0 = v1 = 0.0f;  // a block gated to 0 gets dW = 0, whatever X and dY hold
-          store_pair(dw + static_cast<long long>(block) * b * b + (r % b) * b + c % b, v0 * g, v1 * g, accumulate);
-        },
-        tile, workspace);
+  int accumulate;
+  __device__ __forceinline__ void put(int block, int r, int c, float v0, float v1) const {
+    constexpr int b = Cfg::kBlock;
+    if (block < 0) return;
+    const float g = gate == nullptr ? 1.0f : gate[block];
+    if (g == 0.0f) v0 = v1 = 0.0f;
+    store_pair(dw + static_cast<long long>(block) * b * b + (r % b) * b + c % b, v0 * g, v1 * g, accumulate);
   }
 };
 
+// sdd_tma_kernel's units: block u of dW.
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    sdd_tiled_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
-                     typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
-                     float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
-                     const __grid_constant__ TensorMap map_dy) {
-  constexpr int E = Cfg::kTileEdge;
-  static_assert(Cfg::kBlock == 16 || Cfg::kBlock == 32, "b = 16 or 32");
-  const int tile = blockIdx.x;
-  const SddRange<Cfg> range(n, SddTmaPlan<Cfg, E>::kSlice, 1.0f);
-  sdd_tma_body<Cfg, E, E>(Cfg::coords()[2 * tile] * E, ContiguousColumns{Cfg::coords()[2 * tile + 1] * E}, range,
-                          map_x, map_dy, SddTileStore<Cfg, E, E>{dw, gate, tile, accumulate, workspace});
-}
+struct BlockUnits : DwWriter<Cfg> {
+  static constexpr bool kGaps = false;
+  __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[2 * u] * Cfg::kBlock; }
+  __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * Cfg::kBlock + box * 64; }
+  __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const { this->put(u, r, c, v0, v1); }
+};
 
-// Feature coordinates of the dY boxes of a row group: box j is the (j % (b / 64))-th of slot
-// j / (b / 64)'s block; -1 for a slot the group leaves empty.
+// sdd_tiled_kernel's units: E × E tile u (Cfg::coords(): its tile row and column; Cfg::tile_blocks():
+// (E / b)² block indices per tile, row-major, -1 where the layout has none).
 template <class Cfg>
-struct GroupColumns {
+struct TileUnits : DwWriter<Cfg> {
+  static constexpr bool kGaps = false;
+  static constexpr int E = Cfg::kTileEdge, kPerRow = E / Cfg::kBlock;
+  __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[2 * u] * E; }
+  __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * E + box * 64; }
+  __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const {
+    const int b = Cfg::kBlock;
+    this->put(Cfg::tile_blocks()[(u * kPerRow + r / b) * kPerRow + c / b], r, c, v0, v1);
+  }
+};
+
+// sdd_rows_kernel's units: row group u, Cfg::tile_blocks() holding kRowBlocks block indices per group
+// (one block row, -1 for empty slots after the blocks; Cfg::coords(): each block's row and column).
+template <class Cfg>
+struct RowUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = true;
-  const int* blocks;
-  __device__ __forceinline__ int operator()(int box) const {
-    constexpr int b = Cfg::kBlock, kBoxes = b / 64;
-    const int block = blocks[box / kBoxes];
-    return block < 0 ? -1 : Cfg::coords()[2 * block + 1] * b + (box % kBoxes) * 64;
+  static constexpr int M = Cfg::kRowBlocks, kBoxes = Cfg::kBlock / 64;
+  __device__ __forceinline__ int row_base(int u) const {
+    return Cfg::coords()[2 * Cfg::tile_blocks()[u * M]] * Cfg::kBlock;  // the first slot always holds a block
+  }
+  __device__ __forceinline__ int column(int u, int box) const {
+    const int block = Cfg::tile_blocks()[u * M + box / kBoxes];
+    return block < 0 ? -1 : Cfg::coords()[2 * block + 1] * Cfg::kBlock + (box % kBoxes) * 64;
+  }
+  __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const {
+    this->put(Cfg::tile_blocks()[u * M + c / Cfg::kBlock], r, c, v0, v1);
   }
 };
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    sdd_rows_kernel(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,
-                    typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
-                    float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,
-                    const __grid_constant__ TensorMap map_dy) {
-  constexpr int b = Cfg::kBlock, M = Cfg::kRowBlocks;
-  static_assert(b == 64 || b == 128, "b = 64 or 128");
-  const int group = blockIdx.x;
-  const int* blocks = Cfg::tile_blocks() + group * M;  // the group's first slot always holds a block
-  const SddRange<Cfg> range(n, SddTmaPlan<Cfg>::kSlice, 1.0f);
-  sdd_tma_body<Cfg, b, M * b>(Cfg::coords()[2 * blocks[0]] * b, GroupColumns<Cfg>{blocks}, range, map_x, map_dy,
-                              SddTileStore<Cfg, b, M * b>{dw, gate, group, accumulate, workspace});
-}
+#define BSJIT_SDD_TMA_KERNEL(NAME, UNITS, ROWS, COLS, CHECK)                                                        \
+  template <class Cfg>                                                                                              \
+  __global__ void __launch_bounds__(Cfg::kThreads, 1)                                                               \
+      NAME(const typename Cfg::T* __restrict__ x, const typename Cfg::T* __restrict__ dy,                           \
+           typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,                 \
+           float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,                                  \
+           const __grid_constant__ TensorMap map_dy) {                                                               \
+    static_assert(CHECK, #CHECK);                                                                                   \
+    sdd_tma_body<Cfg, ROWS, COLS>(n, UNITS<Cfg>{{dw, gate, accumulate}}, map_x, map_dy, workspace);                 \
+  }
+
+BSJIT_SDD_TMA_KERNEL(sdd_tma_kernel, BlockUnits, Cfg::kBlock, Cfg::kBlock, Cfg::kBlock == 64 || Cfg::kBlock == 128)
+BSJIT_SDD_TMA_KERNEL(sdd_tiled_kernel, TileUnits, Cfg::kTileEdge, Cfg::kTileEdge, Cfg::kBlock == 16 || Cfg::kBlock == 32)
+BSJIT_SDD_TMA_KERNEL(sdd_rows_kernel, RowUnits, Cfg::kBlock, Cfg::kRowBlocks * Cfg::kBlock,
+                     Cfg::kBlock == 64 || Cfg::kBlock == 128)
+#undef BSJIT_SDD_TMA_KERNEL
 
 }  // namespace kernels
 }  // namespace bsjit

@@ -238,15 +238,21 @@ __device__ __forceinline__ void wgmma_registers_mn_major_tile(float (&d)[N / 2],
 }
 
 // The accumulator element of thread `lane` of warp `warp` (within its warpgroup) held in register
-// pair 4i + 2h: row warp·16 + lane/4 + 8h, columns 8i + 2·(lane%4) and the next one.
-template <int N, class Store>
-__device__ __forceinline__ void wgmma_epilogue(const float (&d)[N / 2], int row0, Store store) {
+// pair 4i + 2h: row warp·16 + lane/4 + 8h, columns 8i + 2·(lane%4) and the next one. f(r, c, e) for
+// every pair d[e], d[e + 1] a thread holds, at (r, c) and (r, c + 1) of the 64 × N tile (rows from row0).
+template <int N, class F>
+__device__ __forceinline__ void wgmma_for_each_pair(int row0, F f) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < N / 8; ++i)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      store(row0 + warp * 16 + lane / 4 + 8 * h, 8 * i + 2 * (lane % 4), d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+    for (int h = 0; h < 2; ++h) f(row0 + warp * 16 + lane / 4 + 8 * h, 8 * i + 2 * (lane % 4), 4 * i + 2 * h);
+}
+
+// store(r, c, v0, v1) for every pair of a thread's accumulators (wgmma_for_each_pair).
+template <int N, class Store>
+__device__ __forceinline__ void wgmma_epilogue(const float (&d)[N / 2], int row0, Store store) {
+  wgmma_for_each_pair<N>(row0, [&](int r, int c, int e) { store(r, c, d[e], d[e + 1]); });
 }
 
 

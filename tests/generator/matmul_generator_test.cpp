@@ -421,10 +421,42 @@ TEST(Generator, RowGroupTablesRebuildTheLayout) {
         EXPECT_LE(padded_groups, layout.rows());
         EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
         EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
-        if (g.splits > 1) {
-          EXPECT_EQ(g.workspace_bytes, (static_cast<std::int64_t>(g.splits) * b * m * b + 1) * 4 * groups);
-        }
+        // one wave of CTAs over the groups (SddSchedule): a partial plane per CTA an H100 / H200
+        // holds at most, and a counter each
+        EXPECT_TRUE(g.persistent);
+        EXPECT_EQ(g.splits, 1);
+        const std::int64_t planes = std::min<std::int64_t>(groups * 8, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
+        EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", groups, planes)), std::string::npos);
+        EXPECT_EQ(g.workspace_bytes, groups > 0 ? (planes * b * m * b + planes) * 4 : 0);
       }
+}
+
+// Backward-weight at b ≥ 64 on Hopper: the kernel predicted to finish first in waves (sdd_choice):
+// row groups of 4 for many blocks per row, of 2 for a few, a block per CTA where even pairs would
+// leave most of a wave idle.
+TEST(Generator, BackwardWeightKernelByWaves) {
+  auto regular = [](std::int64_t n, std::int64_t per_row) {
+    std::vector<std::uint8_t> m(n * n, 0);
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t j = 0; j < per_row; ++j) m[r * n + (r * 7 + j * 3) % n] = 1;
+    return Layout::from_dense(n, n, m);
+  };
+  auto chosen = [](const Layout& layout, int b) {
+    MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    return generate_matmul(layout, spec);
+  };
+  const auto many = chosen(regular(64, 32), 64), few = chosen(regular(64, 3), 64), sparse = chosen(regular(32, 2), 128);
+  EXPECT_EQ(tiles_tag(many.tiles), "rows4-tma1-s4");
+  EXPECT_EQ(many.grid_x, 64 * 32 / 4);
+  EXPECT_NE(many.label.find("rows4"), std::string::npos) << "the label names what was generated";
+  EXPECT_EQ(tiles_tag(few.tiles), "rows2-tma1-s6");
+  EXPECT_EQ(few.grid_x, 64 * 2);
+  EXPECT_EQ(tiles_tag(sparse.tiles), "tma1-bm128-s4");
+  EXPECT_NE(sparse.name_expression.find("sdd_tma_kernel"), std::string::npos);
+  MatMulSpec small{Op::backward_weight, 64, DType::bf16, FeatureAxis::last};
+  small.wgmma = small.small_batch = true;
+  EXPECT_FALSE(generate_matmul(regular(64, 32), small).tiles.tma) << "small batches keep the mma.sync kernel";
 }
 
 // Which row-grouped shapes are valid: wgmma widths of 64-256 per consumer, at most 128 accumulators
@@ -442,7 +474,7 @@ TEST(Generator, RowGroupShapes) {
   EXPECT_EQ(tiles_tag(t), "rows8-tma2-s3");
   EXPECT_EQ(t.bm, 64);
   EXPECT_EQ(t.bn, 512);
-  EXPECT_EQ(t.threads, 384);
+  EXPECT_EQ(t.threads, 288) << "2 consumer warpgroups and a producer warp";
   EXPECT_EQ(t.shared_bytes, 3 * 64 * (64 + 512) * 2 + 1024 + 2 * 3 * 8);
   EXPECT_EQ(choose_tiles(shape(128, 2, 2, 4)).bn, 256);
   EXPECT_THROW(choose_tiles(shape(64, 8, 1, 3)), Error) << "N = 512 on one consumer";
@@ -511,7 +543,8 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           EXPECT_EQ(t.wgmma, expected);
           if (!t.wgmma) continue;
           EXPECT_TRUE(t.tma) << "the default is the warp-specialized TMA kernel";
-          EXPECT_EQ(t.threads, (t.warps_m + (t.tma ? 1 : 0)) * 128) << "warps_m consumer warpgroups (+ a producer)";
+          // warps_m consumer warpgroups and a producer: a warpgroup, a warp for backward-weight
+          EXPECT_EQ(t.threads, t.warps_m * 128 + (op == Op::backward_weight ? 32 : 128));
           if (t.columns == 0) {
             EXPECT_TRUE(t.bm / t.warps_m == 64 || t.bm / t.warps_m == 128) << "one or two m64 tiles per warpgroup";
           }
@@ -613,7 +646,10 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           if (op == Op::backward_weight) {
             EXPECT_EQ(t.bm, b);
             EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * b * 2 + 1024 + 16 * t.stages);
-            EXPECT_NE(g.name_expression.find("sdd_tma_kernel"), std::string::npos);
+            // the layout picks a block per CTA or row groups (sdd_choice)
+            EXPECT_TRUE(g.name_expression.find("sdd_tma_kernel") != std::string::npos ||
+                        g.name_expression.find("sdd_rows_kernel") != std::string::npos)
+                << g.name_expression;
             EXPECT_EQ(g.tensor_maps[0].inner, 2 * b) << "X: [n, C]";
             EXPECT_EQ(g.tensor_maps[1].box_outer, 64);
             continue;

@@ -282,8 +282,8 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
         double err = sampled_error(L, b, N, op, x, w, dy, o.download<std::uint16_t>());
         double ms = time_ms(fn, env.stream, 3, env.reps);
         std::string tag = generator::tiles_tag(*id.spec.tiles);
-        fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  err {:.1e}{}\n", b, d,
-                   to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, err,
+        fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n", b,
+                   d, to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, p->generated.grid_x, err,
                    err > 1e-2 ? "  WRONG" : "");
         std::fflush(stdout);
         out.push_back({{"block", b}, {"density", d}, {"op", to_string(op)}, {"tiles", tag}, {"ms", ms},
@@ -299,24 +299,28 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   std::mt19937_64 rng(11);
   set_cache_directory({});
   // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64
-  // (swapped, and paired), the grouped kernel at b = 32, the tiled backward-weight and the small-batch
-  // TMA kernel at b = 32. Shapes named, so that the layout does not choose another kernel.
+  // (swapped, and paired), the grouped kernel at b = 32, the tiled backward-weight, the row-grouped
+  // backward-weight at b = 64 and the small-batch TMA kernel at b = 32. Shapes named, so that the layout does not choose another kernel.
   generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last}, grouped = hopper, tiled = hopper;
   hopper.wgmma = grouped.wgmma = tiled.wgmma = true;
   grouped.block = tiled.block = 32;
   tiled.op = Op::backward_weight;
-  generator::MatMulSpec small = grouped, paired = hopper;
+  generator::MatMulSpec small = grouped, paired = hopper, rows = hopper;
   small.small_batch = true;
-  generator::TileConfig pair;
+  generator::TileConfig pair, groups;
   pair.paired = true, pair.bm = 256, pair.warps_m = 2, pair.stages = 4;
   paired.tiles = pair;
-  for (auto* spec : {&hopper, &grouped, &tiled, &small}) spec->tiles = generator::choose_tiles(*spec);
+  groups.wgmma = groups.tma = true, groups.row_blocks = 4, groups.warps_m = 1, groups.stages = 4;
+  rows.op = Op::backward_weight;
+  rows.tiles = groups;
+  for (auto* spec : {&hopper, &grouped, &tiled, &small, &rows}) spec->tiles = generator::choose_tiles(*spec);
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
       {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"},
       {hopper, "sm_90a"},
       {paired, "sm_90a"},
       {grouped, "sm_90a"},
       {tiled, "sm_90a"},
+      {rows, "sm_90a"},
       {small, "sm_90a"}};
   for (const auto& [spec, arch] : kernels)
     for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
