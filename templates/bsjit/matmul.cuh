@@ -172,26 +172,26 @@ struct EpilogueOf {
   }
 };
 
-// Writes one R × C tile of dW (tile `tile` of gridDim.x) from the accumulators this CTA's threads
+// Writes one E × E tile of dW (tile `tile` of gridDim.x) from the accumulators this CTA's threads
 // hold: for_each(store) calls store(r, c, v0, v1) for every pair of adjacent values (r, c),
 // (r, c + 1) a thread holds, and write(r, c, v0, v1) puts a pair of the finished tile in place.
 // Every thread of the CTA must call the same instantiation (it has a __shared__ flag and CTA
 // barriers).
 // Split over N (Cfg::kSplits CTAs per tile, blockIdx.y = split): each split writes its fp32
 // partial; the last split of the tile to finish adds them in split order (deterministic) and
-// writes. workspace: [kSplits][tiles][R][C] partials, then one arrival counter per tile, which the
+// writes. workspace: [kSplits][tiles][E][E] partials, then one arrival counter per tile, which the
 // last split sets back to 0 for the next launch.
-template <class Cfg, int R, int C, class ForEach, class Write>
+template <class Cfg, int E, class ForEach, class Write>
 __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int tile, float* workspace) {
   if (Cfg::kSplits == 1) {
     for_each(write);
     return;
   }
-  const long long plane = static_cast<long long>(gridDim.x) * R * C;
-  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(tile) * R * C;
+  const long long plane = static_cast<long long>(gridDim.x) * E * E;
+  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(tile) * E * E;
   for_each([&](int r, int c, float v0, float v1) {
-    mine[r * C + c] = v0;
-    mine[r * C + c + 1] = v1;
+    mine[r * E + c] = v0;
+    mine[r * E + c + 1] = v1;
   });
   __threadfence();
   __syncthreads();
@@ -201,13 +201,13 @@ __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* base = workspace + static_cast<long long>(tile) * R * C;
+  const float* base = workspace + static_cast<long long>(tile) * E * E;
   for_each([&](int r, int c, float, float) {
     float v0 = 0.0f, v1 = 0.0f;
 #pragma unroll 1
     for (int s = 0; s < Cfg::kSplits; ++s) {
-      v0 += load_global_cg(base + s * plane + r * C + c);
-      v1 += load_global_cg(base + s * plane + r * C + c + 1);
+      v0 += load_global_cg(base + s * plane + r * E + c);
+      v1 += load_global_cg(base + s * plane + r * E + c + 1);
     }
     write(r, c, v0, v1);
   });
@@ -220,7 +220,7 @@ __device__ __forceinline__ void store_dw_block(ForEach for_each, typename Cfg::T
                                                int accumulate, float* workspace) {
   constexpr int b = Cfg::kBlock;
   typename Cfg::T* out = dw + static_cast<long long>(block) * b * b;
-  store_dw_tile<Cfg, b, b>(
+  store_dw_tile<Cfg, b>(
       for_each,
       [&](int r, int c, float v0, float v1) { store_pair(out + r * b + c, v0 * g, v1 * g, accumulate); }, block,
       workspace);
@@ -965,7 +965,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
     if (threadIdx.x != kConsumerThreads) return;
     int i = 0;  // position in the ring, over all items
     for (int it = 0; it < items; ++it) {
-      const SddItem item = schedule.item(it);
+      const SddItem item = units.gated(schedule.item(it));
       // the item's coordinates, read from the tables once (the copies' asm clobbers memory, so
       // reads in the step loop would be repeated every step, on the producer's critical path)
       const int c_base = units.row_base(item.unit);
@@ -1000,7 +1000,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   float d[kTiles][N / 2];
   int i = 0;
   for (int it = 0; it < items; ++it) {
-    const SddItem item = schedule.item(it);
+    const SddItem item = units.gated(schedule.item(it));
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -1040,6 +1040,15 @@ struct DwWriter {
   typename Cfg::T* dw;
   const float* gate;
   int accumulate;
+  // The item without steps where every block of its unit (`count` indices at `blocks`, -1 for none)
+  // is gated to 0: its product is not computed, and 0 is written.
+  __device__ __forceinline__ SddItem gated(SddItem item, const int* blocks, int count) const {
+    if (gate == nullptr) return item;
+    for (int i = 0; i < count; ++i)
+      if (blocks[i] >= 0 && gate[blocks[i]] != 0.0f) return item;
+    item.last = item.first;
+    return item;
+  }
   __device__ __forceinline__ void put(int block, int r, int c, float v0, float v1) const {
     constexpr int b = Cfg::kBlock;
     if (block < 0) return;
@@ -1056,6 +1065,7 @@ struct BlockUnits : DwWriter<Cfg> {
   __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[2 * u] * Cfg::kBlock; }
   __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * Cfg::kBlock + box * 64; }
   __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const { this->put(u, r, c, v0, v1); }
+  __device__ __forceinline__ SddItem gated(const SddItem& item) const { return DwWriter<Cfg>::gated(item, &item.unit, 1); }
 };
 
 // sdd_tiled_kernel's units: E × E tile u (Cfg::coords(): its tile row and column; Cfg::tile_blocks():
@@ -1069,6 +1079,9 @@ struct TileUnits : DwWriter<Cfg> {
   __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const {
     const int b = Cfg::kBlock;
     this->put(Cfg::tile_blocks()[(u * kPerRow + r / b) * kPerRow + c / b], r, c, v0, v1);
+  }
+  __device__ __forceinline__ SddItem gated(const SddItem& item) const {
+    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * kPerRow * kPerRow, kPerRow * kPerRow);
   }
 };
 
@@ -1087,6 +1100,9 @@ struct RowUnits : DwWriter<Cfg> {
   }
   __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const {
     this->put(Cfg::tile_blocks()[u * M + c / Cfg::kBlock], r, c, v0, v1);
+  }
+  __device__ __forceinline__ SddItem gated(const SddItem& item) const {
+    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * M, M);
   }
 };
 
