@@ -526,7 +526,8 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     // blocks of a block row together: b = 64 on 1 consumer of 2 or 4 blocks or 2 consumers of 2 or
     // 4 each; b = 128 on 2 consumers of 64 rows × 2 blocks
     if (spec.wgmma && b >= 64)
-      for (auto [m, wg, stages] : {std::tuple{2, 1, 6}, {4, 1, 4}, {4, 1, 5}, {4, 2, 4}, {8, 2, 3}, {2, 2, 4}, {2, 2, 3}})
+      for (auto [m, wg, stages] :
+           {std::tuple{2, 1, 6}, {4, 1, 4}, {4, 1, 5}, {4, 2, 4}, {8, 2, 3}, {2, 2, 4}, {2, 2, 3}})
         shapes.push_back(rows_shape(m, wg, stages));
     shapes.insert(shapes.end(), {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
               pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)});
@@ -861,8 +862,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // block adds the partials in split order: deterministic.
     // The Hopper kernels (t.tma) instead run one wave of CTAs over their units (SddSchedule in
     // templates/bsjit/matmul.cuh): whole units in waves, those left over from the last full wave split
-    // along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds
-    // (at most the units); the workspace holds a partial per CTA of an H100 / H200 (144 SMs at most).
+    // along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
+    // the workspace holds a partial per CTA of an H100 / H200 (144 SMs at most) and a counter each.
     constexpr std::int64_t kSms = 132, kSharedPerSm = 227 * 1024;
     const std::int64_t per_sm =
         t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
@@ -917,9 +918,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     }
   }
 
-  const char* accessors = sdd ? (t.tile_edge > 0 || t.row_blocks > 0 ? "  __device__ static const int* coords() { return kCoords; }\n"
-                                                   "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
-                                                 : "  __device__ static const int* coords() { return kCoords; }\n")
+  const bool slots = t.tile_edge > 0 || t.row_blocks > 0;  // sdd tables of block slots per unit
+  const char* accessors = sdd ? (slots ? "  __device__ static const int* coords() { return kCoords; }\n"
+                                         "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
+                                       : "  __device__ static const int* coords() { return kCoords; }\n")
                           : t.columns > 0 || t.paired
                               ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
                                 "  __device__ static const int* steps() { return kSteps; }\n"
@@ -993,7 +995,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
       fmt::arg("accessors", accessors),
       fmt::arg("header", t.paired ? "matmul_paired.cuh" : t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"),
-      fmt::arg("units", sdd && t.tma ? fmt::format("  static constexpr int kUnits = {}, kPlanes = {};  // dW units, workspace planes\n", g.grid_x, planes) : std::string()),
+      fmt::arg("units", sdd && t.tma ? fmt::format("  static constexpr int kUnits = {}, kPlanes = {};  // dW units, "
+                                                   "workspace planes\n",
+                                                   g.grid_x, planes)
+                                     : std::string()),
       fmt::arg("grouped", t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
                           : t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",

@@ -97,8 +97,8 @@ struct GeneratedSource {
   };
   std::vector<TensorMapShape> tensor_maps;  // empty, {a, b} or {a, b, out}
   // Persistent kernels: grid x = min(output tiles, CTAs the GPU holds at once), grid y = 1; the
-  // tiles are grid_x output block columns × ceil(n / rows_per_cta) row tiles, or (backward-weight,
-  // rows_per_cta = 0) grid_x units of dW.
+  // tiles are grid_x output block columns × ceil(n / rows_per_cta) row tiles. Backward-weight
+  // (rows_per_cta = 0): grid x = the CTAs the GPU holds, over grid_x units of dW (SddSchedule).
   bool persistent = false;
   DType dtype = DType::f32;
 };

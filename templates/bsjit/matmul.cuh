@@ -818,8 +818,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // The Hopper backward-weight kernels: dW on units of Cfg::kUnits (R × C tiles of dW), each the
 // product X[:, rows]ᵀ · dY[:, columns] over N. A stage holds 64 rows of N of both operands, copied
 // by TMA as boxes of 64 rows × 64 features (MN-major, 128-byte swizzled): A = Xᵀ is M-major, B = dY
-// N-major. kWarpsM consumer warpgroups, then one producer warp (so that with 2 consumers, 288
-// threads, a thread may hold 224 registers: the accumulators of a 64 × 256 tile and the epilogue's).
+// N-major. kWarpsM consumer warpgroups, then one producer warp (one of its threads issues the
+// copies). With 2 consumers the registers stay capped at 168 a thread (warps are allocated in fours).
 // - sdd_tma_kernel (b = 64, 128): a unit is one b × b block.
 // - sdd_tiled_kernel (b = 16, 32): an E × E tile of dW (E = 64 or 128) holding at least one block,
 //   computed whole, its blocks stored. An E-wide tile feeds the tensor cores where one narrow block
@@ -875,60 +875,54 @@ struct SddSchedule {
 };
 
 // Stores one item's R × C tile from a consumer's accumulators d (kTiles m64 tiles from row row0 of
-// the tile, N columns from col0; every consumer thread calls it): a whole unit through units.write,
-// a piece as its partial, the last piece of its unit to finish adding them all (in d, one plane at a
-// time, so that a plane's loads are in flight together) and writing.
+// the tile, N columns from col0; every consumer thread calls it) through units.write: a whole unit
+// at once; a piece as its partial, the last piece of its unit to finish adding them all into d (one
+// plane at a time, so that a plane's loads are in flight together) and writing.
 template <class Cfg, int R, int C, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
                                                const SddItem& item, const SddSchedule<Cfg>& schedule,
                                                float* workspace) {
   constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
   constexpr long long kPlane = static_cast<long long>(R) * C;
-  const int unit = item.unit;
-  auto write = [&] {
+  if (item.piece >= 0) {
+    const int leftover = item.unit - schedule.waves * gridDim.x;
+    float* planes = workspace + leftover * schedule.q * kPlane;
+    float* mine = planes + item.piece * kPlane;
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
       wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-        units.write(unit, r, col0 + c, d[t][e], d[t][e + 1]);
+        *reinterpret_cast<float2*>(mine + r * C + col0 + c) = make_float2(d[t][e], d[t][e + 1]);
       });
-  };
-  if (item.piece < 0) {
-    write();
-    return;
-  }
-  const int leftover = unit - schedule.waves * gridDim.x;
-  float* planes = workspace + leftover * schedule.q * kPlane;
-  float* mine = planes + item.piece * kPlane;
+    __threadfence();
+    named_barrier_sync(1, kConsumerThreads);
+    __shared__ int last;
+    unsigned* counter = reinterpret_cast<unsigned*>(workspace + Cfg::kPlanes * kPlane) + leftover;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(schedule.q - 1);
+    named_barrier_sync(1, kConsumerThreads);
+    if (!last) return;
+    __threadfence();
 #pragma unroll
-  for (int t = 0; t < TILES; ++t)
-    wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-      *reinterpret_cast<float2*>(mine + r * C + col0 + c) = make_float2(d[t][e], d[t][e + 1]);
-    });
-  __threadfence();
-  named_barrier_sync(1, kConsumerThreads);
-  __shared__ int last;
-  unsigned* counter = reinterpret_cast<unsigned*>(workspace + Cfg::kPlanes * kPlane) + leftover;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(schedule.q - 1);
-  named_barrier_sync(1, kConsumerThreads);
-  if (!last) return;
-  __threadfence();
+    for (int t = 0; t < TILES; ++t)
 #pragma unroll
-  for (int t = 0; t < TILES; ++t)
-#pragma unroll
-    for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
+      for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
 #pragma unroll 1
-  for (int j = 0; j < schedule.q; ++j) {
-    const float* plane = planes + j * kPlane;
+    for (int j = 0; j < schedule.q; ++j) {
+      const float* plane = planes + j * kPlane;
 #pragma unroll
-    for (int t = 0; t < TILES; ++t)
-      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(plane + r * C + col0 + c));
-        d[t][e] += v.x;
-        d[t][e + 1] += v.y;
-      });
+      for (int t = 0; t < TILES; ++t)
+        wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(plane + r * C + col0 + c));
+          d[t][e] += v.x;
+          d[t][e + 1] += v.y;
+        });
+    }
+    if (threadIdx.x == 0) *counter = 0;
   }
-  write();
-  if (threadIdx.x == 0) *counter = 0;
+  const int unit = item.unit;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+    wgmma_for_each_pair<N>(row0 + t * 64,
+                           [&](int r, int c, int e) { units.write(unit, r, col0 + c, d[t][e], d[t][e + 1]); });
 }
 
 // The main loop of the Hopper backward-weight kernels over the CTA's items (SddSchedule). Units: the
@@ -1044,6 +1038,7 @@ struct DwWriter {
   // is gated to 0: its product is not computed, and 0 is written.
   __device__ __forceinline__ SddItem gated(SddItem item, const int* blocks, int count) const {
     if (gate == nullptr) return item;
+#pragma unroll 1
     for (int i = 0; i < count; ++i)
       if (blocks[i] >= 0 && gate[blocks[i]] != 0.0f) return item;
     item.last = item.first;
