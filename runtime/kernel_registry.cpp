@@ -168,15 +168,19 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
   if (g.persistent) {
     shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
     shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
-    // dsd: output tiles (row tiles of each output block column); sdd: units of dW, which pieces of
-    // leftover units spread over every CTA the GPU holds (SddSchedule)
-    const std::int64_t tiles = g.rows_per_cta > 0 ? g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta)
-                                                  : (g.grid_x > 0 ? INT_MAX : 0);
-    if (tiles > INT_MAX)
-      throw Error(fmt::format("bsjit: {}: n = {} gives {} output tiles; at most {} are supported", to_string(op), n,
-                              tiles, INT_MAX));
-    shape.grid_x = static_cast<std::uint32_t>(std::min(tiles, resident_ctas(function, shape)));
     shape.grid_y = 1;
+    if (g.rows_per_cta == 0) {
+      // backward-weight: every CTA the GPU holds, over grid_x units of dW (SddSchedule splits the
+      // units left from the last full wave among the CTAs that would idle)
+      shape.grid_x = g.grid_x > 0 ? static_cast<std::uint32_t>(resident_ctas(function, shape)) : 0;
+    } else {
+      // output tiles: row tiles of each output block column
+      const std::int64_t tiles = g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta);
+      if (tiles > INT_MAX)
+        throw Error(fmt::format("bsjit: {}: n = {} gives {} output tiles; at most {} are supported", to_string(op),
+                                n, tiles, INT_MAX));
+      shape.grid_x = static_cast<std::uint32_t>(std::min(tiles, resident_ctas(function, shape)));
+    }
   } else {
     shape = launch_shape(kernel, op, n);
   }
