@@ -825,7 +825,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // (row, col) of every nonzero block, in block order; tiled: of every E × E tile holding a
     // block, with the block indices of each tile.
     std::vector<int> coords, tile_blocks;
-    std::int64_t units = layout.blocks(), edge = b;  // CTAs (before splitting) and their dW edge
+    std::int64_t units = layout.blocks(), edge = b;  // units of dW (blocks, tiles or row groups); tile edge
     if (t.tile_edge > 0) {
       edge = t.tile_edge;
       const std::int64_t per = edge / b;  // blocks along a tile edge

@@ -828,7 +828,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // - sdd_rows_kernel (b = 64, 128): up to kRowBlocks blocks of one block row of dW: X's slice of the
 //   row is copied once per step for all of them (once per block with a unit per block), so a step
 //   moves (1 + m) / 2m of the bytes per FLOP.
-template <class Cfg, int ROWS = Cfg::kBlock, int COLS = ROWS>
+template <class Cfg, int ROWS, int COLS>
 struct SddTmaPlan {
   static constexpr int kSlice = 64;                          // rows of N per stage
   static constexpr int kOperandBytes = kSlice * ROWS * 2;   // A's stage (Xᵀ); B's (dY) follows
