@@ -334,8 +334,9 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     // (up to b / 64 of them, whole m64 tiles each), the rest its columns (wgmma's N):
     // - one b × b block per CTA (b ≥ 64, sdd_tma_kernel);
     // - b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge), computed whole (sdd_tiled_kernel);
-    // - b ≥ 64: row_blocks blocks of one block row, b × row_blocks·b (sdd_rows_kernel).
-    const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : b;
+    // - row_blocks block columns of a band of rows (one block row at b ≥ 64, 64 / b at b ≤ 32):
+    //   max(b, 64) × row_blocks·b (sdd_rows_kernel).
+    const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : t.row_blocks > 0 ? std::max(b, 64) : b;
     const int cols = t.row_blocks > 0 ? t.row_blocks * b : edge;
     const int along_rows = std::clamp(edge / 64, 1, std::max(t.warps_m, 1)), along_cols = t.warps_m / along_rows;
     const int width = along_cols > 0 ? cols / along_cols : 0, tiles = edge / along_rows / 64;
@@ -344,7 +345,7 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     t.threads = t.warps_m * 128 + 32;  // consumer warpgroups, then a producer warp
     t.shared_bytes = t.stages * 64 * (edge + cols) * 2 + 1024 + 2 * t.stages * 8;
     const bool kind_ok = t.tile_edge > 0   ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0
-                         : t.row_blocks > 0 ? b >= 64 && t.row_blocks >= 2
+                         : t.row_blocks > 0 ? b >= 16 && t.row_blocks >= 2
                                            : b == 64 || b == 128;
     // wgmma widths 64-256; accumulators: at most 128 per thread, and with more than 2 consumers
     // (≤ 128 registers per thread at 640 threads) at most 64
@@ -529,6 +530,10 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
       for (auto [m, wg, stages] :
            {std::tuple{2, 1, 6}, {4, 1, 4}, {4, 1, 5}, {4, 2, 4}, {8, 2, 3}, {2, 2, 4}, {2, 2, 3}})
         shapes.push_back(rows_shape(m, wg, stages));
+    // b ≤ 32: a band of 64 rows × 256 or 512 gathered columns, on 1 or 2 consumers
+    if (spec.wgmma && b <= 32)
+      for (auto [cols, wg, stages] : {std::tuple{256, 1, 5}, {256, 2, 5}, {256, 2, 4}, {512, 2, 3}})
+        shapes.push_back(rows_shape(cols / b, wg, stages));
     shapes.insert(shapes.end(), {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
               pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)});
   } else {
@@ -646,20 +651,43 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
 
 namespace {
 
-// The blocks of each block row in groups of m (column order), the last group of a row padded with
-// -1: m block indices per group, groups in block-row order.
-std::vector<int> row_groups(const Layout& layout, int m) {
-  std::vector<int> out;
-  const auto& coords = layout.coords();  // row-major: a row's blocks are consecutive
+// The units of sdd_rows_kernel: bands of `per` block rows (1 at b ≥ 64, 64 / b at b ≤ 32), each
+// band's block columns that hold a block in it (ascending) in groups of m, the band's last group
+// padded. columns: per unit, the band, then m block columns (-1: an empty slot); blocks: per unit,
+// per × m block indices, row-major (-1: none).
+struct RowBands {
+  std::vector<int> columns, blocks;
+  std::int64_t units = 0;
+};
+
+RowBands row_bands(const Layout& layout, std::int64_t per, int m) {
+  RowBands out;
+  const auto& coords = layout.coords();  // row-major: a band's blocks are consecutive
   for (std::size_t i = 0; i < coords.size();) {
-    std::size_t end = i;
-    while (end < coords.size() && coords[end].first == coords[i].first) ++end;
-    for (std::size_t first = i; first < end; first += m)
-      for (std::size_t s = first; s < first + m; ++s) out.push_back(s < end ? static_cast<int>(s) : -1);
-    i = end;
+    const std::int64_t band = coords[i].first / per;
+    std::map<std::int64_t, std::vector<int>> by_column;  // column → its block in each row of the band
+    for (; i < coords.size() && coords[i].first / per == band; ++i) {
+      auto& slots = by_column[coords[i].second];
+      slots.resize(per, -1);
+      slots[coords[i].first % per] = static_cast<int>(i);
+    }
+    for (auto it = by_column.begin(); it != by_column.end();) {
+      const std::size_t unit_columns = out.columns.size() + 1, unit_blocks = out.blocks.size();
+      out.columns.push_back(static_cast<int>(band));
+      out.columns.resize(unit_columns + m, -1);
+      out.blocks.resize(unit_blocks + per * m, -1);
+      for (int s = 0; s < m && it != by_column.end(); ++s, ++it) {
+        out.columns[unit_columns + s] = static_cast<int>(it->first);
+        for (std::int64_t r = 0; r < per; ++r) out.blocks[unit_blocks + r * m + s] = it->second[r];
+      }
+      ++out.units;
+    }
   }
   return out;
 }
+
+// Rows of a band of sdd_rows_kernel, in block rows.
+std::int64_t band_rows(std::int64_t b) { return std::max<std::int64_t>(b, 64) / b; }
 
 // Fraction of the E × E dW tiles' block slots that hold a block of the layout: the useful share of
 // the tiled backward-weight kernel's tensor work.
@@ -731,7 +759,7 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
   TileConfig chosen;
   for (const auto& c : candidates) {
     const std::int64_t m = std::max(1, c.shape.row_blocks);
-    const std::int64_t units = m == 1 ? layout.blocks() : static_cast<std::int64_t>(row_groups(layout, m).size()) / m;
+    const std::int64_t units = m == 1 ? layout.blocks() : row_bands(layout, 1, static_cast<int>(m)).units;
     const double us = c.wave_us * sdd_waves(units, c.ctas);
     if (best == 0 || us < best) best = us, chosen = c.shape;
   }
@@ -740,14 +768,44 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
   return out;
 }
 
+// Backward-weight at b ≤ 32 on Hopper: whichever is predicted to finish first, in µs at suite W's
+// N = 8192 (every candidate's time grows alike with N):
+// - E × E tiles of dW computed whole (sdd_tiled_kernel), at a rate times the tiles' fill (their
+//   useful share of tensor work): about 660 × fill TFLOP/s at E = 128 (b = 32, d = 0.5: 333;
+//   d = 0.25: 167; b = 16, d = 0.1, fill 0.104: 66), 335 × fill at E = 64 (b = 32, d = 0.1, fill
+//   0.29: 96; b = 16, d = 0.1, fill 0.12: 42);
+// - row bands (sdd_rows_kernel: 64 rows × the band's columns holding a block, gathered b at a
+//   time), in waves of 132 CTAs (sdd_waves), µs per wave measured on suite W's sweep (one
+//   device call, 2026-11-30): b = 32, 64 × 256 (rows8-tma2-s4) 86-91, 64 × 512 (rows16-tma2-s3)
+//   121-166 (150 taken); b = 16, 64 × 256 (rows16-tma2-s4, 16 dY boxes of 2 KB a step) 145-154,
+//   64 × 512 (rows32-tma2-s3) 249-279 (260 taken). Their steps move 57 (64 × 512) or 51 FLOP per
+//   byte from L2 at a fill of 0.35-0.65, about 480 TFLOP/s dense-equivalent at b = 32: the
+//   L2-to-SM ceiling. Measured, TFLOP/s, tiled (best E) / rows8 / rows16 at b = 32: d = 0.5 322 /
+//   242 / 239, d = 0.25 160 / 190 / 208, d = 0.1 101 / 162 / 196, d = 0.05 88 / 152 / 106 (69
+//   units: half a wave); b = 16, tiled / rows16 / rows32: 319 / 121 / 128, 157 / 76 / 82,
+//   64 / 61 / 55, 34 / 46 / 56;
+// - the mma.sync kernel (one block per CTA): 75-78 TFLOP/s at b = 32, 29-31 at b = 16, whatever
+//   the density.
+MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
+  const int b = spec.block;
+  const double flops = 2.0 * 8192 * static_cast<double>(layout.blocks()) * b * b;
+  auto at = [&](double tflops) { return tflops > 0 ? flops / (tflops * 1e6) : 1e30; };  // µs
+  auto waves_of = [&](int m) { return sdd_waves(row_bands(layout, band_rows(b), m).units, 132); };
+  const double tiled128 = at(660.0 * tile_fill(layout, 128 / b)), tiled64 = at(335.0 * tile_fill(layout, 64 / b)),
+               mma_sync = at(b == 32 ? 76.0 : 30.0);
+  const double rows256 = (b == 32 ? 89.0 : 150.0) * waves_of(256 / b),
+               rows512 = (b == 32 ? 150.0 : 260.0) * waves_of(512 / b);
+  const double best = std::min({tiled128, tiled64, mma_sync, rows256, rows512});
+  MatMulSpec chosen = spec;
+  if (best == tiled128) return spec;  // the default
+  if (best == tiled64) chosen.tiles = finish_tma(spec, tiled_shape(64, 1, 4));
+  else if (best == rows256) chosen.tiles = finish_tma(spec, rows_shape(256 / b, 2, 4));
+  else if (best == rows512) chosen.tiles = finish_tma(spec, rows_shape(512 / b, 2, 3));
+  else chosen.wgmma = false;  // the mma.sync kernel, the same on every target
+  return chosen;
+}
+
 // The heuristic's tile choice for this layout (an explicit spec.tiles is taken as it is).
-// Backward-weight at b ≤ 32 on Hopper computes whole E × E tiles of dW (sdd_tiled_kernel): its
-// useful share of tensor work is the tiles' fill, so the layout decides between E = 128, E = 64
-// and the mma.sync kernel (one block per CTA). Rates measured on suite W (H200, TFLOP/s on the
-// blocks): the tiled kernel runs about 660 × fill at E = 128 (b = 32, d = 0.5: 333; d = 0.25: 167;
-// b = 16, d = 0.1, fill 0.104: 66) and 335 × fill at E = 64 (b = 32, d = 0.1, fill 0.29: 96;
-// b = 16, d = 0.1, fill 0.12: 42); the mma.sync kernel 75-78 at b = 32 and 29-31 at b = 16
-// whatever the density. The largest predicted rate wins.
 //
 // Forward and backward-data at b = 64 on Hopper (N above the small batch) pair output block columns
 // that share input blocks (dsd_paired_kernel) where that pays. Sweep on the H200 (suite W, balanced,
@@ -787,20 +845,8 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
   }
   const TileConfig t = choose_tiles(spec);
   if (t.tma && t.tile_edge == 0) return sdd_choice(layout, spec);
-  if (t.tile_edge == 0) return spec;
-  const int b = spec.block;
-  const double mma_sync = b == 32 ? 76.0 : 30.0, tiled128 = 660.0 * tile_fill(layout, 128 / b),
-               tiled64 = 335.0 * tile_fill(layout, 64 / b);
-  if (tiled128 >= tiled64 && tiled128 >= mma_sync) return spec;  // the default, E = 128
-  MatMulSpec chosen = spec;
-  if (tiled64 >= mma_sync) {
-    TileConfig e64 = t;
-    e64.tile_edge = 64;
-    chosen.tiles = finish_tma(spec, e64);
-  } else {
-    chosen.wgmma = false;  // the mma.sync kernel, the same on every target
-  }
-  return chosen;
+  if (t.tile_edge == 0 || layout.blocks() == 0) return spec;
+  return sdd_narrow_choice(layout, spec);
 }
 
 }  // namespace
@@ -841,13 +887,12 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
         tile_blocks.insert(tile_blocks.end(), slots.begin(), slots.end());
       }
       units = static_cast<std::int64_t>(tiles.size());
+    } else if (t.row_blocks > 0) {
+      RowBands bands = row_bands(layout, band_rows(b), t.row_blocks);
+      coords = std::move(bands.columns), tile_blocks = std::move(bands.blocks), units = bands.units;
     } else {
       coords.reserve(2 * layout.blocks());
       for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
-      if (t.row_blocks > 0) {
-        tile_blocks = row_groups(layout, t.row_blocks);
-        units = static_cast<std::int64_t>(tile_blocks.size()) / t.row_blocks;
-      }
     }
     g.grid_x = units;
     g.rows_per_cta = 0;
@@ -876,11 +921,12 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * t.bm * t.bn + 1) * 4 * units;
     }
     tables = t.row_blocks > 0
-                 ? fmt::format("// (block row, block column) of each nonzero block of W, in block order, and the\n"
-                               "// blocks of each group of {} of one block row (-1: an empty slot).\n"
-                               "__device__ const int kCoords[] = {{{}}};\n"
-                               "__device__ const int kTileBlocks[] = {{{}}};\n",
-                               t.row_blocks, array_body(coords), array_body(tile_blocks))
+                 ? fmt::format("// Units of {0} block columns of a band of {1} block row(s): per unit the band, then its\n"
+                               "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
+                               "// column) (row-major; -1: none).\n"
+                               "__device__ const int kCoords[] = {{{2}}};\n"
+                               "__device__ const int kTileBlocks[] = {{{3}}};\n",
+                               t.row_blocks, band_rows(b), array_body(coords), array_body(tile_blocks))
            : t.tile_edge > 0
                  ? fmt::format("// (tile row, tile column) of each {0} × {0} tile of dW holding a block, and the\n"
                                "// block index of each block of the tile (row-major; -1: none).\n"
@@ -939,8 +985,11 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
-  if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box
-    g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, 64, 64}};
+  if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
+    g.tensor_maps = {{g.in_features, 0, 64, 64},
+                     t.row_blocks > 0 && b < 64
+                         ? GeneratedSource::TensorMapShape{g.out_features, 0, static_cast<int>(b), 64, static_cast<int>(2 * b)}
+                         : GeneratedSource::TensorMapShape{g.out_features, 0, 64, 64}};
   else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
     g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};

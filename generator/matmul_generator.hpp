@@ -40,9 +40,10 @@ struct TileConfig {
   // Tiled Hopper backward-weight (b ≤ 32; also tma and wgmma): the edge (64 or 128) of the dW tiles
   // computed whole, each storing the blocks it holds; 0 for every other kernel.
   int tile_edge = 0;
-  // Row-grouped Hopper backward-weight (b ≥ 64; also tma and wgmma): blocks of one block row of dW
-  // computed together (sdd_rows_kernel), X's slice copied once for all of them; 0 for every other
-  // kernel.
+  // Row-grouped Hopper backward-weight (also tma and wgmma; sdd_rows_kernel): a unit is a band of
+  // dW's rows (one block row at b ≥ 64, 64 / b block rows at b ≤ 32) × row_blocks block columns
+  // holding a block in the band, computed together, X's slice of the band copied once for all of
+  // them; 0 for every other kernel.
   int row_blocks = 0;
 };
 

@@ -825,9 +825,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 //   computed whole, its blocks stored. An E-wide tile feeds the tensor cores where one narrow block
 //   cannot (wgmma's M is 64); the blocks a tile lacks cost tensor time, so the generator keeps this
 //   for layouts whose tiles are well filled.
-// - sdd_rows_kernel (b = 64, 128): up to kRowBlocks blocks of one block row of dW: X's slice of the
-//   row is copied once per step for all of them (once per block with a unit per block), so a step
-//   moves (1 + m) / 2m of the bytes per FLOP.
+// - sdd_rows_kernel: up to kRowBlocks block columns of a band of dW's rows (b ≥ 64: one block row;
+//   b ≤ 32: the 64 / b block rows of 64 features) that hold a block in the band. X's slice of the
+//   band is copied once per step for all of them (once per block with a unit per block), so at
+//   b ≥ 64 a step moves (1 + m) / 2m of the bytes per FLOP; at b ≤ 32 dY's boxes are b features
+//   wide, so a unit gathers the band's columns and computes only those (the tiled kernel computes
+//   every column of its tile).
 template <class Cfg, int ROWS, int COLS>
 struct SddTmaPlan {
   static constexpr int kSlice = 64;                          // rows of N per stage
@@ -927,8 +930,9 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
 
 // The main loop of the Hopper backward-weight kernels over the CTA's items (SddSchedule). Units: the
 // kernel's units, with row_base(u) (X's first feature), column(u, j) (dY's first feature of box j,
-// 64 features; with Units::kGaps, < 0 where the unit leaves the box empty: not copied, the product's
-// columns there undefined and not written) and write(u, r, c, v0, v1) (a finished pair of the tile).
+// Units::kBoxCols features; with Units::kGaps, < 0 where the unit leaves the box empty: not copied,
+// the product's columns there undefined and not written) and write(u, r, c, v0, v1) (a finished pair
+// of the tile).
 // Consumers: up to ROWS / 64 split the rows (whole m64 tiles each), the rest the columns (wgmma's N =
 // COLS / that). The producer runs ahead into the next item while the consumers store.
 template <class Cfg, int ROWS, int COLS, class Units>
@@ -937,12 +941,16 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   using T = typename Cfg::T;
   using Plan = SddTmaPlan<Cfg, ROWS, COLS>;
   constexpr int kSlice = Plan::kSlice, S = Cfg::kStages, kBoxBytes = kSlice * kSwizzleRowBytes;
+  // dY's boxes: kBoxCols features (rows of 2·kBoxCols bytes, swizzled over them)
+  constexpr int kBoxCols = Units::kBoxCols, kDyRow = 2 * kBoxCols, kDyBoxBytes = kSlice * kDyRow, kDyBoxes = COLS / kBoxCols;
   constexpr int kConsumers = Cfg::kWarpsM, kConsumerThreads = kConsumers * 128;
   constexpr int kAlongRows = ROWS / 64 < kConsumers ? ROWS / 64 : kConsumers, kAlongCols = kConsumers / kAlongRows;
   constexpr int kRows = ROWS / kAlongRows, kTiles = kRows / 64, N = COLS / kAlongCols;
-  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && ROWS % 64 == 0 && COLS % 64 == 0, "16-bit, feature axis last");
+  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && ROWS % 64 == 0 && COLS % 64 == 0 && COLS % kBoxCols == 0 &&
+                    (kBoxCols == 16 || kBoxCols == 32 || kBoxCols == 64),
+                "16-bit, feature axis last; dY's boxes 16, 32 or 64 features");
   static_assert(Cfg::kThreads == kConsumerThreads + 32 && kAlongRows * kAlongCols == kConsumers &&
-                    kTiles * 64 * kAlongRows == ROWS && N * kAlongCols == COLS && N <= 256,
+                    kTiles * 64 * kAlongRows == ROWS && N * kAlongCols == COLS && N <= 256 && N % kBoxCols == 0,
                 "kWarpsM consumer warpgroups owning whole m64 tiles, then a producer warp; wgmma widths");
   static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
@@ -963,23 +971,23 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
       // the item's coordinates, read from the tables once (the copies' asm clobbers memory, so
       // reads in the step loop would be repeated every step, on the producer's critical path)
       const int c_base = units.row_base(item.unit);
-      int columns[COLS / 64];
+      int columns[kDyBoxes];
       int boxes = 0;  // dY boxes copied per step
 #pragma unroll
-      for (int j = 0; j < COLS / 64; ++j) {
+      for (int j = 0; j < kDyBoxes; ++j) {
         columns[j] = units.column(item.unit, j);
         boxes += !Units::kGaps || columns[j] >= 0;
       }
       for (int k = item.first; k < item.last; ++k, ++i) {
         if (i >= S) mbarrier_wait(&empty[i % S], ((i / S) - 1) & 1);
         unsigned long long* bar = &full[i % S];
-        mbarrier_arrive_expect_tx(bar, Plan::kOperandBytes + boxes * kBoxBytes);
+        mbarrier_arrive_expect_tx(bar, Plan::kOperandBytes + boxes * kDyBoxBytes);
         const int n0 = k * kSlice;
 #pragma unroll
-        for (int j = 0; j < ROWS / 64 || j < COLS / 64; ++j) {
+        for (int j = 0; j < ROWS / 64 || j < kDyBoxes; ++j) {
           if (j < ROWS / 64) tma_load_2d(stage_a(i) + j * kBoxBytes, map_x, c_base + j * 64, n0, bar);
-          if (j < COLS / 64 && (!Units::kGaps || columns[j] >= 0))
-            tma_load_2d(stage_b(i) + j * kBoxBytes, map_dy, columns[j], n0, bar);
+          if (j < kDyBoxes && (!Units::kGaps || columns[j] >= 0))
+            tma_load_2d(stage_b(i) + j * kDyBoxBytes, map_dy, columns[j], n0, bar);
         }
       }
     }
@@ -1004,12 +1012,13 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
     for (int k = item.first; k < item.last; ++k, ++i) {
       mbarrier_wait(&full[i % S], (i / S) & 1);
       const unsigned char* as = stage_a(i) + (row0 / 64) * kBoxBytes;
-      const unsigned char* bs = stage_b(i) + (col0 / 64) * kBoxBytes;
+      const unsigned char* bs = stage_b(i) + (col0 / kBoxCols) * kDyBoxBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kSlice / 16; ++kk) {
-        // 16 rows of N further on; boxes of 64 features kSlice rows apart
-        const unsigned long long db = smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kBoxBytes, kSwizzleAtomBytes);
+        // 16 rows of N further on; dY's boxes of kBoxCols features kSlice rows apart
+        const unsigned long long db =
+            smem_descriptor_swizzled<kDyRow>(bs + kk * 16 * kDyRow, kDyBoxBytes, 8 * kDyRow);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
           wgmma_m64k16<T, N, 1, 1>(
@@ -1031,6 +1040,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
 // gated to 0 gets dW = 0, whatever X and dY hold).
 template <class Cfg>
 struct DwWriter {
+  static constexpr int kBoxCols = 64;  // features of dY's boxes
   typename Cfg::T* dw;
   const float* gate;
   int accumulate;
@@ -1080,24 +1090,24 @@ struct TileUnits : DwWriter<Cfg> {
   }
 };
 
-// sdd_rows_kernel's units: row group u, Cfg::tile_blocks() holding kRowBlocks block indices per group
-// (one block row, -1 for empty slots after the blocks; Cfg::coords(): each block's row and column).
+// sdd_rows_kernel's units: unit u is a band of kRows features of dW's rows (kPerBand block rows) ×
+// M block columns. Cfg::coords(): per unit the band, then the M block columns (-1: an empty slot);
+// Cfg::tile_blocks(): per unit kPerBand × M block indices, row-major (-1: none).
 template <class Cfg>
 struct RowUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = true;
-  static constexpr int M = Cfg::kRowBlocks, kBoxes = Cfg::kBlock / 64;
-  __device__ __forceinline__ int row_base(int u) const {
-    return Cfg::coords()[2 * Cfg::tile_blocks()[u * M]] * Cfg::kBlock;  // the first slot always holds a block
-  }
+  static constexpr int b = Cfg::kBlock, M = Cfg::kRowBlocks, kRows = b < 64 ? 64 : b, kPerBand = kRows / b;
+  static constexpr int kBoxCols = b < 64 ? b : 64, kBoxes = b / kBoxCols;  // dY's boxes per block column
+  __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[u * (M + 1)] * kRows; }
   __device__ __forceinline__ int column(int u, int box) const {
-    const int block = Cfg::tile_blocks()[u * M + box / kBoxes];
-    return block < 0 ? -1 : Cfg::coords()[2 * block + 1] * Cfg::kBlock + (box % kBoxes) * 64;
+    const int c = Cfg::coords()[u * (M + 1) + 1 + box / kBoxes];
+    return c < 0 ? -1 : c * b + (box % kBoxes) * kBoxCols;
   }
   __device__ __forceinline__ void write(int u, int r, int c, float v0, float v1) const {
-    this->put(Cfg::tile_blocks()[u * M + c / Cfg::kBlock], r, c, v0, v1);
+    this->put(Cfg::tile_blocks()[(u * kPerBand + r / b) * M + c / b], r, c, v0, v1);
   }
   __device__ __forceinline__ SddItem gated(const SddItem& item) const {
-    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * M, M);
+    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * kPerBand * M, kPerBand * M);
   }
 };
 
@@ -1114,8 +1124,8 @@ struct RowUnits : DwWriter<Cfg> {
 
 BSJIT_SDD_TMA_KERNEL(sdd_tma_kernel, BlockUnits, Cfg::kBlock, Cfg::kBlock, Cfg::kBlock == 64 || Cfg::kBlock == 128)
 BSJIT_SDD_TMA_KERNEL(sdd_tiled_kernel, TileUnits, Cfg::kTileEdge, Cfg::kTileEdge, Cfg::kBlock == 16 || Cfg::kBlock == 32)
-BSJIT_SDD_TMA_KERNEL(sdd_rows_kernel, RowUnits, Cfg::kBlock, Cfg::kRowBlocks * Cfg::kBlock,
-                     Cfg::kBlock == 64 || Cfg::kBlock == 128)
+BSJIT_SDD_TMA_KERNEL(sdd_rows_kernel, RowUnits, RowUnits<Cfg>::kRows, Cfg::kRowBlocks * Cfg::kBlock,
+                     Cfg::kBlock == 16 || Cfg::kBlock == 32 || Cfg::kBlock == 64 || Cfg::kBlock == 128)
 #undef BSJIT_SDD_TMA_KERNEL
 
 }  // namespace kernels

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <regex>
 #include <set>
@@ -371,63 +372,76 @@ TEST(Generator, TiledTablesRebuildTheLayout) {
       }
 }
 
-// The row-grouped backward-weight kernel's tables: each group holds up to m blocks of one block row
-// in column order, padded with -1 only at the end of a row; together the groups hold every block once.
-TEST(Generator, RowGroupTablesRebuildTheLayout) {
+// The row-grouped backward-weight kernel's tables: a unit is a band of block rows (one at b ≥ 64,
+// 64 / b at b ≤ 32) with up to m block columns holding a block in the band, ascending, padded with -1
+// only in the band's last unit; the block index of each (row, column) of a unit is the layout's, and
+// together the units hold every block once.
+TEST(Generator, RowBandTablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 10; ++seed)
-    for (int b : {64, 128})
-      for (int m : {2, 4, 8}) {
-        if (b == 128 && m != 2) continue;
+    for (int b : {16, 32, 64, 128})
+      for (int m : {2, 4, 8, 16, 32}) {
+        if ((b == 128 && m != 2) || (b == 64 && m > 8) || (b <= 32 && m * b < 128) || m * b > 512) continue;
         Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
         MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
         spec.wgmma = true;
         TileConfig t;
-        t.wgmma = t.tma = true, t.row_blocks = m, t.warps_m = m == 8 || b == 128 ? 2 : 1, t.stages = 3;
+        t.wgmma = t.tma = true, t.row_blocks = m, t.warps_m = m * b > 256 || b == 128 ? 2 : 1, t.stages = 3;
         spec.tiles = t;
         const auto g = generate_matmul(layout, spec);
         SCOPED_TRACE(fmt::format("seed {} b{} m {}", seed, b, m));
         ASSERT_NE(g.name_expression.find("sdd_rows_kernel"), std::string::npos);
         EXPECT_NE(g.source.find(fmt::format("kRowBlocks = {};", m)), std::string::npos);
         const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
-        const int groups = static_cast<int>(g.grid_x);
-        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, groups * m));
-        ASSERT_EQ(static_cast<int>(coords.size()), std::max<int>(1, 2 * layout.blocks()));
+        const int units = static_cast<int>(g.grid_x), per = std::max(b, 64) / b;
+        ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * (m + 1)));
+        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * per * m));
         std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
-        int previous_row = -1, padded_groups = 0;
-        for (int i = 0; i < groups; ++i) {
-          const int* slots = blocks.data() + i * m;
-          ASSERT_GE(slots[0], 0) << "a group's first slot holds a block";
-          const int row = coords[2 * slots[0]];
-          EXPECT_GE(row, previous_row) << "groups in block-row order";
-          previous_row = row;
+        int previous_band = -1, previous_column = -1, padded_units = 0;
+        for (int u = 0; u < units; ++u) {
+          const int band = coords[u * (m + 1)];
+          const int* columns = coords.data() + u * (m + 1) + 1;
+          EXPECT_GE(band, previous_band) << "units in band order";
+          if (band != previous_band) previous_column = -1;
+          previous_band = band;
+          ASSERT_GE(columns[0], 0) << "a unit's first slot holds a column";
           bool padded = false;
           for (int s = 0; s < m; ++s) {
-            if (slots[s] < 0) {
+            const int* slot = blocks.data() + u * per * m + s;
+            if (columns[s] < 0) {
               padded = true;
+              for (int r = 0; r < per; ++r) EXPECT_EQ(slot[r * m], -1);
               continue;
             }
-            EXPECT_FALSE(padded) << "padding only after the group's blocks";
-            EXPECT_EQ(coords[2 * slots[s]], row) << "one block row per group";
-            if (s > 0) {
-              EXPECT_EQ(slots[s], slots[s - 1] + 1) << "a row's blocks in order";
+            EXPECT_FALSE(padded) << "padding only after the unit's columns";
+            EXPECT_GT(columns[s], previous_column) << "a band's columns ascending, each once";
+            previous_column = columns[s];
+            int held = 0;
+            for (int r = 0; r < per; ++r) {
+              const std::int64_t row = static_cast<std::int64_t>(band) * per + r;
+              EXPECT_EQ(slot[r * m], row < layout.rows() ? layout.block_index(row, columns[s]) : -1);
+              if (slot[r * m] >= 0) rebuilt.push_back({row, columns[s]}), ++held;
             }
-            rebuilt.push_back({coords[2 * slots[s]], coords[2 * slots[s] + 1]});
+            EXPECT_GT(held, 0) << "only columns holding a block in the band";
           }
           if (padded) {
-            ++padded_groups;
-            EXPECT_TRUE(i + 1 == groups || coords[2 * blocks[(i + 1) * m]] != row) << "only a row's last group is short";
+            ++padded_units;
+            EXPECT_TRUE(u + 1 == units || coords[(u + 1) * (m + 1)] != band) << "only a band's last unit is short";
           }
         }
-        EXPECT_LE(padded_groups, layout.rows());
+        EXPECT_LE(padded_units, (layout.rows() + per - 1) / per);
         EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
         EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
-        // one wave of CTAs over the groups (SddSchedule): a partial plane per CTA an H100 / H200
+        // one wave of CTAs over the units (SddSchedule): a partial plane per CTA an H100 / H200
         // holds at most, and a counter each
         EXPECT_TRUE(g.persistent);
         EXPECT_EQ(g.splits, 1);
-        const std::int64_t planes = std::min<std::int64_t>(groups * 8, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
-        EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", groups, planes)), std::string::npos);
-        EXPECT_EQ(g.workspace_bytes, groups > 0 ? (planes * b * m * b + planes) * 4 : 0);
+        const std::int64_t planes = std::min<std::int64_t>(units * 8, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
+        EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", units, planes)), std::string::npos);
+        EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * per * b * m * b + planes) * 4 : 0);
+        // dY's boxes: 64 features, or one block column at b ≤ 32 (swizzled over its 2b bytes)
+        ASSERT_EQ(g.tensor_maps.size(), 2u);
+        EXPECT_EQ(g.tensor_maps[1].box_inner, std::min(b, 64));
+        EXPECT_EQ(g.tensor_maps[1].swizzle, 2 * std::min(b, 64));
       }
 }
 
@@ -459,8 +473,43 @@ TEST(Generator, BackwardWeightKernelByWaves) {
   EXPECT_FALSE(generate_matmul(regular(64, 32), small).tiles.tma) << "small batches keep the mma.sync kernel";
 }
 
+// Backward-weight at b ≤ 32 on Hopper: the kernel predicted to finish first (sdd_narrow_choice) on
+// suite W's balanced random layouts (C = K = 4096): 128 × 128 tiles where they are well filled,
+// bands of 64 rows × 512 or 256 gathered columns where they are not (what the sweep measured).
+TEST(Generator, NarrowBackwardWeightByPrediction) {
+  auto balanced = [](std::int64_t n, double d, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::uint8_t> m(n * n, 0);
+    std::vector<std::int64_t> columns(n);
+    for (std::int64_t r = 0; r < n; ++r) {
+      std::iota(columns.begin(), columns.end(), 0);
+      std::shuffle(columns.begin(), columns.end(), rng);
+      for (std::int64_t j = 0; j < std::llround(d * n); ++j) m[r * n + columns[j]] = 1;
+    }
+    return Layout::from_dense(n, n, m);
+  };
+  auto chosen = [&](int b, double d) {
+    MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    const auto g = generate_matmul(balanced(4096 / b, d, 5), spec);
+    return tiles_tag(g.tiles);
+  };
+  EXPECT_EQ(chosen(32, 0.5), "tile128-tma1-s4");
+  EXPECT_EQ(chosen(32, 0.25), "rows16-tma2-s3");
+  EXPECT_EQ(chosen(32, 0.1), "rows16-tma2-s3");
+  EXPECT_EQ(chosen(32, 0.05), "rows8-tma2-s4");
+  EXPECT_EQ(chosen(16, 0.5), "tile128-tma1-s4");
+  EXPECT_EQ(chosen(16, 0.1), "tile128-tma1-s4");
+  EXPECT_EQ(chosen(16, 0.05), "rows32-tma2-s3");
+  MatMulSpec spec{Op::backward_weight, 32, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  const auto g = generate_matmul(balanced(128, 0.1, 5), spec);
+  EXPECT_NE(g.name_expression.find("sdd_rows_kernel"), std::string::npos);
+  EXPECT_NE(g.label.find("rows16"), std::string::npos) << "the label names what was generated";
+}
+
 // Which row-grouped shapes are valid: wgmma widths of 64-256 per consumer, at most 128 accumulators
-// a thread, b ≥ 64; the shared memory the template computes.
+// a thread; the shared memory the template computes.
 TEST(Generator, RowGroupShapes) {
   auto shape = [](int b, int m, int wg, int stages) {
     MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
@@ -480,7 +529,12 @@ TEST(Generator, RowGroupShapes) {
   EXPECT_THROW(choose_tiles(shape(64, 8, 1, 3)), Error) << "N = 512 on one consumer";
   EXPECT_THROW(choose_tiles(shape(128, 2, 1, 3)), Error) << "256 accumulators a thread";
   EXPECT_THROW(choose_tiles(shape(64, 8, 2, 4)), Error) << "shared memory";
-  EXPECT_THROW(choose_tiles(shape(32, 4, 1, 4)), Error) << "b ≥ 64";
+  EXPECT_THROW(choose_tiles(shape(16, 2, 1, 4)), Error) << "wgmma widths in multiples of 64";
+  const TileConfig band = choose_tiles(shape(32, 8, 1, 5));
+  EXPECT_EQ(band.bm, 64) << "b ≤ 32: a band of 64 rows";
+  EXPECT_EQ(band.bn, 256);
+  EXPECT_EQ(band.shared_bytes, 5 * 64 * (64 + 256) * 2 + 1024 + 2 * 5 * 8);
+  EXPECT_THROW(choose_tiles(shape(16, 32, 1, 3)), Error) << "N = 512 on one consumer";
   EXPECT_THROW(choose_tiles(shape(64, 1, 1, 4)), Error) << "one block per group is sdd_tma_kernel";
   MatMulSpec forward = shape(64, 4, 1, 4);
   forward.op = Op::forward;
