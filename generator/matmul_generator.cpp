@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -711,6 +712,67 @@ std::vector<std::vector<std::pair<int, int>>> output_columns(const Layout& layou
   return per_out;
 }
 
+// SMs of an H100 / H200 (SXM), the GPUs the Hopper kernels' schedules are planned for (a GPU with
+// another count runs them correctly, with a less even schedule).
+constexpr std::int64_t kSms = 132;
+
+// The order of the units of a persistent dsd kernel (output block columns of dsd_tma_kernel, pairs
+// or groups of them of the paired and grouped kernels): tile t is the unit at position t % units of
+// row tile t / units, and CTA p of P takes tiles p, p + P, ..., so it meets the positions p + kP
+// (mod units): with g = gcd(P, units), those of one class p mod g. Units of uneven steps
+// (backward-data of a balanced layout, any op of a Bernoulli one, pairs sharing more or fewer
+// blocks) load the classes, and so the CTAs, unevenly: simulated on suite W's b = 128 layouts, the
+// busiest CTA has 1.07-1.34 times the mean work in order, 1.03 (the waves' rounding) with the
+// units dealt most steps first, each to the class holding the fewest. Measured on suite W at
+// b = 128 (balanced backward-data, TFLOP/s, in order → balanced): d = 0.5 682 → 719, d = 0.25
+// 611 → 647, d = 0.1 348 → 472, d = 0.05 327 → 386; Bernoulli forward 667 → 715, 577 → 641,
+// 447 → 542, 365 → 373. order[position] = unit.
+std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int64_t ctas) {
+  const std::int64_t units = static_cast<std::int64_t>(steps.size());
+  std::vector<int> order(units);
+  if (units == 0) return order;
+  const std::int64_t g = std::gcd(ctas, units), per_class = units / g;
+  std::vector<int> by_steps(units);
+  std::iota(by_steps.begin(), by_steps.end(), 0);
+  std::stable_sort(by_steps.begin(), by_steps.end(), [&](int a, int b) { return steps[a] > steps[b]; });
+  std::vector<std::int64_t> load(g, 0), filled(g, 0);
+  for (int u : by_steps) {
+    std::int64_t best = -1;
+    for (std::int64_t i = 0; i < g; ++i)
+      if (filled[i] < per_class && (best < 0 || load[i] < load[best])) best = i;
+    order[best + g * filled[best]++] = u;
+    load[best] += steps[u];
+  }
+  return order;
+}
+
+// A grouped kernel's column order (groups of `columns` consecutive positions) with its groups in
+// balanced_order by their steps (chunks of sub input blocks holding a block of the group).
+std::vector<int> balanced_groups(const std::vector<std::vector<std::pair<int, int>>>& per_out,
+                                 const std::vector<int>& order, int columns, int sub, std::int64_t ctas) {
+  const std::size_t groups = (order.size() + columns - 1) / columns;
+  std::vector<std::int64_t> steps(groups);
+  for (std::size_t gi = 0; gi < groups; ++gi) {
+    std::set<int> chunks;
+    for (std::size_t at = gi * columns; at < std::min(order.size(), (gi + 1) * static_cast<std::size_t>(columns)); ++at)
+      if (order[at] >= 0)
+        for (auto [in, w] : per_out[order[at]]) chunks.insert(in / sub);
+    steps[gi] = static_cast<std::int64_t>(chunks.size());
+  }
+  std::vector<int> out;  // whole groups: a short last group's padding (-1) moves with it
+  for (int gi : balanced_order(steps, ctas))
+    for (std::size_t c = 0; c < static_cast<std::size_t>(columns); ++c) {
+      const std::size_t at = gi * columns + c;
+      out.push_back(at < order.size() ? order[at] : -1);
+    }
+  return out;
+}
+
+// CTAs of a persistent kernel on an H100 / H200: one wave of those the SMs hold.
+std::int64_t resident_ctas(const TileConfig& t) {
+  return kSms * std::clamp<std::int64_t>(227 * 1024 / t.shared_bytes, 1, 2048 / t.threads);
+}
+
 // The share of the blocks that pair_columns' pairs hold both of (their steps copy one X tile for
 // two W blocks).
 double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out) {
@@ -909,7 +971,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // templates/bsjit/matmul.cuh): whole units in waves, those left over from the last full wave split
     // along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
     // the workspace holds a partial per CTA of an H100 / H200 (144 SMs at most) and a counter each.
-    constexpr std::int64_t kSms = 132, kSharedPerSm = 227 * 1024;
+    constexpr std::int64_t kSharedPerSm = 227 * 1024;
     const std::int64_t per_sm =
         t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
     if (t.tma) {
@@ -943,24 +1005,37 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     const auto per_out = output_columns(layout, trans_w);
     g.rows_per_cta = t.bm;
     if (t.paired) {
-      tables = grouped_tables(per_out, pair_columns(per_out), 2, 1, 2, g.grid_x);
+      tables = grouped_tables(per_out, balanced_groups(per_out, pair_columns(per_out), 2, 1, resident_ctas(t)), 2, 1, 2,
+                              g.grid_x);
     } else if (t.columns > 0) {
       const int sub = static_cast<int>(64 / b);
-      tables = grouped_tables(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub, t.warps_m, g.grid_x);
+      tables = grouped_tables(per_out,
+                              balanced_groups(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub,
+                                              resident_ctas(t)),
+                              t.columns, sub, t.warps_m, g.grid_x);
     } else {
-      std::vector<int> offsets{0}, lut;
+      // the persistent TMA kernel takes the columns in a balanced order (balanced_column_order),
+      // the others in order
+      std::vector<int> order(out_blocks), offsets{0}, lut;
+      std::iota(order.begin(), order.end(), 0);
+      if (t.tma && t.persistent) {
+        std::vector<std::int64_t> steps;
+        for (const auto& entries : per_out) steps.push_back(static_cast<std::int64_t>(entries.size()));
+        order = balanced_order(steps, resident_ctas(t));
+      }
       lut.reserve(2 * layout.blocks());
-      for (auto& entries : per_out) {
-        for (auto& [in, w] : entries) lut.push_back(in), lut.push_back(w);
+      for (int c : order) {
+        for (auto& [in, w] : per_out[c]) lut.push_back(in), lut.push_back(w);
         offsets.push_back(static_cast<int>(lut.size() / 2));
       }
       g.grid_x = out_blocks;
       tables = fmt::format(
-          "// Output block column j reads entries kLutOffsets[j] .. kLutOffsets[j+1] of kLut,\n"
-          "// each a pair (input block, W block index).\n"
+          "// The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..\n"
+          "// kLutOffsets[j+1] of kLut, each a pair (input block, W block index).\n"
+          "__device__ const int kOutColumns[] = {{{}}};\n"
           "__device__ const int kLutOffsets[] = {{{}}};\n"
           "__device__ const int kLut[] = {{{}}};\n",
-          array_body(offsets), array_body(lut));
+          array_body(order), array_body(offsets), array_body(lut));
     }
   }
 
@@ -972,7 +1047,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                               ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
                                 "  __device__ static const int* steps() { return kSteps; }\n"
                                 "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
-                              : "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
+                              : "  __device__ static const int* out_columns() { return kOutColumns; }\n"
+                                "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
   const char* kernel = t.paired          ? "dsd_paired_kernel"
                        : t.columns > 0   ? "dsd_grouped_kernel"

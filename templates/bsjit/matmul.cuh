@@ -627,6 +627,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // share rows of X in L2. Persistent: gridDim.x CTAs take tiles blockIdx.x, + gridDim.x, ...; the
   // producer runs on into the next tile while the consumers store the last one. Otherwise one tile
   // per CTA (grid x = columns, y = row tiles).
+  // Tile t is the column at position t % kOutBlocks (Cfg::out_columns(): the generator's balanced
+  // order) of row tile t / kOutBlocks.
   const int tiles = Cfg::kOutBlocks * ((n + Cfg::kBM - 1) / Cfg::kBM);
   const int first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
   const int stride = Cfg::kPersistent ? gridDim.x : tiles;
@@ -646,7 +648,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int next_begin = Cfg::lut_offsets()[first % Cfg::kOutBlocks];
     int next_end = Cfg::lut_offsets()[first % Cfg::kOutBlocks + 1];
     for (int tile = first; tile < tiles; tile += stride) {
-      const int col = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;  // n ≤ 2^31 - 1
+      const int m0 = tile / Cfg::kOutBlocks * Cfg::kBM;  // n ≤ 2^31 - 1
       const int begin = next_begin, entries = next_end - begin, total = entries * kSlicesPerEntry;
       if (tile + stride < tiles) {
         next_begin = Cfg::lut_offsets()[(tile + stride) % Cfg::kOutBlocks];
@@ -687,8 +689,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 128) prefetch_tensormap(map_out);
   int step = 0, piece = 0;
   for (int tile = first; tile < tiles; tile += stride) {
-    const int col = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;
-    const int begin = Cfg::lut_offsets()[col], total = (Cfg::lut_offsets()[col + 1] - begin) * kSlicesPerEntry;
+    const int position = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;
+    const int col = Cfg::out_columns()[position];
+    const int begin = Cfg::lut_offsets()[position];
+    const int total = (Cfg::lut_offsets()[position + 1] - begin) * kSlicesPerEntry;
     if constexpr (!Cfg::kSwapped) {
       float d[kTiles][b / 2];
 #pragma unroll

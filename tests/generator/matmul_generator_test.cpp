@@ -67,18 +67,33 @@ TEST(Generator, Snapshots) {
 TEST(Generator, TablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     Layout layout = random_layout(1 + seed % 7, 1 + seed % 5 + seed % 3, seed);
-    for (Op op : {Op::forward, Op::backward_data}) {
-      auto g = generate_matmul(layout, {op, 16, DType::bf16, FeatureAxis::last});
+    // the mma.sync kernel (columns in order) and the persistent TMA kernel (a balanced order)
+    for (auto [op, hopper] : {std::pair{Op::forward, false}, {Op::backward_data, false}, {Op::forward, true},
+                              {Op::backward_data, true}}) {
+      MatMulSpec spec{op, hopper ? 128 : 16, DType::bf16, FeatureAxis::last};
+      spec.wgmma = hopper;
+      auto g = generate_matmul(layout, spec);
+      ASSERT_EQ(g.tiles.persistent, hopper);
       auto offsets = table(g.source, "kLutOffsets"), lut = table(g.source, "kLut");
+      auto columns = table(g.source, "kOutColumns");
       const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
       ASSERT_EQ(static_cast<std::int64_t>(offsets.size()), out_blocks + 1);
+      ASSERT_EQ(static_cast<std::int64_t>(columns.size()), out_blocks);
       ASSERT_EQ(g.grid_x, out_blocks);
+      std::vector<int> sorted = columns, identity(out_blocks);
+      std::sort(sorted.begin(), sorted.end());
+      std::iota(identity.begin(), identity.end(), 0);
+      EXPECT_EQ(sorted, identity) << "every output column at one position";
+      if (!hopper) {
+        EXPECT_EQ(columns, identity) << "in order";
+      }
       std::vector<std::pair<std::int64_t, std::int64_t>> coords;
       for (std::int64_t j = 0; j < out_blocks; ++j)
         for (int e = offsets[j]; e < offsets[j + 1]; ++e) {
           int in = lut[2 * e], w = lut[2 * e + 1];
-          auto rc = op == Op::forward ? std::pair<std::int64_t, std::int64_t>{in, j}
-                                      : std::pair<std::int64_t, std::int64_t>{j, in};
+          const std::int64_t out = columns[j];
+          auto rc = op == Op::forward ? std::pair<std::int64_t, std::int64_t>{in, out}
+                                      : std::pair<std::int64_t, std::int64_t>{out, in};
           EXPECT_EQ(layout.block_index(rc.first, rc.second), w) << "seed " << seed;
           if (e > offsets[j]) {
             EXPECT_LT(lut[2 * (e - 1)], in) << "input blocks ascending";
@@ -94,6 +109,30 @@ TEST(Generator, TablesRebuildTheLayout) {
     for (std::int64_t b = 0; b < layout.blocks(); ++b)
       EXPECT_EQ(layout.block_coord(b), (std::pair<std::int64_t, std::int64_t>{coords[2 * b], coords[2 * b + 1]}));
   }
+}
+
+// The persistent TMA kernel's column order: CTA p of the 132 an H200 holds takes tiles p, p + 132,
+// ..., so with 32 output block columns it meets the positions of one class p mod 4. Columns 0, 4,
+// 8, ... holding 8 blocks and the others 1 would load CTAs 0, 4, 8, ... with 8 times the others'
+// work in order; the balanced order gives every class the same steps (two long columns each).
+TEST(Generator, PersistentColumnsBalancedOverTheCtas) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+  for (std::int64_t c = 0; c < 32; ++c)
+    for (std::int64_t r = 0; r < (c % 4 == 0 ? 8 : 1); ++r) blocks.push_back({(c + 3 * r) % 32, c});
+  MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  const auto g = generate_matmul(Layout::from_coords(32, 32, blocks), spec);
+  ASSERT_TRUE(g.tiles.persistent);
+  const auto offsets = table(g.source, "kLutOffsets"), columns = table(g.source, "kOutColumns");
+  std::vector<int> per_class(4, 0), long_columns(4, 0);
+  for (int j = 0; j < 32; ++j) {
+    const int entries = offsets[j + 1] - offsets[j];
+    EXPECT_EQ(entries, columns[j] % 4 == 0 ? 8 : 1) << "position " << j << " holds column " << columns[j];
+    per_class[j % 4] += entries;
+    long_columns[j % 4] += entries == 8;
+  }
+  EXPECT_EQ(per_class, (std::vector<int>(4, 2 * 8 + 6)));
+  EXPECT_EQ(long_columns, (std::vector<int>(4, 2)));
 }
 
 // The grouped kernel's tables (templates/bsjit/matmul_grouped.cuh): each group's steps are the
@@ -124,21 +163,28 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
           ASSERT_EQ(static_cast<int>(bounds.size()), 3 * groups + 1);
           ASSERT_EQ(static_cast<int>(group_columns.size()), groups * columns);
           std::vector<std::pair<std::int64_t, std::int64_t>> coords;
-          std::vector<int> seen(out_blocks, 0);  // every column in one group; -1 only after the last
+          // every column in one group; -1 only at the end of one short group (the groups in
+          // balanced_order, so not necessarily the last)
+          std::vector<int> seen(out_blocks, 0);
+          int padding = 0;
           for (int i = 0; i < groups * columns; ++i) {
             if (group_columns[i] < 0) {
-              EXPECT_GE(i, out_blocks) << "only the last group is short";
+              ++padding;
+              if (i % columns + 1 < columns) {
+                EXPECT_LT(group_columns[i + 1], 0) << "padding at a group's end";
+              }
               continue;
             }
             ASSERT_LT(group_columns[i], out_blocks);
             ++seen[group_columns[i]];
           }
+          EXPECT_EQ(padding, groups * columns - out_blocks);
           for (int c = 0; c < out_blocks; ++c) EXPECT_EQ(seen[c], 1) << "column " << c;
           for (int gi = 0; gi < groups; ++gi) {
             EXPECT_EQ(group_columns[gi * columns], *std::min_element(group_columns.begin() + gi * columns,
-                                                                     group_columns.end(),
+                                                                     group_columns.begin() + (gi + 1) * columns,
                                                                      [](int x, int y) { return x >= 0 && (y < 0 || x < y); }))
-                << "a group starts at the lowest column left";
+                << "a group starts at its lowest column";
             for (int cls = 0; cls < 3; ++cls)
               for (int s = bounds[3 * gi + cls]; s < bounds[3 * gi + cls + 1]; ++s) {
                 const int chunk = steps[record * s];
@@ -174,7 +220,8 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
 // The paired kernel's tables (templates/bsjit/matmul_paired.cuh): every output block column in
 // exactly one pair, a pair's steps the input blocks of its two columns in three classes (both, the
 // first's only, the second's only), ascending within a class, naming the W blocks exactly; the steps
-// rebuild the layout; column 0's partner shares the most input blocks with it.
+// rebuild the layout; column 0's partner shares the most input blocks with it (the pairs in
+// balanced_order).
 TEST(Generator, PairedTablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     Layout layout = random_layout(1 + seed % 7 + seed % 4, 1 + seed % 9 + seed % 3, seed);
@@ -198,8 +245,8 @@ TEST(Generator, PairedTablesRebuildTheLayout) {
       ASSERT_EQ(static_cast<int>(pair_columns.size()), 2 * pairs);
       std::vector<int> seen(out_blocks, 0);
       for (int i = 0; i < 2 * pairs; ++i) {
-        if (pair_columns[i] < 0) {
-          EXPECT_TRUE(i == 2 * pairs - 1 && out_blocks % 2 == 1) << "only an odd last column is alone";
+        if (pair_columns[i] < 0) {  // the pairs in balanced_order: the short one anywhere
+          EXPECT_TRUE(i % 2 == 1 && out_blocks % 2 == 1) << "only an odd column count leaves a column alone";
           continue;
         }
         ASSERT_LT(pair_columns[i], out_blocks);
@@ -218,8 +265,9 @@ TEST(Generator, PairedTablesRebuildTheLayout) {
         return count;
       };
       if (out_blocks > 1) {
-        ASSERT_EQ(pair_columns[0], 0);
-        for (int c = 1; c < out_blocks; ++c) EXPECT_LE(shared(0, c), shared(0, pair_columns[1])) << "column " << c;
+        const int at = static_cast<int>(std::find(pair_columns.begin(), pair_columns.end(), 0) - pair_columns.begin());
+        ASSERT_EQ(at % 2, 0) << "column 0 first in its pair";
+        for (int c = 1; c < out_blocks; ++c) EXPECT_LE(shared(0, c), shared(0, pair_columns[at + 1])) << "column " << c;
       }
       std::vector<std::pair<std::int64_t, std::int64_t>> coords;
       for (int p = 0; p < pairs; ++p)

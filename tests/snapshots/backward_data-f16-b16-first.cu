@@ -4,8 +4,11 @@
 
 namespace bsjit_generated {
 
-// Output block column j reads entries kLutOffsets[j] .. kLutOffsets[j+1] of kLut,
-// each a pair (input block, W block index).
+// The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..
+// kLutOffsets[j+1] of kLut, each a pair (input block, W block index).
+__device__ const int kOutColumns[] = {
+    0, 1, 2,
+};
 __device__ const int kLutOffsets[] = {
     0, 2, 4, 6,
 };
@@ -27,6 +30,7 @@ struct Config {
   static constexpr long long kInDim = 64, kOutDim = 48;
   static constexpr int kOutBlocks = 3;  // output block columns (dsd)
   static constexpr bool kPersistent = false, kSwapped = false;
+  __device__ static const int* out_columns() { return kOutColumns; }
   __device__ static const int* lut_offsets() { return kLutOffsets; }
   __device__ static const int* lut() { return kLut; }
 };
