@@ -211,6 +211,44 @@ INSTANTIATE_TEST_SUITE_P(Ops, MatMulGpuHopper,
                          ::testing::Values(Op::forward, Op::backward_data, Op::backward_weight),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// Backward-weight's schedule on Hopper (SddSchedule) on layouts of 40-560 units of dW, larger than
+// the other tests': whole units in waves of the CTAs the GPU holds, the units left after the full
+// waves split along N into pieces whose partials the last piece adds (b = 128: 1 wave and a few
+// units left, each in 8 pieces). Every backward-weight TMA shape (a block, a tile or a row band per
+// unit), N = 4099 and 1000 (partial steps), gated and accumulating.
+TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  int shapes = 0;
+  for (int b : {32, 64, 128}) {
+    std::mt19937_64 rng(700 + b);
+    const std::int64_t rows = 2048 / b, cols = rows + 3;
+    std::vector<std::uint8_t> m(rows * cols);
+    for (auto& v : m) v = rng() % 100 < (b == 128 ? 45 : 12);
+    const Layout layout = Layout::from_dense(rows, cols, m);
+    generator::MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    std::uint64_t seed = 9000 + b;
+    for (const auto& t : generator::tile_candidates(spec)) {
+      if (!t.tma || t.stages != (t.row_blocks > 0 ? 4 : t.tile_edge > 0 ? 4 : 3)) continue;
+      runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
+      MatMul mm(layout, {b, DType::bf16, FeatureAxis::last, "sm_90a"});
+      ++shapes;
+      for (const Variant& v : {Variant{4099, false, false}, Variant{1000, true, true}}) {
+        auto r = check::run_and_check(mm, Op::backward_weight, {v.n, v.accumulate, v.gated, seed++});
+        tally().add(DType::bf16, r.relative_error);
+        SCOPED_TRACE(fmt::format("b{} {} ({} blocks) n={} gate={} accumulate={}", b, generator::tiles_tag(t),
+                                 layout.blocks(), v.n, v.gated, v.accumulate));
+        EXPECT_EQ(r.unwritten, 0);
+        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+      }
+    }
+  }
+  EXPECT_GT(shapes, 8);
+  std::printf("GPU matmul: %d backward-weight shapes checked on larger layouts\n", shapes);
+}
+
 TEST(MatMulGpuErrors, WrongArchKernelIsAClearError) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
