@@ -933,7 +933,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // (row, col) of every nonzero block, in block order; tiled: of every E × E tile holding a
     // block, with the block indices of each tile.
     std::vector<int> coords, tile_blocks;
-    std::int64_t units = layout.blocks(), edge = b;  // units of dW (blocks, tiles or row groups); tile edge
+    std::int64_t units = layout.blocks(), edge = b;  // units of dW (blocks, tiles or row bands); tile edge
     if (t.tile_edge > 0) {
       edge = t.tile_edge;
       const std::int64_t per = edge / b;  // blocks along a tile edge
@@ -1129,7 +1129,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                                       "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
                                                       t.columns, g.grid_x, layout.blocks() * b)
                           : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
-                          : t.row_blocks > 0 ? fmt::format("  static constexpr int kRowBlocks = {};  // blocks per row group\n", t.row_blocks)
+                          : t.row_blocks > 0 ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n", t.row_blocks)
                                             : ""),
       fmt::arg("smem_check", t.pipelined ? ""
                                          : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
