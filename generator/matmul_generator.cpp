@@ -768,10 +768,13 @@ std::vector<int> balanced_groups(const std::vector<std::vector<std::pair<int, in
   return out;
 }
 
-// CTAs of a persistent kernel on an H100 / H200: one wave of those the SMs hold.
-std::int64_t resident_ctas(const TileConfig& t) {
-  return kSms * std::clamp<std::int64_t>(227 * 1024 / t.shared_bytes, 1, 2048 / t.threads);
+// CTAs of a pipelined shape one SM holds (227 KB of shared memory, 2048 threads).
+std::int64_t ctas_per_sm(const TileConfig& t) {
+  return std::clamp<std::int64_t>(227 * 1024 / t.shared_bytes, 1, 2048 / t.threads);
 }
+
+// CTAs of a persistent kernel on an H100 / H200: one wave of those the SMs hold.
+std::int64_t resident_ctas(const TileConfig& t) { return kSms * ctas_per_sm(t); }
 
 // The share of the blocks that pair_columns' pairs hold both of (their steps copy one X tile for
 // two W blocks).
@@ -852,7 +855,7 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
   const int b = spec.block;
   const double flops = 2.0 * 8192 * static_cast<double>(layout.blocks()) * b * b;
   auto at = [&](double tflops) { return tflops > 0 ? flops / (tflops * 1e6) : 1e30; };  // µs
-  auto waves_of = [&](int m) { return sdd_waves(row_bands(layout, band_rows(b), m).units, 132); };
+  auto waves_of = [&](int m) { return sdd_waves(row_bands(layout, band_rows(b), m).units, kSms); };
   const double tiled128 = at(660.0 * tile_fill(layout, 128 / b)), tiled64 = at(335.0 * tile_fill(layout, 64 / b)),
                mma_sync = at(b == 32 ? 76.0 : 30.0);
   const double rows256 = (b == 32 ? 89.0 : 150.0) * waves_of(256 / b),
@@ -971,9 +974,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // templates/bsjit/matmul.cuh): whole units in waves, those left over from the last full wave split
     // along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
     // the workspace holds a partial per CTA of an H100 / H200 (144 SMs at most) and a counter each.
-    constexpr std::int64_t kSharedPerSm = 227 * 1024;
-    const std::int64_t per_sm =
-        t.pipelined ? std::clamp<std::int64_t>(kSharedPerSm / t.shared_bytes, 1, 2048 / t.threads) : 1;
+    const std::int64_t per_sm = t.pipelined ? ctas_per_sm(t) : 1;
     if (t.tma) {
       g.persistent = true;
       planes = std::min<std::int64_t>(units * 8, 144 * per_sm);  // 8: SddSchedule::kMaxPieces
