@@ -300,12 +300,13 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   set_cache_directory({});
   // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64
   // (swapped, and paired), the grouped kernel at b = 32, the tiled backward-weight, the row-grouped
-  // backward-weight at b = 64 and the small-batch TMA kernel at b = 32. Shapes named, so that the layout does not choose another kernel.
+  // backward-weight at b = 64 (and its row bands at b = 32) and the small-batch TMA kernel at b = 32. Shapes named,
+  // so that the layout does not choose another kernel.
   generator::MatMulSpec hopper{Op::forward, 64, DType::bf16, FeatureAxis::last}, grouped = hopper, tiled = hopper;
   hopper.wgmma = grouped.wgmma = tiled.wgmma = true;
   grouped.block = tiled.block = 32;
   tiled.op = Op::backward_weight;
-  generator::MatMulSpec small = grouped, paired = hopper, rows = hopper;
+  generator::MatMulSpec small = grouped, paired = hopper, rows = hopper, bands = tiled;
   small.small_batch = true;
   generator::TileConfig pair, groups;
   pair.paired = true, pair.bm = 256, pair.warps_m = 2, pair.stages = 4;
@@ -313,7 +314,9 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   groups.wgmma = groups.tma = true, groups.row_blocks = 4, groups.warps_m = 1, groups.stages = 4;
   rows.op = Op::backward_weight;
   rows.tiles = groups;
-  for (auto* spec : {&hopper, &grouped, &tiled, &small, &rows}) spec->tiles = generator::choose_tiles(*spec);
+  groups.row_blocks = 16, groups.warps_m = 2, groups.stages = 3;  // b = 32: 64 rows × 512 columns
+  bands.tiles = groups;
+  for (auto* spec : {&hopper, &grouped, &tiled, &small, &rows, &bands}) spec->tiles = generator::choose_tiles(*spec);
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
       {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"},
       {hopper, "sm_90a"},
@@ -321,6 +324,7 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
       {grouped, "sm_90a"},
       {tiled, "sm_90a"},
       {rows, "sm_90a"},
+      {bands, "sm_90a"},
       {small, "sm_90a"}};
   for (const auto& [spec, arch] : kernels)
     for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
