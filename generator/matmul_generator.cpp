@@ -1015,8 +1015,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                               resident_ctas(t)),
                               t.columns, sub, t.warps_m, g.grid_x);
     } else {
-      // the persistent TMA kernel takes the columns in a balanced order (balanced_column_order),
-      // the others in order
+      // the persistent TMA kernel takes the columns in a balanced order (balanced_order), the
+      // others in order
       std::vector<int> order(out_blocks), offsets{0}, lut;
       std::iota(order.begin(), order.end(), 0);
       if (t.tma && t.persistent) {
@@ -1062,12 +1062,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
-  if (t.tma && sdd)  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
-    g.tensor_maps = {{g.in_features, 0, 64, 64},
-                     t.row_blocks > 0 && b < 64
-                         ? GeneratedSource::TensorMapShape{g.out_features, 0, static_cast<int>(b), 64, static_cast<int>(2 * b)}
-                         : GeneratedSource::TensorMapShape{g.out_features, 0, 64, 64}};
-  else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
+  if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
+    const int dy_box = t.row_blocks > 0 ? static_cast<int>(std::min<std::int64_t>(b, 64)) : 64;
+    g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, dy_box, 64, 2 * dy_box}};
+  } else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
     g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};
   else if (t.tma) {  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: 64 rows, or the whole block for Wᵀ;
