@@ -344,7 +344,9 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     t.tensor_cores = t.pipelined = t.wgmma = true;
     t.bm = edge, t.bn = cols, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
     t.threads = t.warps_m * 128 + 32;  // consumer warpgroups, then a producer warp
-    t.shared_bytes = t.stages * 64 * (edge + cols) * 2 + 1024 + 2 * t.stages * 8;
+    // (SddTmaPlan: staged, the mbarriers padded to 1024 bytes and 2 KB per consumer warp after them)
+    t.shared_bytes =
+        t.stages * 64 * (edge + cols) * 2 + 1024 + (t.staged ? 1024 + t.warps_m * 4 * 2048 : 2 * t.stages * 8);
     const bool kind_ok = t.tile_edge > 0   ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0
                          : t.row_blocks > 0 ? b >= 16 && t.row_blocks >= 2
                                            : b == 64 || b == 128;
@@ -360,6 +362,9 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
   }
+  if (t.staged)
+    throw Error(fmt::format("tile shape {} is not valid for {}: the staged epilogue is backward-weight's", tiles_tag(t),
+                            to_string(spec.op)));
   t = finish_wgmma(spec, t);
   t.threads += 128;
   const int staging_row = 2 * dsd_slice(spec.block);  // bytes
@@ -430,6 +435,10 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
   if (t.swapped && (!t.tma || t.columns > 0 || t.tile_edge > 0 || spec.op == Op::backward_weight))
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}: only the TMA dsd kernel is swapped",
                             tiles_tag(t), to_string(spec.op), spec.block));
+  if (t.staged && (!t.tma || spec.op != Op::backward_weight))
+    throw Error(
+        fmt::format("tile shape {} is not valid for {}: the staged epilogue is the TMA backward-weight kernels'",
+                    tiles_tag(t), to_string(spec.op)));
   if (t.row_blocks > 0 && spec.op != Op::backward_weight)
     throw Error(fmt::format("tile shape {} is not valid for {}: row groups are backward-weight's", tiles_tag(t),
                             to_string(spec.op)));
@@ -474,6 +483,11 @@ TileConfig pipelined_shape(int bm, int bk, int wm, int wn, int stages, int group
   return t;
 }
 
+TileConfig staged(TileConfig t) {
+  t.staged = true;
+  return t;
+}
+
 }  // namespace
 
 std::vector<MatMulSpec> variants(const MatMulSpec& spec) {
@@ -500,13 +514,14 @@ std::string kernel_label(const MatMulSpec& spec) {
 }
 
 std::string tiles_tag(const TileConfig& t) {
+  const char* staged = t.staged ? "-st" : "";
   if (t.paired) return fmt::format("pair{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.columns > 0) return fmt::format("grp{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
-  if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}", t.tile_edge, t.warps_m, t.stages);
-  if (t.row_blocks > 0) return fmt::format("rows{}-tma{}-s{}", t.row_blocks, t.warps_m, t.stages);
+  if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}{}", t.tile_edge, t.warps_m, t.stages, staged);
+  if (t.row_blocks > 0) return fmt::format("rows{}-tma{}-s{}{}", t.row_blocks, t.warps_m, t.stages, staged);
   if (t.wgmma)
-    return fmt::format("{}{}-bm{}-s{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
-                       t.swapped ? "-sw" : "");
+    return fmt::format("{}{}-bm{}-s{}{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
+                       t.swapped ? "-sw" : "", staged);
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
                      t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
@@ -535,6 +550,15 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     if (spec.wgmma && b <= 32)
       for (auto [cols, wg, stages] : {std::tuple{256, 1, 5}, {256, 2, 5}, {256, 2, 4}, {512, 2, 3}})
         shapes.push_back(rows_shape(cols / b, wg, stages));
+    // the TMA shapes with the staged epilogue where it fits (at least as fast), else with register stores
+    for (auto& s : shapes) {
+      try {
+        finish_shape(spec, staged(s));
+        s.staged = true;
+      } catch (const Error&) {
+        // not valid at this block size, or no room for the staging
+      }
+    }
     shapes.insert(shapes.end(), {pipelined_shape(b, 32, 2, 2, 4), pipelined_shape(b, 32, b >= 64 ? 2 : 1, b >= 64 ? 4 : 2, 4),
               pipelined_shape(b, 64, b >= 64 ? 4 : 1, 2, 3), pipelined_shape(b, 32, 1, 1, 6)});
   } else {
@@ -587,11 +611,18 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
   t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
   if (t.tensor_cores && spec.feature_axis == FeatureAxis::last) {
     if (spec.tiles) return finish_shape(spec, *spec.tiles);
-    // small-batch backward-weight: the mma.sync kernel with 2 stages. On sm_90a the TMA kernel
-    // (a producer warpgroup, 4 stages) was slower here: N = 64, C = K = 16384, b = 64, d = 0.1:
-    // 0.065 ms against 0.054 for the mma.sync kernel with 3 stages.
-    if (spec.small_batch && spec.op == Op::backward_weight)
+    // Small-batch backward-weight (N = 64: one 64-row step per unit, so the epilogue is the kernel):
+    // on sm_90a the TMA kernels with the staged epilogue, elsewhere (and at b = 16) the mma.sync kernel
+    // with 2 stages. N = 64, C = K = 16384, d = 0.1, ms (sweep-small, one device call, 2026-11-30):
+    // b = 64, tma1-bm64-s4-st 0.0219 (s3 0.0220, s5-s6 0.0268), the same with register stores
+    // 0.063, row groups of 2-4 blocks staged 0.031-0.043, mma.sync 0.051; b = 128, tma2-bm128-s4-st
+    // (a consumer per 64 rows) 0.0216, tma1 0.0302; b = 32, bands of 64 × 256 (rows8-tma2-s4-st)
+    // 0.0512, 64 × 64 tiles 0.072, mma.sync 0.065.
+    if (spec.small_batch && spec.op == Op::backward_weight) {
+      if (spec.wgmma && b >= 64) return finish_tma(spec, staged(tma_shape(b, b / 64, 4)));
+      if (spec.wgmma && b == 32) return finish_tma(spec, staged(rows_shape(8, 2, 4)));
       return finish_pipelined(spec, b == 16 ? pipelined_shape(b, 32, 1, 1, 2) : pipelined_shape(b, 64, 2, 2, 2));
+    }
     // small batch on sm_90a: one consumer of 64 rows and 6 stages. N = 64, C = K = 16384, d = 0.1,
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
     // 0.045 → 0.025 against the mma.sync shape below.
@@ -611,10 +642,12 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     // tiles of 128 rows; b = 16: 209 / 51 against 203 / 49 with 3 stages (before the step classes,
     // which took d = 0.1 to 150 at b = 32 and 90 at b = 16).
     if (spec.wgmma && spec.op != Op::backward_weight) return finish_grouped(spec, grouped_shape(256, 2, 4));
-    if (spec.wgmma && b >= 64) return finish_tma(spec, tma_shape(b, 1, 4));
+    // backward-weight: the TMA kernels with the staged epilogue wherever its shared memory fits (level
+    // with register stores or up to 7% faster at N = 8192: sweep of suite W at d = 0.1)
+    if (spec.wgmma && b >= 64) return finish_tma(spec, staged(tma_shape(b, 1, 4)));
     // backward-weight at b ≤ 32: 128 × 128 tiles of dW; generate_matmul's layout_choice may take
     // 64 × 64 tiles or the mma.sync kernel instead, from the layout's fill
-    if (spec.wgmma && b >= 16) return finish_tma(spec, tiled_shape(128, 1, 4));
+    if (spec.wgmma && b >= 16) return finish_tma(spec, staged(tiled_shape(128, 1, 4)));
     if (spec.op != Op::backward_weight)
       return finish_pipelined(spec, b >= 64 ? pipelined_shape(128, 64, 2, 2, 3)
                                             : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
@@ -817,9 +850,11 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
     std::int64_t ctas;
   };
   const std::vector<Candidate> candidates =
-      spec.block == 64 ? std::vector<Candidate>{{tma_shape(64, 1, 4), 52, 264}, {rows_shape(2, 1, 6), 41.5, 132},
-                                                {rows_shape(4, 1, 4), 70, 132}}
-                       : std::vector<Candidate>{{tma_shape(128, 1, 4), 53, 132}, {rows_shape(2, 2, 4), 94, 132}};
+      spec.block == 64
+          ? std::vector<Candidate>{{staged(tma_shape(64, 1, 4)), 52, 264},
+                                   {staged(rows_shape(2, 1, 6)), 41.5, 132},
+                                   {staged(rows_shape(4, 1, 4)), 70, 132}}
+          : std::vector<Candidate>{{staged(tma_shape(128, 1, 4)), 53, 132}, {staged(rows_shape(2, 2, 4)), 94, 132}};
   double best = 0;
   TileConfig chosen;
   for (const auto& c : candidates) {
@@ -863,8 +898,11 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
   const double best = std::min({tiled128, tiled64, mma_sync, rows256, rows512});
   MatMulSpec chosen = spec;
   if (best == tiled128) return spec;  // the default
-  if (best == tiled64) chosen.tiles = finish_tma(spec, tiled_shape(64, 1, 4));
-  else if (best == rows256) chosen.tiles = finish_tma(spec, rows_shape(256 / b, 2, 4));
+  // staged where the shared memory fits: not the 64 × 512 bands (3 stages of 72 KB)
+  if (best == tiled64)
+    chosen.tiles = finish_tma(spec, staged(tiled_shape(64, 1, 4)));
+  else if (best == rows256)
+    chosen.tiles = finish_tma(spec, staged(rows_shape(256 / b, 2, 4)));
   else if (best == rows512) chosen.tiles = finish_tma(spec, rows_shape(512 / b, 2, 3));
   else chosen.wgmma = false;  // the mma.sync kernel, the same on every target
   return chosen;
@@ -908,6 +946,7 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
     chosen.tiles = finish_paired(spec, paired_shape(256, 2, 4));
     return chosen;
   }
+  if (spec.small_batch) return spec;
   const TileConfig t = choose_tiles(spec);
   if (t.tma && t.tile_edge == 0) return sdd_choice(layout, spec);
   if (t.tile_edge == 0 || layout.blocks() == 0) return spec;
@@ -1063,8 +1102,11 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
   if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
+    // staged: dW as [blocks · b, b], stored in boxes of a warp's 16 rows × min(b, 64) features
     const int dy_box = t.row_blocks > 0 ? static_cast<int>(std::min<std::int64_t>(b, 64)) : 64;
     g.tensor_maps = {{g.in_features, 0, 64, 64}, {g.out_features, 0, dy_box, 64, 2 * dy_box}};
+    const int dw_box = static_cast<int>(std::min<std::int64_t>(b, 64));
+    if (t.staged) g.tensor_maps.push_back({b, layout.blocks() * b, dw_box, 16, 2 * dw_box});
   } else if (t.columns > 0)  // X (or dY): 64 features × BM rows; W as [blocks · b, b]: one block, rows of 2b bytes
     g.tensor_maps = {{g.in_features, 0, 64, t.bm},
                      {b, layout.blocks() * b, static_cast<int>(b), static_cast<int>(b), static_cast<int>(2 * b)}};
@@ -1112,27 +1154,35 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("type", device_type(spec.dtype)), fmt::arg("b", b), fmt::arg("bm", t.bm), fmt::arg("bn", t.bn),
       fmt::arg("bk", t.bk), fmt::arg("stride", t.stride), fmt::arg("threads", t.threads),
       fmt::arg("tc", t.tensor_cores ? "true" : "false"), fmt::arg("wm", t.warps_m), fmt::arg("wn", t.warps_n),
-      fmt::arg("tm", t.tm), fmt::arg("tn", t.tn), fmt::arg("stages", t.stages), fmt::arg("smem", t.shared_bytes), fmt::arg("group", t.group), fmt::arg("splits", g.splits),
+      fmt::arg("tm", t.tm), fmt::arg("tn", t.tn), fmt::arg("stages", t.stages), fmt::arg("smem", t.shared_bytes),
+      fmt::arg("group", t.group), fmt::arg("splits", g.splits),
       fmt::arg("last", spec.feature_axis == FeatureAxis::last ? "true" : "false"),
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
       fmt::arg("accessors", accessors),
-      fmt::arg("header", t.paired ? "matmul_paired.cuh" : t.columns > 0 ? "matmul_grouped.cuh" : "matmul.cuh"),
+      fmt::arg("header", t.paired        ? "matmul_paired.cuh"
+                         : t.columns > 0 ? "matmul_grouped.cuh"
+                                         : "matmul.cuh"),
       fmt::arg("units", sdd && t.tma ? fmt::format("  static constexpr int kUnits = {}, kPlanes = {};  // dW units, "
-                                                   "workspace planes\n",
-                                                   g.grid_x, planes)
+                                                   "workspace planes\n"
+                                                   "  static constexpr bool kStagedStore = {};\n",
+                                                   g.grid_x, planes, t.staged)
                                      : std::string()),
-      fmt::arg("grouped", t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
-                          : t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
-                                                      "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
-                                                      t.columns, g.grid_x, layout.blocks() * b)
-                          : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
-                          : t.row_blocks > 0 ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n", t.row_blocks)
-                                            : ""),
-      fmt::arg("smem_check", t.pipelined ? ""
-                                         : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
-                                           "\"static shared memory is 48 KB\");\n"));
+      fmt::arg("grouped",
+               t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
+               : t.columns > 0   ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
+                                                 "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
+                                               t.columns, g.grid_x, layout.blocks() * b)
+               : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
+               : t.row_blocks > 0
+                   ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n",
+                                 t.row_blocks)
+                   : ""),
+      fmt::arg("smem_check", t.pipelined
+                                 ? ""
+                                 : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
+                                   "\"static shared memory is 48 KB\");\n"));
   return g;
 }
 

@@ -45,6 +45,10 @@ struct TileConfig {
   // holding a block in the band, computed together, X's slice of the band copied once for all of
   // them; 0 for every other kernel.
   int row_blocks = 0;
+  // Hopper backward-weight (tma): the epilogue stages each warp's rows in shared memory (2 KB per
+  // consumer warp) and stores whole rows of dW's blocks by TMA (store_sdd_staged) instead of 4-byte
+  // stores from registers.
+  bool staged = false;
 };
 
 struct MatMulSpec {

@@ -90,6 +90,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.row_blocks = j.value("row_blocks", 0);
     t.swapped = j.value("swapped", false);
     t.paired = j.value("paired", false);
+    t.staged = j.value("staged", false);
     generator::MatMulSpec tuned = spec;
     tuned.tiles = t;
     generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
@@ -107,9 +108,11 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   nlohmann::json j;
   j["key"] = key;
   j["layout_hash"] = layout_hash;
-  j["tiles"] = {{"bm", t.bm}, {"bk", t.bk}, {"warps_m", t.warps_m}, {"warps_n", t.warps_n}, {"stages", t.stages},
-                {"group", t.group}, {"wgmma", t.wgmma}, {"tma", t.tma}, {"persistent", t.persistent}, {"columns", t.columns}, {"tile_edge", t.tile_edge},
-                {"row_blocks", t.row_blocks}, {"swapped", t.swapped}, {"paired", t.paired}, {"tag", generator::tiles_tag(t)}};
+  auto& o = j["tiles"];
+  o["bm"] = t.bm, o["bk"] = t.bk, o["warps_m"] = t.warps_m, o["warps_n"] = t.warps_n, o["stages"] = t.stages,
+  o["group"] = t.group, o["wgmma"] = t.wgmma, o["tma"] = t.tma, o["persistent"] = t.persistent,
+  o["columns"] = t.columns, o["tile_edge"] = t.tile_edge, o["row_blocks"] = t.row_blocks, o["swapped"] = t.swapped,
+  o["paired"] = t.paired, o["staged"] = t.staged, o["tag"] = generator::tiles_tag(t);
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 

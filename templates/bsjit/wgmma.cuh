@@ -32,11 +32,11 @@ constexpr int kSwizzleRowBytes = 128, kSwizzleAtomBytes = 1024;
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return row * kSwizzleRowBytes + ((chunk ^ (row & 7)) << 4);
 }
-// The same in a tile of ROW_BYTES-wide rows swizzled over ROW_BYTES (128 or 64): the hardware XORs
+// The same in a tile of ROW_BYTES-wide rows swizzled over ROW_BYTES (128, 64 or 32): the hardware XORs
 // the chunk with address bits 7.. (chunk j of row r at j ^ ((r · ROW_BYTES / 128) % (ROW_BYTES / 16))).
 template <int ROW_BYTES>
 __device__ __forceinline__ int swizzled_offset_in(int row, int chunk) {
-  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "rows of 128 or 64 bytes");
+  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64 || ROW_BYTES == 32, "rows of 128, 64 or 32 bytes");
   return row * ROW_BYTES + ((chunk ^ ((row * ROW_BYTES / 128) % (ROW_BYTES / 16))) << 4);
 }
 

@@ -509,16 +509,33 @@ TEST(Generator, BackwardWeightKernelByWaves) {
     return generate_matmul(layout, spec);
   };
   const auto many = chosen(regular(64, 32), 64), few = chosen(regular(64, 3), 64), sparse = chosen(regular(32, 2), 128);
-  EXPECT_EQ(tiles_tag(many.tiles), "rows4-tma1-s4");
+  EXPECT_EQ(tiles_tag(many.tiles), "rows4-tma1-s4-st");
   EXPECT_EQ(many.grid_x, 64 * 32 / 4);
   EXPECT_NE(many.label.find("rows4"), std::string::npos) << "the label names what was generated";
-  EXPECT_EQ(tiles_tag(few.tiles), "rows2-tma1-s6");
+  EXPECT_EQ(tiles_tag(few.tiles), "rows2-tma1-s6-st");
   EXPECT_EQ(few.grid_x, 64 * 2);
-  EXPECT_EQ(tiles_tag(sparse.tiles), "tma1-bm128-s4");
+  EXPECT_EQ(tiles_tag(sparse.tiles), "tma1-bm128-s4-st");
   EXPECT_NE(sparse.name_expression.find("sdd_tma_kernel"), std::string::npos);
+  // the staged epilogue stores by TMA through a third map: dW as [blocks · b, b], a warp's 16 rows ×
+  // min(b, 64) features
+  ASSERT_EQ(sparse.tensor_maps.size(), 3u);
+  EXPECT_EQ(sparse.tensor_maps[2].inner, 128);
+  EXPECT_EQ(sparse.tensor_maps[2].outer, 32 * 2 * 128);
+  EXPECT_EQ(sparse.tensor_maps[2].box_inner, 64);
+  EXPECT_EQ(sparse.tensor_maps[2].box_outer, 16);
+  EXPECT_NE(sparse.source.find("kStagedStore = true"), std::string::npos);
+  // small batches: one block per unit whatever the layout (no row groups), staged
   MatMulSpec small{Op::backward_weight, 64, DType::bf16, FeatureAxis::last};
   small.wgmma = small.small_batch = true;
-  EXPECT_FALSE(generate_matmul(regular(64, 32), small).tiles.tma) << "small batches keep the mma.sync kernel";
+  EXPECT_EQ(tiles_tag(generate_matmul(regular(64, 32), small).tiles), "tma1-bm64-s4-st");
+  small.block = 128;
+  EXPECT_EQ(tiles_tag(generate_matmul(regular(64, 32), small).tiles), "tma2-bm128-s4-st");
+  small.block = 32;
+  EXPECT_EQ(tiles_tag(generate_matmul(regular(64, 32), small).tiles), "rows8-tma2-s4-st");
+  small.block = 16;
+  EXPECT_FALSE(generate_matmul(regular(64, 32), small).tiles.tma) << "b = 16 keeps the mma.sync kernel";
+  small.wgmma = false, small.block = 64;
+  EXPECT_FALSE(generate_matmul(regular(64, 32), small).tiles.tma) << "no TMA kernels without sm_90a";
 }
 
 // Backward-weight at b ≤ 32 on Hopper: the kernel predicted to finish first (sdd_narrow_choice) on
@@ -542,12 +559,13 @@ TEST(Generator, NarrowBackwardWeightByPrediction) {
     const auto g = generate_matmul(balanced(4096 / b, d, 5), spec);
     return tiles_tag(g.tiles);
   };
-  EXPECT_EQ(chosen(32, 0.5), "tile128-tma1-s4");
+  // staged where the staging fits: not beside the 3 stages of 72 KB of the 64 × 512 bands
+  EXPECT_EQ(chosen(32, 0.5), "tile128-tma1-s4-st");
   EXPECT_EQ(chosen(32, 0.25), "rows16-tma2-s3");
   EXPECT_EQ(chosen(32, 0.1), "rows16-tma2-s3");
-  EXPECT_EQ(chosen(32, 0.05), "rows8-tma2-s4");
-  EXPECT_EQ(chosen(16, 0.5), "tile128-tma1-s4");
-  EXPECT_EQ(chosen(16, 0.1), "tile128-tma1-s4");
+  EXPECT_EQ(chosen(32, 0.05), "rows8-tma2-s4-st");
+  EXPECT_EQ(chosen(16, 0.5), "tile128-tma1-s4-st");
+  EXPECT_EQ(chosen(16, 0.1), "tile128-tma1-s4-st");
   EXPECT_EQ(chosen(16, 0.05), "rows32-tma2-s3");
   MatMulSpec spec{Op::backward_weight, 32, DType::bf16, FeatureAxis::last};
   spec.wgmma = true;
@@ -655,13 +673,14 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           if (op == Op::backward_weight && b <= 32) {
             EXPECT_EQ(t.tile_edge, 128);
             EXPECT_EQ(t.bm, 128);
-            EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * 128 * 2 + 1024 + 16 * t.stages);
+            EXPECT_TRUE(t.staged);
+            EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * 128 * 2 + 1024 + 1024 + t.warps_m * 4 * 2048);
             // the layout decides (layout_choice): a full layout, 128 × 128 tiles of dW; a lone
             // block, 64 × 64 tiles at b = 32 (a quarter filled) and the mma.sync kernel at b = 16
             std::vector<std::uint8_t> ones(64, 1);
             const auto full = generate_matmul(Layout::from_dense(8, 8, ones), spec);
             EXPECT_NE(full.name_expression.find("sdd_tiled_kernel"), std::string::npos);
-            EXPECT_EQ(full.tensor_maps.size(), 2u);
+            EXPECT_EQ(full.tensor_maps.size(), 3u);
             EXPECT_EQ(full.tiles.tile_edge, 128);
             const auto sparse = generate_matmul(Layout::from_coords(2 * 128 / b, 2, {{0, 0}}), spec);
             if (b == 32) {
@@ -677,7 +696,9 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           // at b ≤ 32 a full layout, where the grouped kernel's steps each hold several blocks
           const auto g = generate_matmul(b <= 32 ? Layout::from_dense(2, 2, {1, 1, 1, 1}) : Layout::from_coords(2, 2, {{0, 0}}),
                                          spec);
-          const bool tma_store = b >= 64 && op != Op::backward_weight;  // dsd_tma_kernel stores Y by TMA
+          // dsd_tma_kernel stores Y by TMA, the staged backward-weight kernels dW
+          const bool tma_store =
+              (b >= 64 && op != Op::backward_weight) || (op == Op::backward_weight && g.tiles.staged);
           ASSERT_EQ(g.tensor_maps.size(), tma_store ? 3u : 2u);
           // the small-batch variant: one consumer of 64 rows; for backward-weight, which reduces
           // over those rows, the mma.sync kernel with 2 stages
@@ -740,14 +761,14 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
           ASSERT_EQ(v.size(), 2u);
           EXPECT_TRUE(v[1].small_batch);
           const TileConfig small = choose_tiles(v[1]);
-          EXPECT_EQ(small.tma, op != Op::backward_weight) << tiles_tag(small);
+          EXPECT_TRUE(small.tma) << tiles_tag(small);
           EXPECT_EQ(small.bm, op == Op::backward_weight ? b : 64) << tiles_tag(small);
           if (op == Op::backward_weight) {
-            EXPECT_EQ(small.stages, 2);
-          }
-          if (op == Op::backward_weight) {
+            // one block per CTA, staged (a consumer warp's 2 KB after the barriers, padded to 1024 bytes)
+            EXPECT_TRUE(small.staged && t.staged);
+            EXPECT_EQ(small.shared_bytes, small.stages * 2 * 64 * b * 2 + 1024 + 1024 + small.warps_m * 4 * 2048);
             EXPECT_EQ(t.bm, b);
-            EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * b * 2 + 1024 + 16 * t.stages);
+            EXPECT_EQ(t.shared_bytes, t.stages * 2 * 64 * b * 2 + 1024 + 1024 + t.warps_m * 4 * 2048);
             // the layout picks a block per CTA or row groups (sdd_choice)
             EXPECT_TRUE(g.name_expression.find("sdd_tma_kernel") != std::string::npos ||
                         g.name_expression.find("sdd_rows_kernel") != std::string::npos)

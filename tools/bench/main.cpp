@@ -311,10 +311,11 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   generator::TileConfig pair, groups;
   pair.paired = true, pair.bm = 256, pair.warps_m = 2, pair.stages = 4;
   paired.tiles = pair;
-  groups.wgmma = groups.tma = true, groups.row_blocks = 4, groups.warps_m = 1, groups.stages = 4;
+  groups.wgmma = groups.tma = groups.staged = true, groups.row_blocks = 4, groups.warps_m = 1, groups.stages = 4;
   rows.op = Op::backward_weight;
   rows.tiles = groups;
-  groups.row_blocks = 16, groups.warps_m = 2, groups.stages = 3;  // b = 32: 64 rows × 512 columns
+  groups.row_blocks = 16, groups.warps_m = 2, groups.stages = 3;  // b = 32: 64 rows × 512 columns, no room to stage
+  groups.staged = false;
   bands.tiles = groups;
   for (auto* spec : {&hopper, &grouped, &tiled, &small, &rows, &bands}) spec->tiles = generator::choose_tiles(*spec);
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
@@ -470,7 +471,9 @@ int main(int argc, char** argv) {
                  "W, small, jit, A (attention), sweep (tile candidates), sweep-small (those at N = 64, C = K = 16384), "
                  "compile (needs no GPU)")
       ->delimiter(',');
-  app.add_option("-b,--block", blocks, "suite W block sizes")->delimiter(',');
+  auto* block_option =
+      app.add_option("-b,--block", blocks, "block sizes of suite W and the sweeps (sweep-small: 32, 64 unless given)")
+          ->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
@@ -520,7 +523,8 @@ int main(int argc, char** argv) {
       else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;
         if (s == "sweep") run_sweep(env, 8192, 4096, blocks, densities, sweep);
-        else run_sweep(env, 64, 16384, {32, 64}, {0.1}, sweep);
+        else
+          run_sweep(env, 64, 16384, block_option->count() > 0 ? blocks : std::vector<int>{32, 64}, {0.1}, sweep);
         if (!json_path.empty()) std::ofstream(json_path + "." + s + ".json") << sweep.dump(1) << "\n";
       }
       else throw Error("unknown suite " + s);
