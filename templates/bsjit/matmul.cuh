@@ -895,9 +895,29 @@ struct SddSchedule {
 // rows of a block, where the register epilogue writes 4 bytes per pair, 8 rows of 16 bytes per warp
 // instruction. At N = 64, b = 64 (one 64-row step per block) the register stores took 60% of the
 // kernel: 0.064 ms, 0.026 without them.
+// The blocks a warp's pieces lie in (-1: none), for store_sdd_staged: piece s of the 64 columns p of
+// m64 tile t. Read from the tables when the consumer starts an item, so that their latency passes
+// while the item's steps run, not in the epilogue.
+template <class Cfg, int TILES, int N>
+struct StagedBlocks {
+  static constexpr int W = Cfg::kBlock < 64 ? Cfg::kBlock : 64;
+  int at[TILES][N / 64][64 / W];
+  template <class Units>
+  __device__ __forceinline__ void load(const Units& units, int unit, int row0, int col0) {
+    const int r = row0 + ((threadIdx.x % 128) / 32) * 16;
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+      for (int p = 0; p < N / 64; ++p)
+#pragma unroll
+        for (int s = 0; s < 64 / W; ++s) at[t][p][s] = units.block(unit, r + t * 64, col0 + 64 * p + s * W);
+  }
+};
+
 template <class Cfg, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
-                                                 int unit, const TensorMap& map_dw, unsigned char* staging) {
+                                                 const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
+                                                 unsigned char* staging) {
   using T = typename Cfg::T;
   constexpr int b = Cfg::kBlock, W = b < 64 ? b : 64, kRowBytes = 2 * W, kPieceBytes = 16 * kRowBytes;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
@@ -910,7 +930,7 @@ __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int r
       if (units.gate != nullptr || units.accumulate) {
 #pragma unroll
         for (int i = 8 * p; i < 8 * p + 8; ++i) {
-          const int c = col0 + 8 * i, block = units.block(unit, r, c);
+          const int c = col0 + 8 * i, block = blocks.at[t][p][(8 * (i - 8 * p)) / W];
           if (block < 0) continue;
           const float g = units.gate == nullptr ? 1.0f : units.gate[block];
 #pragma unroll
@@ -947,8 +967,8 @@ __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int r
       if (lane == 0) {
 #pragma unroll
         for (int s = 0; s < 64 / W; ++s) {
-          const int c = col0 + 64 * p + s * W, block = units.block(unit, r, c);
-          if (block >= 0) tma_store_2d(map_dw, tile + s * kPieceBytes, c % b, block * b + r % b);
+          const int block = blocks.at[t][p][s];
+          if (block >= 0) tma_store_2d(map_dw, tile + s * kPieceBytes, (col0 + 64 * p + s * W) % b, block * b + r % b);
         }
         bulk_commit_group();
       }
@@ -963,7 +983,8 @@ __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int r
 template <class Cfg, int R, int C, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
                                                const SddItem& item, const SddSchedule<Cfg>& schedule, float* workspace,
-                                               const TensorMap& map_dw, unsigned char* staging) {
+                                               const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
+                                               unsigned char* staging) {
   constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
   constexpr long long kPlane = static_cast<long long>(R) * C;
   if (item.piece >= 0) {
@@ -1002,7 +1023,7 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
   }
   const int unit = item.unit;
   if constexpr (Cfg::kStagedStore) {
-    store_sdd_staged<Cfg, TILES, N>(d, row0, col0, units, unit, map_dw, staging);
+    store_sdd_staged<Cfg, TILES, N>(d, row0, col0, units, blocks, map_dw, staging);
   } else {
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
@@ -1049,19 +1070,39 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
 
   if (threadIdx.x >= kConsumerThreads) {  // the producer warp
     if (threadIdx.x != kConsumerThreads) return;
+    // An item's coordinates, read from the tables once (the copies' asm clobbers memory, so reads in
+    // the step loop would be repeated every step); for units with gaps (row bands and groups: up to
+    // 17 coordinates) an item ahead, so that with few steps per item (N = 64: one) the round trip to
+    // L2 is not spent between one item's copies and the next's. Small batch, ms, read when the item
+    // starts → an item ahead (A/B in one device call, two rounds each): b = 32 bands of 64 × 256
+    // 0.0511 → 0.0481-0.0489, b = 128 row groups 0.0271 → 0.0235-0.0237, b = 64 0.0372 → 0.0353-0.0357.
+    // A block per unit gained nothing (b = 64 level; b = 128 0.0214 → 0.0226, and 0.0221 with the
+    // producer reading when the item starts: the loss is elsewhere, not explained), so blocks read
+    // theirs when they start.
+    struct Coords {
+      SddItem item;
+      int c_base, columns[kDyBoxes];
+    };
+    auto coords = [&](int it) {
+      Coords c;
+      c.item = units.gated(schedule.item(it));
+      c.c_base = units.row_base(c.item.unit);
+#pragma unroll
+      for (int j = 0; j < kDyBoxes; ++j) c.columns[j] = units.column(c.item.unit, j);
+      return c;
+    };
+    constexpr bool kAhead = Units::kGaps;
     int i = 0;  // position in the ring, over all items
+    Coords next = kAhead && items > 0 ? coords(0) : Coords{};
     for (int it = 0; it < items; ++it) {
-      const SddItem item = units.gated(schedule.item(it));
-      // the item's coordinates, read from the tables once (the copies' asm clobbers memory, so
-      // reads in the step loop would be repeated every step, on the producer's critical path)
-      const int c_base = units.row_base(item.unit);
-      int columns[kDyBoxes];
+      const Coords cur = kAhead ? next : coords(it);
+      if (kAhead && it + 1 < items) next = coords(it + 1);
+      const SddItem& item = cur.item;
+      const int c_base = cur.c_base;
+      const int* columns = cur.columns;
       int boxes = 0;  // dY boxes copied per step
 #pragma unroll
-      for (int j = 0; j < kDyBoxes; ++j) {
-        columns[j] = units.column(item.unit, j);
-        boxes += !Units::kGaps || columns[j] >= 0;
-      }
+      for (int j = 0; j < kDyBoxes; ++j) boxes += !Units::kGaps || columns[j] >= 0;
       for (int k = item.first; k < item.last; ++k, ++i) {
         if (i >= S) mbarrier_wait(&empty[i % S], ((i / S) - 1) & 1);
         unsigned long long* bar = &full[i % S];
@@ -1084,9 +1125,11 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   const int row0 = kAlongRows == 1 ? 0 : (consumer % kAlongRows) * kRows;
   const int col0 = kAlongCols == 1 ? 0 : (consumer / kAlongRows) * N;
   float d[kTiles][N / 2];
+  StagedBlocks<Cfg, kTiles, N> blocks;
   int i = 0;
   for (int it = 0; it < items; ++it) {
     const SddItem item = units.gated(schedule.item(it));
+    if constexpr (Cfg::kStagedStore) blocks.load(units, item.unit, row0, col0);
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -1116,7 +1159,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
     if (item.last > item.first) mbarrier_arrive(&empty[(i - 1) % S]);
-    store_sdd_item<Cfg, ROWS, COLS, kTiles, N>(d, row0, col0, units, item, schedule, workspace, map_dw,
+    store_sdd_item<Cfg, ROWS, COLS, kTiles, N>(d, row0, col0, units, item, schedule, workspace, blocks, map_dw,
                                                ring.base + Plan::kStagingOffset);
   }
   if (Cfg::kStagedStore && threadIdx.x % 32 == 0) bulk_wait_group<0>();  // shared memory outlives the stores
