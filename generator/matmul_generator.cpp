@@ -362,9 +362,6 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
                               spec.wgmma ? "" : " (wgmma needs the sm_90a target)"));
     return t;
   }
-  if (t.staged)
-    throw Error(fmt::format("tile shape {} is not valid for {}: the staged epilogue is backward-weight's", tiles_tag(t),
-                            to_string(spec.op)));
   t = finish_wgmma(spec, t);
   t.threads += 128;
   const int staging_row = 2 * dsd_slice(spec.block);  // bytes

@@ -888,13 +888,6 @@ struct SddSchedule {
   }
 };
 
-// The staged epilogue (Cfg::kStagedStore) of one item's tile: each warp puts its 16 rows × 64 columns
-// at a time (16-bit, scaled by each block's gate, dW's old values added in fp32 when accumulating)
-// into its 2 KB of shared memory with stmatrix, as min(b, 64)-wide pieces swizzled over their rows,
-// and one lane stores each piece that lies in a block by TMA (map_dw: dW as [blocks · b, b]): whole
-// rows of a block, where the register epilogue writes 4 bytes per pair, 8 rows of 16 bytes per warp
-// instruction. At N = 64, b = 64 (one 64-row step per block) the register stores took 60% of the
-// kernel: 0.064 ms, 0.026 without them.
 // The blocks a warp's pieces lie in (-1: none), for store_sdd_staged: piece s of the 64 columns p of
 // m64 tile t. Read from the tables when the consumer starts an item, so that their latency passes
 // while the item's steps run, not in the epilogue.
@@ -914,6 +907,13 @@ struct StagedBlocks {
   }
 };
 
+// The staged epilogue (Cfg::kStagedStore) of one item's tile: each warp puts its 16 rows × 64 columns
+// at a time (16-bit, scaled by each block's gate, dW's old values added in fp32 when accumulating)
+// into its 2 KB of shared memory with stmatrix, as min(b, 64)-wide pieces swizzled over their rows,
+// and one lane stores each piece that lies in a block by TMA (map_dw: dW as [blocks · b, b]): whole
+// rows of a block, where the register epilogue writes 4 bytes per pair, 8 rows of 16 bytes per warp
+// instruction. At N = 64, b = 64 (one 64-row step per block) the register stores took 60% of the
+// kernel: 0.064 ms, 0.026 without them.
 template <class Cfg, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
                                                  const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
