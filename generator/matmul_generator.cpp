@@ -717,6 +717,21 @@ RowBands row_bands(const Layout& layout, std::int64_t per, int m) {
   return out;
 }
 
+// How many units row_bands(layout, per, m) makes, counted without its tables: each band's distinct
+// block columns in groups of m (what the kernel choices compare).
+std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
+  const auto& coords = layout.coords();  // row-major: a band's blocks are consecutive
+  std::int64_t units = 0;
+  std::set<std::int64_t> columns;
+  for (std::size_t i = 0; i < coords.size();) {
+    const std::int64_t band = coords[i].first / per;
+    columns.clear();
+    for (; i < coords.size() && coords[i].first / per == band; ++i) columns.insert(coords[i].second);
+    units += (static_cast<std::int64_t>(columns.size()) + m - 1) / m;
+  }
+  return units;
+}
+
 // Rows of a band of sdd_rows_kernel, in block rows.
 std::int64_t band_rows(std::int64_t b) { return std::max<std::int64_t>(b, 64) / b; }
 
@@ -856,7 +871,7 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
   TileConfig chosen;
   for (const auto& c : candidates) {
     const std::int64_t m = std::max(1, c.shape.row_blocks);
-    const std::int64_t units = m == 1 ? layout.blocks() : row_bands(layout, 1, static_cast<int>(m)).units;
+    const std::int64_t units = band_units(layout, 1, static_cast<int>(m));
     const double us = c.wave_us * sdd_waves(units, c.ctas);
     if (best == 0 || us < best) best = us, chosen = c.shape;
   }
@@ -887,7 +902,7 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
   const int b = spec.block;
   const double flops = 2.0 * 8192 * static_cast<double>(layout.blocks()) * b * b;
   auto at = [&](double tflops) { return tflops > 0 ? flops / (tflops * 1e6) : 1e30; };  // µs
-  auto waves_of = [&](int m) { return sdd_waves(row_bands(layout, band_rows(b), m).units, kSms); };
+  auto waves_of = [&](int m) { return sdd_waves(band_units(layout, band_rows(b), m), kSms); };
   const double tiled128 = at(660.0 * tile_fill(layout, 128 / b)), tiled64 = at(335.0 * tile_fill(layout, 64 / b)),
                mma_sync = at(b == 32 ? 76.0 : 30.0);
   const double rows256 = (b == 32 ? 89.0 : 150.0) * waves_of(256 / b),
