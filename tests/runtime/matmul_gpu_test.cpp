@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <map>
 #include <mutex>
@@ -167,6 +168,49 @@ TEST_P(MatMulGpu, MatchesDenseReference) {
 INSTANTIATE_TEST_SUITE_P(All, MatMulGpu, ::testing::ValuesIn(all_combos()),
                          [](const auto& info) { return combo_name(info.param); });
 
+// A Hopper tile shape forced on a layout through a tuning record (what the tests below run).
+struct Shape {
+  Layout layout;
+  generator::MatMulSpec spec;  // wgmma, tiles set
+  std::uint64_t seed;          // of its first run
+};
+
+// Compiles the shapes' kernels on all cores into the registry, where the MatMul objects that run
+// them (tuning records naming the same shapes) find them: the shape loops compiled one at a time,
+// most of their device time. A failure here is left for the run, which reports it with its shape.
+void compile_shapes(const std::vector<Shape>& shapes) {
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+    pool.emplace_back([&] {
+      for (std::size_t i; (i = next++) < shapes.size();) {
+        try {
+          runtime::KernelRegistry::global().prepare(
+              shapes[i].layout, {shapes[i].layout.hash().hex(), shapes[i].spec, "sm_90a"}, cache::OnMiss::compile);
+        } catch (const std::exception&) {
+        }
+      }
+    });
+  for (auto& t : pool) t.join();
+}
+
+// Runs a forced shape's op on every variant against the reference.
+void check_shape(const Shape& s, const std::vector<Variant>& variants) {
+  const auto& spec = s.spec;
+  std::uint64_t seed = s.seed;
+  runtime::store_tuning(s.layout.hash().hex(), spec, "sm_90a", 0, *spec.tiles);
+  MatMul mm(s.layout, {spec.block, spec.dtype, FeatureAxis::last, "sm_90a"});
+  for (const Variant& v : variants) {
+    auto r = check::run_and_check(mm, spec.op, {v.n, v.accumulate, v.gated, seed++});
+    tally().add(spec.dtype, r.relative_error);
+    SCOPED_TRACE(fmt::format("{} b{} {} {} ({} blocks) n={} gate={} accumulate={}", to_string(spec.op), spec.block,
+                             to_string(spec.dtype), generator::tiles_tag(*spec.tiles), s.layout.blocks(), v.n, v.gated,
+                             v.accumulate));
+    EXPECT_EQ(r.unwritten, 0);
+    EXPECT_LE(r.relative_error, check::tolerance(spec.dtype));
+  }
+}
+
 // Every Hopper tile shape the autotuner may pick (wgmma with cp.async, wgmma with a TMA producer, the
 // grouped, paired, tiled and row-grouped kernels), forced through a tuning record, on partial row
 // tiles, gates (some exactly 0) and accumulation; one test per op.
@@ -176,9 +220,10 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
-  const Variant variants[] = {{131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
+  const std::vector<Variant> variants = {
+      {131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
   const Op op = GetParam();
-  int shapes = 0;
+  std::vector<Shape> shapes;
   for (int b : {16, 32, 64, 128})
     for (DType dt : {DType::bf16, DType::f16}) {
       const Layout layout = random_layout(b, 99 + b);  // not the layouts of the tests above
@@ -190,21 +235,15 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
         if (!t.wgmma || (dt == DType::f16 && t.stages != (t.columns > 0 ? 4 : 3)) ||
             (dt == DType::f16 && t.columns > 0 && (t.bm != 128 || t.warps_m != 2)))
           continue;
-        runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
-        MatMul mm(layout, {b, dt, FeatureAxis::last, "sm_90a"});
-        ++shapes;
-        for (const Variant& v : variants) {
-          auto r = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
-          tally().add(dt, r.relative_error);
-          SCOPED_TRACE(fmt::format("{} b{} {} {} n={} gate={} accumulate={}", to_string(op), b, to_string(dt),
-                                   generator::tiles_tag(t), v.n, v.gated, v.accumulate));
-          EXPECT_EQ(r.unwritten, 0);
-          EXPECT_LE(r.relative_error, check::tolerance(dt));
-        }
+        spec.tiles = t;
+        shapes.push_back({layout, spec, seed});
+        seed += variants.size();
       }
     }
-  EXPECT_GT(shapes, 15);
-  std::printf("GPU matmul: %d Hopper tile shapes checked for %s\n", shapes, std::string(to_string(op)).c_str());
+  compile_shapes(shapes);
+  for (const auto& s : shapes) check_shape(s, variants);
+  EXPECT_GT(shapes.size(), 15u);
+  std::printf("GPU matmul: %zu Hopper tile shapes checked for %s\n", shapes.size(), std::string(to_string(op)).c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, MatMulGpuHopper,
@@ -220,7 +259,7 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
-  int shapes = 0;
+  std::vector<Shape> shapes;
   for (int b : {32, 64, 128}) {
     std::mt19937_64 rng(700 + b);
     const std::int64_t rows = 2048 / b, cols = rows + 3;
@@ -232,21 +271,15 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
     std::uint64_t seed = 9000 + b;
     for (const auto& t : generator::tile_candidates(spec)) {
       if (!t.tma || t.stages != (t.row_blocks > 0 ? 4 : t.tile_edge > 0 ? 4 : 3)) continue;
-      runtime::store_tuning(layout.hash().hex(), spec, "sm_90a", 0, t);
-      MatMul mm(layout, {b, DType::bf16, FeatureAxis::last, "sm_90a"});
-      ++shapes;
-      for (const Variant& v : {Variant{4099, false, false}, Variant{1000, true, true}}) {
-        auto r = check::run_and_check(mm, Op::backward_weight, {v.n, v.accumulate, v.gated, seed++});
-        tally().add(DType::bf16, r.relative_error);
-        SCOPED_TRACE(fmt::format("b{} {} ({} blocks) n={} gate={} accumulate={}", b, generator::tiles_tag(t),
-                                 layout.blocks(), v.n, v.gated, v.accumulate));
-        EXPECT_EQ(r.unwritten, 0);
-        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
-      }
+      spec.tiles = t;
+      shapes.push_back({layout, spec, seed});
+      seed += 2;
     }
   }
-  EXPECT_GT(shapes, 8);
-  std::printf("GPU matmul: %d backward-weight shapes checked on larger layouts\n", shapes);
+  compile_shapes(shapes);
+  for (const auto& s : shapes) check_shape(s, {{4099, false, false}, {1000, true, true}});
+  EXPECT_GT(shapes.size(), 8u);
+  std::printf("GPU matmul: %zu backward-weight shapes checked on larger layouts\n", shapes.size());
 }
 
 TEST(MatMulGpuErrors, WrongArchKernelIsAClearError) {
