@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cache/kernel_cache.hpp"
 #include "generator/matmul_generator.hpp"
@@ -64,6 +66,11 @@ class KernelRegistry {
   // or NVRTC unless on_miss is fail). *compiled_now tells whether NVRTC ran in this call.
   std::shared_ptr<const PreparedKernel> prepare(const Layout& layout, const KernelId& id, cache::OnMiss on_miss,
                                                 bool* compiled_now = nullptr);
+
+  // prepare() of every (layout, id) on all cores, one kernel per core at a time (NVRTC runs
+  // single-threaded): [i] is kernels[i]'s. Throws the first failure (by index) once all have ended.
+  std::vector<std::shared_ptr<const PreparedKernel>> prepare_all(
+      const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss);
 
   // The kernel's function in ctx, loading its module there the first time. Modules stay loaded for
   // the life of the process.

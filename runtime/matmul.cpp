@@ -7,10 +7,8 @@
 #include <array>
 #include <climits>
 #include <map>
-#include <atomic>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <tuple>
 
 #include "bsjit/error.hpp"
@@ -184,23 +182,13 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
     }
   }
   // compile them all at once, on every core
-  std::vector<std::shared_ptr<const runtime::PreparedKernel>> prepared(candidates.size());
-  {
-    std::atomic<std::size_t> next{0};
-    std::vector<std::thread> pool;
-    std::vector<std::string> errors(candidates.size());
-    for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t)
-      pool.emplace_back([&] {
-        for (std::size_t i; (i = next++) < candidates.size();) try {
-            prepared[i] = runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(candidates[i], arch),
-                                                                    cache::OnMiss::compile);
-          } catch (const std::exception& e) {
-            errors[i] = e.what();
-          }
-      });
-    for (auto& t : pool) t.join();
-    for (const auto& e : errors)
-      if (!e.empty()) throw Error("bsjit: autotune: " + e);
+  std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
+  for (const auto& c : candidates) kernels.push_back({&impl_->layout, impl_->id(c, arch)});
+  std::vector<std::shared_ptr<const runtime::PreparedKernel>> prepared;
+  try {
+    prepared = runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
+  } catch (const std::exception& e) {
+    throw Error(std::string("bsjit: autotune: ") + e.what());
   }
   // scratch operands of the sizes the op reads and writes at n rows (values do not matter for time)
   const std::int64_t C = in_features(), K = out_features(), W = weight_elements();

@@ -8,8 +8,10 @@
 #include <future>
 #include <random>
 
+#include "bsjit/cache.hpp"
 #include "bsjit/error.hpp"
 #include "generator/matmul_generator.hpp"
+#include "runtime/kernel_registry.hpp"
 
 namespace bsjit {
 namespace {
@@ -155,6 +157,46 @@ TEST(Compiler, WgmmaKernelNeedsSm90a) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("wgmma needs the sm_90a target"), std::string::npos) << e.what();
   }
+}
+
+// The registry prepares many kernels at once (autotune, the sweep, the GPU shape tests): each
+// (layout, id) gets its own kernel, a later prepare of the same id finds it, and a failing one is
+// thrown after the others have been prepared.
+TEST(Compiler, RegistryPreparesAllOnEveryCore) {
+  set_cache_directory({});  // memory only
+  const Layout a = small_random_layout(21), b = small_random_layout(22);
+  ASSERT_NE(a.hash().hex(), b.hash().hex());
+  std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
+  for (const Layout* l : {&a, &b})
+    for (auto [op, block] : {std::pair{Op::forward, 32}, {Op::backward_weight, 64}}) {
+      generator::MatMulSpec spec{op, block, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      kernels.push_back({l, {l->hash().hex(), spec, "sm_90a"}});
+    }
+  auto& registry = runtime::KernelRegistry::global();
+  const auto prepared = registry.prepare_all(kernels, cache::OnMiss::compile);
+  ASSERT_EQ(prepared.size(), kernels.size());
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    ASSERT_TRUE(prepared[i]);
+    EXPECT_FALSE(prepared[i]->compiled->cubin.empty());
+    EXPECT_EQ(prepared[i]->generated.label,
+              generator::generate_matmul(*kernels[i].first, kernels[i].second.spec).label);
+    EXPECT_NE(prepared[i]->generated.source.find(kernels[i].first->hash().hex()), std::string::npos)
+        << "each kernel generated from its own layout";
+    EXPECT_EQ(registry.prepare(*kernels[i].first, kernels[i].second, cache::OnMiss::fail), prepared[i]);
+  }
+  EXPECT_NE(prepared[0]->key, prepared[2]->key) << "the same spec on two layouts: two kernels";
+  // an unsupported target fails; the kernel beside it is still prepared
+  generator::MatMulSpec spec{Op::backward_data, 32, DType::bf16, FeatureAxis::last};
+  std::vector<std::pair<const Layout*, runtime::KernelId>> mixed{{&a, {a.hash().hex(), spec, "sm_75"}},
+                                                                 {&a, {a.hash().hex(), spec, "sm_80"}}};
+  try {
+    registry.prepare_all(mixed, cache::OnMiss::compile);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sm_75"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(registry.prepare(a, mixed[1].second, cache::OnMiss::fail));
 }
 
 TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }

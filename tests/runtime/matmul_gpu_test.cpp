@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <future>
 #include <map>
 #include <mutex>
@@ -179,19 +178,12 @@ struct Shape {
 // them (tuning records naming the same shapes) find them: the shape loops compiled one at a time,
 // most of their device time. A failure here is left for the run, which reports it with its shape.
 void compile_shapes(const std::vector<Shape>& shapes) {
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
-    pool.emplace_back([&] {
-      for (std::size_t i; (i = next++) < shapes.size();) {
-        try {
-          runtime::KernelRegistry::global().prepare(
-              shapes[i].layout, {shapes[i].layout.hash().hex(), shapes[i].spec, "sm_90a"}, cache::OnMiss::compile);
-        } catch (const std::exception&) {
-        }
-      }
-    });
-  for (auto& t : pool) t.join();
+  std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
+  for (const auto& s : shapes) kernels.push_back({&s.layout, {s.layout.hash().hex(), s.spec, "sm_90a"}});
+  try {
+    runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
+  } catch (const std::exception&) {
+  }
 }
 
 // Runs a forced shape's op on every variant against the reference.

@@ -12,15 +12,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <numeric>
-#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
-#include <atomic>
-#include <thread>
 
 #include "baselines.hpp"
 #include "suite_a.hpp"
@@ -254,13 +252,9 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
           ids.push_back({L.hash().hex(), spec, arch});
         }
       }
-      std::vector<std::thread> pool;
-      std::atomic<std::size_t> next{0};
-      for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); ++i)
-        pool.emplace_back([&] {
-          for (std::size_t j; (j = next++) < ids.size();) runtime::KernelRegistry::global().prepare(L, ids[j], cache::OnMiss::compile);
-        });
-      for (auto& t : pool) t.join();
+      std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
+      for (const auto& id : ids) kernels.push_back({&L, id});
+      runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
       for (const auto& id : ids) {
         const Op op = id.spec.op;
         auto p = runtime::KernelRegistry::global().prepare(L, id, cache::OnMiss::fail);
