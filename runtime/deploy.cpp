@@ -11,7 +11,6 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <thread>
 
 #include "bsjit/attention.hpp"
 #include "bsjit/attention_ops.hpp"
@@ -22,6 +21,7 @@
 #include "driver.hpp"
 #include "kernel_registry.hpp"
 #include "module.hpp"
+#include "parallel.hpp"
 
 namespace bsjit {
 namespace {
@@ -266,43 +266,35 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
   Expanded e = expand(manifest);
   const std::size_t total = e.items.size() + e.attention.size();
   std::vector<KernelOutcome> outcomes(total);
-  std::atomic<std::size_t> next{0}, done{0};
+  std::atomic<std::size_t> done{0};
   std::mutex progress_mutex;
-  auto worker = [&] {
-    for (std::size_t i; (i = next++) < total;) {
-      KernelOutcome& o = outcomes[i];
-      auto t = Clock::now();
-      try {
-        bool now;
-        if (i < e.items.size()) {
-          const Item& item = e.items[i];
-          o.what = item.what;
-          if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
-          now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch);
-        } else {
-          const AttentionItem& item = e.attention[i - e.items.size()];
-          o.what = item.what;
-          now = item.decomposed
-                    ? AttentionOps(e.masks_of(item), item.options).precompile(item.options.arch) > 0
-                    : Attention(e.masks_of(item), item.options).precompile(item.options.arch);
-        }
-        o.status = now ? KernelOutcome::Status::compiled : KernelOutcome::Status::cached;
-      } catch (const Error& err) {
-        o.error = err.what();
+  runtime::parallel_for(total, options.threads > 0 ? static_cast<unsigned>(options.threads) : 0, [&](std::size_t i) {
+    KernelOutcome& o = outcomes[i];
+    auto t = Clock::now();
+    try {
+      bool now;
+      if (i < e.items.size()) {
+        const Item& item = e.items[i];
+        o.what = item.what;
+        if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
+        now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch);
+      } else {
+        const AttentionItem& item = e.attention[i - e.items.size()];
+        o.what = item.what;
+        now = item.decomposed ? AttentionOps(e.masks_of(item), item.options).precompile(item.options.arch) > 0
+                              : Attention(e.masks_of(item), item.options).precompile(item.options.arch);
       }
-      o.milliseconds = ms_since(t);
-      std::size_t d = ++done;
-      if (options.progress) {
-        std::lock_guard lock(progress_mutex);
-        options.progress(d, total);
-      }
+      o.status = now ? KernelOutcome::Status::compiled : KernelOutcome::Status::cached;
+    } catch (const Error& err) {
+      o.error = err.what();
     }
-  };
-  unsigned threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min<unsigned>(threads, std::max<std::size_t>(1, total));
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
+    o.milliseconds = ms_since(t);
+    std::size_t d = ++done;
+    if (options.progress) {
+      std::lock_guard lock(progress_mutex);
+      options.progress(d, total);
+    }
+  });
   DeployReport r;
   for (const auto& o : outcomes) count(r, o);
   r.seconds = ms_since(start) / 1000;

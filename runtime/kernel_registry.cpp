@@ -8,16 +8,15 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "bsjit/error.hpp"
-#include "generator/templates.hpp"
 #include "driver.hpp"
+#include "generator/templates.hpp"
 #include "module.hpp"
+#include "parallel.hpp"
 
 namespace bsjit::runtime {
 
@@ -57,17 +56,13 @@ std::vector<std::shared_ptr<const PreparedKernel>> KernelRegistry::prepare_all(
     const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss) {
   std::vector<std::shared_ptr<const PreparedKernel>> prepared(kernels.size());
   std::vector<std::string> errors(kernels.size());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t)
-    pool.emplace_back([&] {
-      for (std::size_t i; (i = next++) < kernels.size();) try {
-          prepared[i] = prepare(*kernels[i].first, kernels[i].second, on_miss);
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
-    });
-  for (auto& t : pool) t.join();
+  parallel_for(kernels.size(), 0, [&](std::size_t i) {
+    try {
+      prepared[i] = prepare(*kernels[i].first, kernels[i].second, on_miss);
+    } catch (const std::exception& e) {
+      errors[i] = e.what();
+    }
+  });
   for (const auto& e : errors)
     if (!e.empty()) throw Error(e);
   return prepared;

@@ -9,11 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <future>
 #include <map>
 #include <mutex>
 #include <random>
-#include <thread>
 
 #include "bsjit/bsjit.hpp"
 #include "op_check.hpp"
@@ -21,6 +19,7 @@
 #include "runtime/driver.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "runtime/module.hpp"
+#include "runtime/parallel.hpp"
 
 namespace bsjit {
 namespace {
@@ -102,8 +101,6 @@ class GpuEnvironment : public ::testing::Environment {
     set_cache_directory({});  // memory only: the tests must not fill the user's cache
     // Compile every kernel up front on all cores; the tests then find them in memory.
     const std::string device_arch = runtime::context_arch(runtime::current_context());
-    std::vector<std::future<void>> jobs;
-    unsigned width = std::max(2u, std::thread::hardware_concurrency());
     // Only the combinations whose test will run (ctest runs one test per process).
     std::vector<Combo> combos;
     auto* unit = ::testing::UnitTest::GetInstance();
@@ -115,18 +112,16 @@ class GpuEnvironment : public ::testing::Environment {
               std::string(suite->GetTestInfo(j)->name()) == "MatchesDenseReference/" + combo_name(c))
             if (c.arch.empty() || c.arch == device_arch) combos.push_back(c);
       }
-    std::size_t next = 0;
-    auto job = [device_arch](Combo c) {
+    runtime::parallel_for(combos.size(), 0, [&](std::size_t i) {
+      const Combo& c = combos[i];
       const std::string arch = c.arch.empty() ? runtime::default_kernel_arch(device_arch) : c.arch;
       MatMulOptions o{c.block, c.dtype, c.axis, c.arch};
-      MatMul(random_layout(c.block, c.block), o).precompile(c.op, arch);
-      MatMul(full_layout(c.block), o).precompile(c.op, arch);
-    };
-    while (next < combos.size() || !jobs.empty()) {
-      while (next < combos.size() && jobs.size() < width) jobs.push_back(std::async(std::launch::async, job, combos[next++]));
-      jobs.front().get();
-      jobs.erase(jobs.begin());
-    }
+      try {
+        MatMul(random_layout(c.block, c.block), o).precompile(c.op, arch);
+        MatMul(full_layout(c.block), o).precompile(c.op, arch);
+      } catch (const std::exception&) {  // the combination's test compiles again and reports it
+      }
+    });
   }
   void TearDown() override {
     for (auto& [dt, w] : tally().worst) std::printf("GPU matmul: dtype %s: %d runs, worst relative error %.3g\n", dt.c_str(), w.second, w.first);
