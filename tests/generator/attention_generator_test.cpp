@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <future>
 #include <regex>
 
 #include "bsjit/attention_layouts.hpp"
 #include "bsjit/error.hpp"
 #include "runtime/compiler.hpp"
+#include "runtime/parallel.hpp"
 
 namespace bsjit::generator {
 namespace {
@@ -154,8 +154,6 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
                        hopper || i % 2 == 0 ? "sm_90a" : "sm_80"});
         ++i;
       }
-  std::vector<std::future<std::string>> pending;
-  std::vector<std::string> failures;
   auto run = [&](AttentionOptions o) -> std::string {
     try {
       const auto g = generate_attention_forward(masks, o, o.arch);
@@ -178,13 +176,10 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
       return e.what();
     }
   };
-  for (std::size_t next = 0; next < all.size() || !pending.empty();) {
-    while (next < all.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, run, all[next++]));
-    auto r = pending.front().get();
-    pending.erase(pending.begin());
-    if (!r.empty()) failures.push_back(r);
-  }
-  for (const auto& f : failures) ADD_FAILURE() << f;
+  std::vector<std::string> failures(all.size());
+  runtime::parallel_for(all.size(), 2, [&](std::size_t i) { failures[i] = run(all[i]); });  // CI machines: 2 cores
+  for (const auto& f : failures)
+    if (!f.empty()) ADD_FAILURE() << f;
   EXPECT_EQ(all.size(), 24u);
   EXPECT_EQ(std::count_if(all.begin(), all.end(), [&](const AttentionOptions& o) {
               return generate_attention_forward(masks, o, o.arch).tma;

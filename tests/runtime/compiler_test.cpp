@@ -5,13 +5,13 @@
 
 #include <gtest/gtest.h>
 
-#include <future>
 #include <random>
 
 #include "bsjit/cache.hpp"
 #include "bsjit/error.hpp"
 #include "generator/matmul_generator.hpp"
 #include "runtime/kernel_registry.hpp"
+#include "runtime/parallel.hpp"
 
 namespace bsjit {
 namespace {
@@ -41,14 +41,10 @@ std::string name(const Case& c) {
 // returns the non-empty messages.
 template <class Item, class Check>
 std::vector<std::string> failures_of(const std::vector<Item>& items, Check check) {
-  std::vector<std::future<std::string>> pending;
-  std::vector<std::string> failures;
-  for (std::size_t next = 0; next < items.size() || !pending.empty();) {
-    while (next < items.size() && pending.size() < 2) pending.push_back(std::async(std::launch::async, check, items[next++]));
-    auto r = pending.front().get();
-    pending.erase(pending.begin());
+  std::vector<std::string> results(items.size()), failures;
+  runtime::parallel_for(items.size(), 2, [&](std::size_t i) { results[i] = check(items[i]); });
+  for (auto& r : results)
     if (!r.empty()) failures.push_back(r);
-  }
   return failures;
 }
 
