@@ -344,9 +344,11 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     t.tensor_cores = t.pipelined = t.wgmma = true;
     t.bm = edge, t.bn = cols, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
     t.threads = t.warps_m * 128 + 32;  // consumer warpgroups, then a producer warp
-    // (SddTmaPlan: staged, the mbarriers padded to 1024 bytes and 2 KB per consumer warp after them)
+    // (SddTmaPlan: staged, the mbarriers padded to 1024 bytes and a warp's staging, 16 rows × 64
+    // columns of 16-bit, per consumer warp after them; the kernel asserts that the two agree)
+    constexpr int kWarpStaging = 16 * 64 * 2;
     t.shared_bytes =
-        t.stages * 64 * (edge + cols) * 2 + 1024 + (t.staged ? 1024 + t.warps_m * 4 * 2048 : 2 * t.stages * 8);
+        t.stages * 64 * (edge + cols) * 2 + 1024 + (t.staged ? 1024 + t.warps_m * 4 * kWarpStaging : 2 * t.stages * 8);
     const bool kind_ok = t.tile_edge > 0   ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0
                          : t.row_blocks > 0 ? b >= 16 && t.row_blocks >= 2
                                            : b == 64 || b == 128;

@@ -819,6 +819,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   store_dw_block<Cfg>(EpilogueOf<decltype(mma)>{mma}, dw, block, g, accumulate, workspace);
 }
 
+// A consumer warp's staging in store_sdd_staged: 16 rows × 64 columns of 16-bit dW.
+constexpr int kSddWarpStaging = 16 * 64 * 2;
+
 // The Hopper backward-weight kernels: dW on units of Cfg::kUnits (R × C tiles of dW), each the
 // product X[:, rows]ᵀ · dY[:, columns] over N. A stage holds 64 rows of N of both operands, copied
 // by TMA as boxes of 64 rows × 64 features (MN-major, 128-byte swizzled): A = Xᵀ is M-major, B = dY
@@ -836,13 +839,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 //   wide, so a unit gathers the band's columns and computes only those (the tiled kernel computes
 //   every column of its tile).
 // Shared memory: the stages, their mbarriers, and with Cfg::kStagedStore (store_sdd_staged) the
-// barriers padded to 1024 bytes and 2 KB of staging per consumer warp.
+// barriers padded to 1024 bytes and kSddWarpStaging (2 KB) per consumer warp.
 template <class Cfg, int ROWS, int COLS>
 struct SddTmaPlan {
   static constexpr int kSlice = 64;                          // rows of N per stage
   static constexpr int kOperandBytes = kSlice * ROWS * 2;   // A's stage (Xᵀ); B's (dY) follows
   static constexpr int kStageBytes = kSlice * (ROWS + COLS) * 2;
-  static constexpr int kBarrierBytes = 2 * Cfg::kStages * 8, kWarpStaging = 2048;
+  static constexpr int kBarrierBytes = 2 * Cfg::kStages * 8, kWarpStaging = kSddWarpStaging;
   static constexpr int kStagingOffset = Cfg::kStages * kStageBytes + kSwizzleAtomBytes;  // from the aligned base
   static constexpr int kSharedBytes = Cfg::kStagedStore
                                           ? kStagingOffset + Cfg::kWarpsM * 4 * kWarpStaging + kSwizzleAtomBytes
@@ -909,19 +912,19 @@ struct StagedBlocks {
 
 // The staged epilogue (Cfg::kStagedStore) of one item's tile: each warp puts its 16 rows × 64 columns
 // at a time (16-bit, scaled by each block's gate, dW's old values added in fp32 when accumulating)
-// into its 2 KB of shared memory with stmatrix, as min(b, 64)-wide pieces swizzled over their rows,
-// and one lane stores each piece that lies in a block by TMA (map_dw: dW as [blocks · b, b]): whole
-// rows of a block, where the register epilogue writes 4 bytes per pair, 8 rows of 16 bytes per warp
-// instruction. At N = 64, b = 64 (one 64-row step per block) the register stores took 60% of the
-// kernel: 0.064 ms, 0.026 without them.
+// into its own staging (`tile`, kSddWarpStaging bytes of shared memory) with stmatrix, as
+// min(b, 64)-wide pieces swizzled over their rows, and one lane stores each piece that lies in a
+// block by TMA (map_dw: dW as [blocks · b, b]): whole rows of a block, where the register epilogue
+// writes 4 bytes per pair, 8 rows of 16 bytes per warp instruction. At N = 64, b = 64 (one 64-row
+// step per block) the register stores took 60% of the kernel: 0.064 ms, 0.026 without them.
 template <class Cfg, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
                                                  const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
-                                                 unsigned char* staging) {
+                                                 unsigned char* tile) {
   using T = typename Cfg::T;
   constexpr int b = Cfg::kBlock, W = b < 64 ? b : 64, kRowBytes = 2 * W, kPieceBytes = 16 * kRowBytes;
+  static_assert((64 / W) * kPieceBytes == kSddWarpStaging, "a warp's pieces fill its staging");
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  unsigned char* tile = staging + (threadIdx.x / 32) * 2048;  // this warp's
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
     const int r = row0 + t * 64 + warp * 16;  // the warp's first row of the unit (16 rows of one block row)
@@ -984,7 +987,7 @@ template <class Cfg, int R, int C, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
                                                const SddItem& item, const SddSchedule<Cfg>& schedule, float* workspace,
                                                const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
-                                               unsigned char* staging) {
+                                               unsigned char* warp_staging) {
   constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
   constexpr long long kPlane = static_cast<long long>(R) * C;
   if (item.piece >= 0) {
@@ -1023,7 +1026,7 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
   }
   const int unit = item.unit;
   if constexpr (Cfg::kStagedStore) {
-    store_sdd_staged<Cfg, TILES, N>(d, row0, col0, units, blocks, map_dw, staging);
+    store_sdd_staged<Cfg, TILES, N>(d, row0, col0, units, blocks, map_dw, warp_staging);
   } else {
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
@@ -1159,8 +1162,9 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
     if (item.last > item.first) mbarrier_arrive(&empty[(i - 1) % S]);
-    store_sdd_item<Cfg, ROWS, COLS, kTiles, N>(d, row0, col0, units, item, schedule, workspace, blocks, map_dw,
-                                               ring.base + Plan::kStagingOffset);
+    store_sdd_item<Cfg, ROWS, COLS, kTiles, N>(
+        d, row0, col0, units, item, schedule, workspace, blocks, map_dw,
+        ring.base + Plan::kStagingOffset + (threadIdx.x / 32) * Plan::kWarpStaging);  // this warp's staging
   }
   if (Cfg::kStagedStore && threadIdx.x % 32 == 0) bulk_wait_group<0>();  // shared memory outlives the stores
 }
