@@ -281,10 +281,14 @@ TileConfig finish_pipelined(const MatMulSpec& spec, TileConfig t) {
   if (sdd) t.bm = b;
   t.bn = b;
   t.threads = 32 * t.warps_m * t.warps_n;
-  t.stride = t.bk + 8;
-  const int a_stage = sdd ? t.bk * (b + 8) : t.bm * (t.bk + 8);
-  const int b_stage = sdd ? t.bk * (b + 8) : spec.op == Op::backward_data ? b * (t.bk + 8) : t.bk * (b + 8);
-  t.shared_bytes = t.stages * (a_stage + b_stage) * 2;
+  // element size and row padding of K-major and MN-major tiles (pipeline.cuh: TilePad)
+  const int e = spec.dtype == DType::f32 ? 4 : 2, pad_k = e == 2 ? 8 : 4, pad_mn = 8;
+  t.stride = t.bk + pad_k;
+  const int a_stage = sdd ? t.bk * (b + pad_mn) : t.bm * (t.bk + pad_k);
+  const int b_stage = sdd                            ? t.bk * (b + pad_mn)
+                      : spec.op == Op::backward_data ? b * (t.bk + pad_k)
+                                                     : t.bk * (b + pad_mn);
+  t.shared_bytes = t.stages * (a_stage + b_stage) * e;
   if (sdd) t.group = 1;
   const bool grouping_ok = t.group == 1 ? (sdd || b % t.bk == 0) : t.bk == t.group * b;
   const bool ok = !t.persistent && t.bm % (16 * t.warps_m) == 0 && b % (16 * t.warps_n) == 0 && t.bk % 16 == 0 &&
@@ -506,8 +510,8 @@ bool has_wgmma(const std::string& arch) { return arch == "sm_90a"; }
 
 std::string kernel_label(const MatMulSpec& spec) {
   const TileConfig t = choose_tiles(spec);
-  std::string label = fmt::format("{}-{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), spec.block,
-                                  to_string(spec.feature_axis));
+  std::string label = fmt::format("{}-{}{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), spec.tf32 ? "-tf32" : "",
+                                  spec.block, to_string(spec.feature_axis));
   if (spec.tiles || spec.small_batch || t.wgmma) label += "-" + tiles_tag(t);
   return label;
 }
@@ -607,9 +611,25 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
   const int b = spec.block;
   if (!supported_block(b)) throw Error(fmt::format("block size {} is not supported; expected 8, 16, 32, 64 or 128", b));
   TileConfig t;
-  t.tensor_cores = spec.dtype != DType::f32 && b >= 16;
+  if (spec.tf32 && (spec.dtype != DType::f32 || b < 16 || spec.feature_axis != FeatureAxis::last || spec.wgmma))
+    throw Error(
+        fmt::format("bsjit: tf32 needs fp32 inputs, block ≥ 16 and the feature axis last (got {}, block {}, "
+                    "feature axis {}{})",
+                    to_string(spec.dtype), b, to_string(spec.feature_axis), spec.wgmma ? ", wgmma" : ""));
+  t.tensor_cores = (spec.dtype != DType::f32 || spec.tf32) && b >= 16;
   if (t.tensor_cores && spec.feature_axis == FeatureAxis::last) {
     if (spec.tiles) return finish_shape(spec, *spec.tiles);
+    // fp32 as TF32: the mma.sync pipelined kernels on BK = 32 (4-byte tiles take twice the shared
+    // memory of 16-bit ones); not tuned yet
+    if (spec.tf32) {
+      if (spec.op == Op::backward_weight)
+        return finish_pipelined(spec, b == 16 ? pipelined_shape(b, 32, 1, 1, spec.small_batch ? 2 : 4)
+                                              : pipelined_shape(b, 32, 2, 2, spec.small_batch ? 2 : 3));
+      if (spec.small_batch)
+        return finish_pipelined(spec, pipelined_shape(64, b == 16 ? 16 : 32, b >= 64 ? 1 : 4, b >= 64 ? 4 : 1, 4));
+      return finish_pipelined(
+          spec, b >= 64 ? pipelined_shape(128, 32, 2, 2, 3) : pipelined_shape(256, b == 16 ? 16 : 32, 8, 1, 3));
+    }
     // Small-batch backward-weight (N = 64: one 64-row step per unit, so the epilogue is the kernel):
     // on sm_90a the TMA kernels with the staged epilogue, elsewhere (and at b = 16) the mma.sync kernel
     // with 2 stages. N = 64, C = K = 16384, d = 0.1, ms (sweep-small, one device call, 2026-11-30):

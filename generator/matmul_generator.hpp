@@ -60,6 +60,9 @@ struct MatMulSpec {
   bool wgmma = false;
   // The small-batch variant (N ≤ kSmallBatchRows): shapes that stream W with few rows of N.
   bool small_batch = false;
+  // fp32 inputs multiplied on the tensor cores as TF32 (MatMulOptions::tf32; the mma.sync
+  // pipelined kernels, feature axis last, b ≥ 16); never with wgmma.
+  bool tf32 = false;
   // A pipelined tile shape to use instead of the heuristic (tuning): bm, bk, warps_m, warps_n and
   // stages are taken, the rest derived. Only for specs whose heuristic choice is pipelined.
   std::optional<TileConfig> tiles;

@@ -71,23 +71,24 @@ std::vector<std::shared_ptr<const PreparedKernel>> KernelRegistry::prepare_all(
 std::string tuning_key(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch,
                        int variant) {
   // Templates and format version in the key: a record from another bsjit is never applied.
-  std::string material = fmt::format("bsjit-tuning {} {} {} {} {} {} {} {} {}", cache::kFormatVersion,
-                                     generator::templates_hash(), layout_hash, to_string(spec.op), spec.block,
-                                     to_string(spec.dtype), to_string(spec.feature_axis), arch, variant);
+  std::string material =
+      fmt::format("bsjit-tuning {} {} {} {} {} {}{} {} {} {}", cache::kFormatVersion, generator::templates_hash(),
+                  layout_hash, to_string(spec.op), spec.block, to_string(spec.dtype), spec.tf32 ? "-tf32" : "",
+                  to_string(spec.feature_axis), arch, variant);
   XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
 
 namespace {
 std::string tuning_stem(const generator::MatMulSpec& spec, const std::string& arch, int variant) {
-  return fmt::format("{}-{}-b{}-{}-{}-{}", to_string(spec.op), to_string(spec.dtype), spec.block,
-                     to_string(spec.feature_axis), arch, variant == 0 ? "any-n" : "small-n");
+  return fmt::format("{}-{}{}-b{}-{}-{}-{}", to_string(spec.op), to_string(spec.dtype), spec.tf32 ? "-tf32" : "",
+                     spec.block, to_string(spec.feature_axis), arch, variant == 0 ? "any-n" : "small-n");
 }
 }  // namespace
 
 generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
                                    int variant) {
-  spec.wgmma = generator::has_wgmma(arch);
+  spec.wgmma = generator::has_wgmma(arch) && !spec.tf32;  // TF32 runs the mma.sync kernels
   const std::string record = cache::KernelCache::global().find_tuning(tuning_key(layout_hash, spec, arch, variant));
   if (record.empty()) return spec;
   try {

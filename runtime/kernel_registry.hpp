@@ -24,7 +24,8 @@ struct KernelId {
   generator::MatMulSpec spec;
   std::string arch;
   auto key() const {
-    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma, spec.small_batch, arch,
+    return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma,
+                           spec.small_batch, spec.tf32, arch,
                            spec.tiles ? generator::tiles_tag(*spec.tiles) : std::string());
   }
   bool operator<(const KernelId& o) const { return key() < o.key(); }

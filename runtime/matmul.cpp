@@ -33,8 +33,11 @@ void check_pointer(const void* p, const char* what, Op op) {
 
 struct MatMul::Impl {
   Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)), layout_hash(layout.hash().hex()) {
-    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
-      op_specs[static_cast<int>(op)] = generator::variants({op, options.block, options.dtype, options.feature_axis});
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+      generator::MatMulSpec spec{op, options.block, options.dtype, options.feature_axis};
+      spec.tf32 = options.tf32;
+      op_specs[static_cast<int>(op)] = generator::variants(spec);
+    }
   }
 
   Layout layout;
@@ -168,7 +171,7 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   const std::string arch = impl_->arch_for(ctx);
   const int v = impl_->variant(op, n);
   generator::MatMulSpec base = impl_->specs(op)[v];
-  base.wgmma = generator::has_wgmma(arch);
+  base.wgmma = generator::has_wgmma(arch) && !base.tf32;
   // candidates: this variant's own shape first, then every shape the generator offers
   std::vector<generator::MatMulSpec> candidates{base};
   if (generator::choose_tiles(base).pipelined) {
@@ -228,9 +231,7 @@ void MatMul::prepare(Op op) const {
 }
 
 std::string MatMul::generated_source(Op op) const {
-  return generator::generate_matmul(impl_->layout, {op, impl_->options.block, impl_->options.dtype,
-                                                    impl_->options.feature_axis})
-      .source;
+  return generator::generate_matmul(impl_->layout, impl_->specs(op)[0]).source;
 }
 std::string MatMul::kernel_label(Op op, std::int64_t n) const {
   const std::string arch = impl_->arch_for(runtime::current_context());

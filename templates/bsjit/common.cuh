@@ -60,6 +60,7 @@ struct Mma16816;
 
 template <>
 struct Mma16816<half_t> {
+  static constexpr int kK = 16;  // reduction indices per instruction
   __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -71,9 +72,27 @@ struct Mma16816<half_t> {
 
 template <>
 struct Mma16816<bfloat16_t> {
+  static constexpr int kK = 16;
   __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+// fp32 inputs on the tensor cores as TF32 (opt-in: MatMulOptions::tf32): one m16n8k8 tile, the
+// hardware reading each input's sign, exponent and top 10 mantissa bits (the rest truncated).
+// Fragments (PTX ISA, "mma.m16n8k8" .tf32), g = lane / 4, t = lane % 4:
+//   a[0] = A[g][t]   a[1] = A[g+8][t]   a[2] = A[g][t+4]   a[3] = A[g+8][t+4]
+//   b[0] = B[t][g]   b[1] = B[t+4][g]   d as for m16n8k16.
+template <>
+struct Mma16816<float> {
+  static constexpr int kK = 8;
+  __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));

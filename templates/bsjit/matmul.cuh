@@ -9,7 +9,8 @@
 //
 // dsd_pipelined_kernel, sdd_pipelined_kernel: the same products for 16-bit inputs with the feature
 //   axis last, through a multi-stage cp.async pipeline and ldmatrix (pipeline.cuh). The tile walk is
-//   flattened into steps (LUT entry, BK slice), so the pipeline runs across block boundaries.
+//   flattened into steps (LUT entry, BK slice), so the pipeline runs across block boundaries. Also
+//   fp32 inputs as TF32 (opt-in), on the same tiles of 4-byte elements.
 //
 // dsd_wgmma_kernel: the same products on Hopper's warpgroup tensor cores (sm_90a, b = 64 and 128):
 //   warpgroups of 64 or 128 output rows, 64 reduction indices per pipeline stage (wgmma.cuh).
@@ -145,13 +146,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // kernels static_assert that they agree), because the host launches with that much dynamic memory.
 template <class Cfg>
 struct DsdPipelinedPlan {
-  static constexpr int kSA = Cfg::kBK + kPad;  // As[BM][BK]: X rows, K-major
+  using T = typename Cfg::T;
+  static constexpr int kSA = Cfg::kBK + TilePad<T, true>::value;  // As[BM][BK]: X rows, K-major
   // forward: Bs[BK][b] (W rows, MN-major); backward-data: Bs[b][BK] (W rows are Wᵀ's columns, K-major)
   static constexpr bool kBKMajor = Cfg::kTransW;
-  static constexpr int kSB = kBKMajor ? Cfg::kBK + kPad : Cfg::kBlock + kPad;
+  static constexpr int kSB = kBKMajor ? Cfg::kBK + TilePad<T, true>::value : Cfg::kBlock + TilePad<T, false>::value;
   static constexpr int kAStage = Cfg::kBM * kSA;
   static constexpr int kBStage = kBKMajor ? Cfg::kBlock * kSB : Cfg::kBK * kSB;
-  static constexpr int kSharedBytes = Cfg::kStages * (kAStage + kBStage) * 2;
+  static constexpr int kSharedBytes = Cfg::kStages * (kAStage + kBStage) * static_cast<int>(sizeof(T));
 };
 
 // A float written by another CTA of this launch: read from L2, past this SM's L1.
@@ -243,9 +245,11 @@ struct SddRange {
 
 template <class Cfg>
 struct SddPipelinedPlan {
-  static constexpr int kS = Cfg::kBlock + kPad;  // As[BK][b] = X rows, Bs[BK][b] = dY rows: both MN-major
+  using T = typename Cfg::T;
+  // As[BK][b] = X rows, Bs[BK][b] = dY rows: both MN-major
+  static constexpr int kS = Cfg::kBlock + TilePad<T, false>::value;
   static constexpr int kStage = Cfg::kBK * kS;
-  static constexpr int kSharedBytes = Cfg::kStages * 2 * kStage * 2;
+  static constexpr int kSharedBytes = Cfg::kStages * 2 * kStage * static_cast<int>(sizeof(T));
 };
 
 template <class Cfg>
@@ -258,7 +262,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // A stage holds kGroup slices of kSlice reduction indices each: one LUT entry's whole block per
   // slice when kGroup > 1 (small blocks: more work per barrier), else kSlice = BK ≤ b.
   constexpr int b = Cfg::kBlock, kSlice = Cfg::kBK / Cfg::kGroup, kSlicesPerEntry = b / kSlice;
-  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b, "16-bit, feature axis last, BN = b");
+  static_assert((sizeof(T) == 2 || sizeof(T) == 4) && Cfg::kFeatureLast && Cfg::kBN == b,
+                "16-bit (or fp32 as TF32), feature axis last, BN = b");
   static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   static_assert(Cfg::kStages >= 2 && b % kSlice == 0 && kSlice % 16 == 0, "pipeline shape");
   static_assert(Cfg::kGroup == 1 || kSlice == b, "grouped stages take whole blocks");
@@ -783,7 +788,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   using T = typename Cfg::T;
   using Plan = SddPipelinedPlan<Cfg>;
   constexpr int b = Cfg::kBlock;
-  static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBM == b && Cfg::kBN == b, "16-bit, feature last, b × b");
+  static_assert((sizeof(T) == 2 || sizeof(T) == 4) && Cfg::kFeatureLast && Cfg::kBM == b && Cfg::kBN == b,
+                "16-bit (or fp32 as TF32), feature last, b × b");
   static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ __align__(128) unsigned char smem[];
   T* As = reinterpret_cast<T*>(smem);

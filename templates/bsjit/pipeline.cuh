@@ -6,6 +6,12 @@
 // with .trans, so both come from global memory in whatever order is contiguous there. Rows are
 // padded by 8 elements (16 bytes): the 8 rows one ldmatrix phase reads then fall in distinct
 // 16-byte bank groups for every tile width used here.
+//
+// fp32 inputs on the tensor cores (TF32, opt-in) use the same tiles of 4-byte elements: K-major
+// tiles through ldmatrix (a 16-byte row of an 8 × 8 b16 matrix is 4 fp32 values, which is how the
+// m16n8k8 .tf32 fragments lie), padded by 4 elements (16 bytes); MN-major tiles by 32-bit loads
+// (.trans would split the values), padded by 8 elements so that row stride ≡ 8 mod 32 banks: the
+// loads of a fragment (rows t, columns g) then hit 32 distinct banks.
 #pragma once
 
 #include "bsjit/common.cuh"
@@ -14,6 +20,12 @@ namespace bsjit {
 namespace kernels {
 
 constexpr int kPad = 8;  // elements of row padding for 16-bit tiles
+
+// Row padding, in elements, of a tile of T stored K-major or MN-major (see above).
+template <class T, bool K_MAJOR>
+struct TilePad {
+  static constexpr int value = sizeof(T) == 2 || !K_MAJOR ? 8 : 4;
+};
 
 __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -73,28 +85,40 @@ __device__ __forceinline__ unsigned scale_pair(unsigned v, float s) {
   return pack_pair<T>(lo * s, hi * s);
 }
 
-// Copies a ROWS × COLS tile of 16-bit elements, 16 bytes per cp.async, into dst (row stride
-// STRIDE). row(r) gives the global address of row r's first element; valid(r) false zero-fills it.
+// Copies a ROWS × COLS tile of 16-bit or 32-bit elements, 16 bytes per cp.async, into dst (row
+// stride STRIDE). row(r) gives the global address of row r's first element; valid(r) false
+// zero-fills it.
 template <int ROWS, int COLS, int STRIDE, int THREADS, class T, class Row, class Valid>
 __device__ __forceinline__ void copy_tile_async(T* dst, Row row, Valid valid) {
-  static_assert(COLS % 8 == 0, "rows are copied 8 elements (16 bytes) at a time");
-  constexpr int kChunksPerRow = COLS / 8, kChunks = ROWS * kChunksPerRow;
+  constexpr int kPer = 16 / sizeof(T);  // elements per copy
+  static_assert(COLS % kPer == 0, "rows are copied 16 bytes at a time");
+  constexpr int kChunksPerRow = COLS / kPer, kChunks = ROWS * kChunksPerRow;
 #pragma unroll
   for (int i = threadIdx.x; i < kChunks; i += THREADS) {
-    const int r = i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
+    const int r = i / kChunksPerRow, c = (i % kChunksPerRow) * kPer;
     const bool ok = valid(r);
     cp_async_16(dst + r * STRIDE + c, row(ok ? r : 0) + c, ok);
   }
 }
 
+// A B-fragment register (two 16-bit values, or one fp32 value) scaled by s (gated matmul).
+template <class T>
+__device__ __forceinline__ unsigned scale_fragment(unsigned v, float s) {
+  if constexpr (sizeof(T) == 4)
+    return __float_as_uint(__uint_as_float(v) * s);
+  else
+    return scale_pair<T>(v, s);
+}
+
 // Warp-level tensor-core tile: the CTA's warps form WARPS_M × WARPS_N, each owning WM × WN of the
 // BM × BN accumulator. A_K_MAJOR / B_K_MAJOR say how the stage tiles are stored (see above); SA and
-// SB are their row strides in elements.
+// SB are their row strides in elements. 16-bit T: m16n8k16; fp32 T: m16n8k8 as TF32.
 template <class Cfg, bool A_K_MAJOR, bool B_K_MAJOR, int SA, int SB>
 struct WarpMma {
   using T = typename Cfg::T;
   static constexpr int kWM = Cfg::kBM / Cfg::kWarpsM, kWN = Cfg::kBN / Cfg::kWarpsN;
   static constexpr int kMI = kWM / 16, kNI = kWN / 8;
+  static constexpr int kK = Mma16816<T>::kK, kPer = 16 / sizeof(T);  // per mma; elements per 16 bytes
   static_assert(Cfg::kWarpsM * Cfg::kWarpsN * 32 == Cfg::kThreads, "warp grid must cover the CTA");
   static_assert(kWM % 16 == 0 && kWN % 16 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
   static_assert(Cfg::kBK % 16 == 0, "k step is 16");
@@ -113,7 +137,7 @@ struct WarpMma {
   // acc += A·B over one BK stage, B scaled by s when s != 1 (gated matmul).
   __device__ __forceinline__ void step(const T* As, const T* Bs, float s) {
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kBK; kk += 16) slice(As, Bs, kk, s);
+    for (int kk = 0; kk < Cfg::kBK; kk += kK) slice(As, Bs, kk, s);
   }
 
   // The same with a scale per 16 reduction indices, scale(kk): 0 skips them (stages that hold
@@ -121,33 +145,49 @@ struct WarpMma {
   template <class Scale>
   __device__ __forceinline__ void step_sliced(const T* As, const T* Bs, Scale scale) {
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kBK; kk += 16) {
+    for (int kk = 0; kk < Cfg::kBK; kk += kK) {
       const float s = scale(kk);
       if (s != 0.0f) slice(As, Bs, kk, s);  // uniform across the CTA
     }
   }
 
-  // acc += A[:, kk..kk+15] · B[kk..kk+15, :], B scaled by s when s != 1.
+  // acc += A[:, kk..kk+kK-1] · B[kk..kk+kK-1, :], B scaled by s when s != 1.
   __device__ __forceinline__ void slice(const T* As, const T* Bs, int kk, float s) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = (warp / Cfg::kWarpsN) * kWM, wn = (warp % Cfg::kWarpsN) * kWN;
-    const int q = lane / 8, r8 = lane % 8;
+    const int q = lane / 8, r8 = lane % 8, g = lane / 4, t = lane % 4;
     unsigned a[kMI][4], b[kNI][2];
+    // 32-bit element (r, c) of a tile of row stride S (MN-major fp32 fragments)
+    auto word = [](const T* tile, int S, int r, int c) { return __float_as_uint(to_float(tile[r * S + c])); };
 #pragma unroll
     for (int i = 0; i < kMI; ++i) {
-      if (A_K_MAJOR) ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * SA + kk + (lane / 16) * 8);
-      else ldmatrix_x4_trans(a[i], As + (kk + r8 + (q / 2) * 8) * SA + wm + i * 16 + (q % 2) * 8);
+      if (A_K_MAJOR) {
+        ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * SA + kk + (lane / 16) * kPer);
+      } else if constexpr (sizeof(T) == 2) {
+        ldmatrix_x4_trans(a[i], As + (kk + r8 + (q / 2) * 8) * SA + wm + i * 16 + (q % 2) * 8);
+      } else {
+        const int m = wm + i * 16 + g;
+        a[i][0] = word(As, SA, kk + t, m), a[i][1] = word(As, SA, kk + t, m + 8);
+        a[i][2] = word(As, SA, kk + t + 4, m), a[i][3] = word(As, SA, kk + t + 4, m + 8);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kNI; j += 2) {
       unsigned r[4];
-      if (B_K_MAJOR) ldmatrix_x4(r, Bs + (wn + j * 8 + r8 + (q / 2) * 8) * SB + kk + (q % 2) * 8);
-      else ldmatrix_x4_trans(r, Bs + (kk + r8 + (q % 2) * 8) * SB + wn + j * 8 + (q / 2) * 8);
+      if (B_K_MAJOR) {
+        ldmatrix_x4(r, Bs + (wn + j * 8 + r8 + (q / 2) * 8) * SB + kk + (q % 2) * kPer);
+      } else if constexpr (sizeof(T) == 2) {
+        ldmatrix_x4_trans(r, Bs + (kk + r8 + (q % 2) * 8) * SB + wn + j * 8 + (q / 2) * 8);
+      } else {
+        const int n = wn + j * 8 + g;
+        r[0] = word(Bs, SB, kk + t, n), r[1] = word(Bs, SB, kk + t + 4, n);
+        r[2] = word(Bs, SB, kk + t, n + 8), r[3] = word(Bs, SB, kk + t + 4, n + 8);
+      }
       b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
     }
     if (s != 1.0f) {
 #pragma unroll
-      for (int j = 0; j < kNI; ++j) b[j][0] = scale_pair<T>(b[j][0], s), b[j][1] = scale_pair<T>(b[j][1], s);
+      for (int j = 0; j < kNI; ++j) b[j][0] = scale_fragment<T>(b[j][0], s), b[j][1] = scale_fragment<T>(b[j][1], s);
     }
 #pragma unroll
     for (int i = 0; i < kMI; ++i)
@@ -191,15 +231,20 @@ __device__ __forceinline__ void run_pipeline(int total, Load load, Compute compu
   cp_async_wait<0>();
 }
 
-// Writes two adjacent outputs as one 32-bit store; with accumulate adds the old pair first.
+// Writes two adjacent outputs as one store (32 bits, or 64 for fp32); with accumulate adds the old
+// pair first.
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, float v0, float v1, int accumulate) {
   if (accumulate) {
     v0 += to_float(p[0]);
     v1 += to_float(p[1]);
   }
-  T pair[2] = {from_float<T>(v0), from_float<T>(v1)};
-  *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(pair);
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else {
+    T pair[2] = {from_float<T>(v0), from_float<T>(v1)};
+    *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(pair);
+  }
 }
 
 }  // namespace kernels

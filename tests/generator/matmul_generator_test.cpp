@@ -644,6 +644,51 @@ TEST(Generator, TileConfigsAreConsistent) {
 
 // The Hopper kernels: chosen on sm_90a for all three ops at b ≥ 64 (16-bit, feature axis last),
 // never elsewhere; their shapes fit the H100/H200's shared memory.
+// fp32 as TF32 (opt-in): the mma.sync pipelined kernels on 4-byte tiles, their shared memory
+// counted in 4-byte elements (K-major rows padded by 4, MN-major by 8); refused where no TF32 kernel
+// exists.
+TEST(Generator, Tf32OnThePipelinedKernels) {
+  const Layout layout = Layout::from_dense(4, 3, std::vector<std::uint8_t>(12, 1));
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {16, 32, 64, 128}) {
+      MatMulSpec spec{op, b, DType::f32, FeatureAxis::last};
+      SCOPED_TRACE(std::string(to_string(op)) + " b" + std::to_string(b));
+      const TileConfig exact = choose_tiles(spec);
+      EXPECT_FALSE(exact.tensor_cores) << "exact fp32 stays the default";
+      spec.tf32 = true;
+      for (const auto& v : variants(spec)) {
+        const TileConfig t = choose_tiles(v);
+        EXPECT_TRUE(t.tensor_cores && t.pipelined && !t.wgmma);
+        const bool sdd = op == Op::backward_weight;
+        const int a = sdd ? t.bk * (b + 8) : t.bm * (t.bk + 4);
+        const int w = sdd ? t.bk * (b + 8) : op == Op::backward_data ? b * (t.bk + 4) : t.bk * (b + 8);
+        EXPECT_EQ(t.shared_bytes, t.stages * (a + w) * 4);
+        EXPECT_LE(t.shared_bytes, 160 * 1024);
+      }
+      const auto g = generate_matmul(layout, spec);
+      EXPECT_NE(g.label.find("f32-tf32"), std::string::npos) << g.label;
+      EXPECT_NE(g.source.find("using T = float"), std::string::npos);
+      EXPECT_NE(g.name_expression.find(op == Op::backward_weight ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel"),
+                std::string::npos);
+      for (const auto& t : tile_candidates(spec)) EXPECT_LE(t.shared_bytes, 160 * 1024) << tiles_tag(t);
+    }
+  for (MatMulSpec spec : {MatMulSpec{Op::forward, 32, DType::bf16, FeatureAxis::last},
+                          MatMulSpec{Op::forward, 8, DType::f32, FeatureAxis::last},
+                          MatMulSpec{Op::forward, 32, DType::f32, FeatureAxis::first}}) {
+    spec.tf32 = true;
+    SCOPED_TRACE(std::string(to_string(spec.dtype)) + " b" + std::to_string(spec.block) + " " +
+                 std::string(to_string(spec.feature_axis)));
+    try {
+      choose_tiles(spec);
+      ADD_FAILURE() << "expected an Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tf32 needs fp32 inputs, block ≥ 16 and the feature axis last"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Generator, WgmmaWhereTheTargetHasIt) {
   EXPECT_TRUE(has_wgmma("sm_90a"));
   EXPECT_FALSE(has_wgmma("sm_90"));

@@ -28,6 +28,29 @@ TEST(MatMulApi, RejectsBadOptions) {
             std::string::npos);
   EXPECT_NE(error_of([] { MatMul(kLayout, {32, DType::f32, FeatureAxis::last, "sm_70"}); }).find("sm_70"),
             std::string::npos);
+  // TF32 is for fp32 inputs, on the feature-last tensor-core kernels (b ≥ 16)
+  for (MatMulOptions o : {MatMulOptions{32, DType::bf16, FeatureAxis::last, "", true},
+                          MatMulOptions{8, DType::f32, FeatureAxis::last, "", true},
+                          MatMulOptions{32, DType::f32, FeatureAxis::first, "", true}})
+    EXPECT_NE(error_of([&] { MatMul(kLayout, o); }).find("tf32 needs fp32 inputs"), std::string::npos);
+}
+
+// fp32 with tf32 set: its own kernels (the tensor cores' mma.sync on 4-byte tiles), beside the exact
+// ones of the same layout, in the registry and the cache.
+TEST(MatMulApi, Tf32KernelsBesideTheExactOnes) {
+  set_cache_directory({});
+  MatMul exact(kLayout, {32, DType::f32, FeatureAxis::last, ""}),
+      tf32(kLayout, {32, DType::f32, FeatureAxis::last, "", true});
+  EXPECT_EQ(exact.generated_source(Op::forward).find("-tf32-"), std::string::npos);
+  EXPECT_NE(tf32.generated_source(Op::forward).find("forward-f32-tf32-b32-last"), std::string::npos);
+  EXPECT_NE(tf32.generated_source(Op::forward).find("kTensorCores = true"), std::string::npos);
+  EXPECT_NE(exact.generated_source(Op::forward).find("kTensorCores = false"), std::string::npos);
+  auto before = cache_stats();
+  EXPECT_TRUE(exact.precompile(Op::forward, "sm_90a"));
+  EXPECT_TRUE(tf32.precompile(Op::forward, "sm_90a"));  // not the exact kernel
+  EXPECT_FALSE(tf32.precompile(Op::forward, "sm_90a"));
+  EXPECT_TRUE(tf32.precompile(Op::backward_weight, "sm_80"));
+  EXPECT_GE(cache_stats().compiles, before.compiles + 3);
 }
 
 TEST(MatMulApi, ValidatesPointersAndSizesBeforeTouchingTheGpu) {

@@ -269,6 +269,31 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
   std::printf("GPU matmul: %zu backward-weight shapes checked on larger layouts\n", shapes.size());
 }
 
+// fp32 as TF32 (opt-in): every op at b = 16-128 on the mma.sync kernels for 4-byte tiles (both batch
+// variants: n = 77 runs the small-batch one), against the double-precision reference, within the
+// 16-bit tolerance (TF32 keeps 10 mantissa bits, as fp16 does); above exact fp32's errors, so the
+// tensor-core path is what ran.
+TEST(MatMulGpuTf32, MatchesDenseReference) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  double worst = 0;
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {16, 32, 64, 128}) {
+      MatMul mm(random_layout(b, 300 + b), {b, DType::f32, FeatureAxis::last, "", true});
+      std::uint64_t seed = 7000 + 10 * b + static_cast<int>(op);
+      for (const Variant& v : kVariants) {
+        auto r = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
+        worst = std::max(worst, r.relative_error);
+        SCOPED_TRACE(
+            fmt::format("tf32 {} b{} n={} gate={} accumulate={}", to_string(op), b, v.n, v.gated, v.accumulate));
+        EXPECT_EQ(r.unwritten, 0);
+        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+        EXPECT_GT(r.relative_error, 1e-6) << "exact fp32's error: not the TF32 kernel";
+      }
+    }
+  std::printf("GPU matmul: tf32, worst relative error %.3g\n", worst);
+}
+
 TEST(MatMulGpuErrors, WrongArchKernelIsAClearError) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
