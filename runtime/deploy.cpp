@@ -88,6 +88,14 @@ struct Expanded {
   }
 };
 
+}  // namespace
+
+std::vector<bool> tf32_settings(const KernelGroup& group, DType dt) {
+  return dt == DType::f32 ? group.tf32 : std::vector<bool>{false};
+}
+
+namespace {
+
 Expanded expand(const Manifest& m) {
   Expanded e;
   for (const auto& g : m.groups)
@@ -98,9 +106,10 @@ Expanded expand(const Manifest& m) {
           for (DType dt : g.dtypes)
             for (FeatureAxis ax : g.feature_axes)
               for (const auto& arch : g.archs)
-                e.items.push_back({index, op, MatMulOptions{b, dt, ax, arch},
-                                   fmt::format("{} {} {} b{} {} {}", file.filename().string(), to_string(op),
-                                               to_string(dt), b, to_string(ax), arch)});
+                for (bool tf32 : tf32_settings(g, dt))
+                  e.items.push_back({index, op, MatMulOptions{b, dt, ax, arch, tf32},
+                                     fmt::format("{} {} {}{} b{} {} {}", file.filename().string(), to_string(op),
+                                                 to_string(dt), tf32 ? " tf32" : "", b, to_string(ax), arch)});
     }
   for (const auto& g : m.attention)
     for (const auto& files : g.masks) {
@@ -210,6 +219,7 @@ Manifest Manifest::load(const fs::path& json_file) {
       k.feature_axes = list_of<FeatureAxis>(g, "feature_axes", k.feature_axes,
                                             [](const nlohmann::json& v) { return parse_feature_axis(v.get<std::string>()); });
       k.archs = list_of<std::string>(g, "archs", k.archs, text);
+      k.tf32 = list_of<bool>(g, "tf32", k.tf32, [](const nlohmann::json& v) { return v.get<bool>(); });
       m.groups.push_back(std::move(k));
     }
     if (j.contains("attention")) {
@@ -254,7 +264,9 @@ Manifest Manifest::load(const fs::path& json_file) {
 std::size_t Manifest::kernel_count() const {
   std::size_t n = 0;
   for (const auto& g : groups)
-    n += g.layouts.size() * g.ops.size() * g.blocks.size() * g.dtypes.size() * g.feature_axes.size() * g.archs.size();
+    for (DType dt : g.dtypes)
+      n += g.layouts.size() * g.ops.size() * g.blocks.size() * tf32_settings(g, dt).size() * g.feature_axes.size() *
+           g.archs.size();
   for (const auto& a : attention)
     n += a.masks.size() * a.ops.size() * a.blocks.size() * a.head_dims.size() * a.dtypes.size() * a.orders.size() *
          a.causal.size() * a.archs.size();

@@ -36,6 +36,7 @@ struct KernelSelection {
   std::vector<std::string> dtypes{"bf16"};
   std::vector<std::string> feature_axes{"last"};
   std::vector<std::string> archs{"sm_90a"};
+  bool tf32 = false;
 
   Manifest to_manifest() const {
     if (!manifest.empty()) return Manifest::load(manifest);
@@ -50,6 +51,7 @@ struct KernelSelection {
     g.feature_axes.clear();
     for (auto& a : feature_axes) g.feature_axes.push_back(parse_feature_axis(a));
     g.archs = archs;
+    g.tf32 = {tf32};
     return Manifest{{g}};
   }
 };
@@ -63,6 +65,8 @@ void add_selection(CLI::App* cmd, KernelSelection& s, bool with_arch) {
   cmd->add_option("-t,--dtype", s.dtypes, "dtypes: f32, f16, bf16")->delimiter(',');
   cmd->add_option("-f,--feature-axis", s.feature_axes, "feature axis of X and Y: last ([N, C]) or first ([C, N])")
       ->delimiter(',');
+  cmd->add_flag("--tf32", s.tf32,
+                "the f32 kernels multiply as TF32 on the tensor cores (block ≥ 16, feature axis last)");
   if (with_arch)
     cmd->add_option("-a,--arch", s.archs,
                     "target architectures (default sm_90a: H100/H200; sm_80 for A100; plain sm_90 has no wgmma kernels)")
@@ -226,18 +230,19 @@ int for_each_gpu_op(const KernelSelection& s, const char* command, Fn fn) {
       Layout layout = Layout::load(file);
       for (int block : g.blocks)
         for (DType dt : g.dtypes)
-          for (FeatureAxis axis : g.feature_axes) {
-            MatMul mm(layout, {block, dt, axis, ""});
-            for (Op op : g.ops) fn(file, mm, op);
-          }
+          for (FeatureAxis axis : g.feature_axes)
+            for (bool tf32 : tf32_settings(g, dt)) {
+              MatMul mm(layout, {block, dt, axis, "", tf32});
+              for (Op op : g.ops) fn(file, mm, op);
+            }
     }
   return 0;
 }
 
 std::string describe(const std::filesystem::path& file, const MatMul& mm, Op op, std::int64_t n) {
   const auto& o = mm.options();
-  return fmt::format("{} {} b{} {} {} n={}", file.string(), to_string(op), o.block, to_string(o.dtype),
-                     to_string(o.feature_axis), n);
+  return fmt::format("{} {} b{} {}{} {} n={}", file.string(), to_string(op), o.block, to_string(o.dtype),
+                     o.tf32 ? " tf32" : "", to_string(o.feature_axis), n);
 }
 
 int tune(const KernelSelection& s, std::int64_t n) {
@@ -254,13 +259,13 @@ int tune(const KernelSelection& s, std::int64_t n) {
 int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, std::uint64_t seed) {
   int bad = 0;
   int status = for_each_gpu_op(s, "run", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
-    const DType dt = mm.options().dtype;
+    const double tolerance = check::tolerance(mm.options());
     auto r = check::run_and_check(mm, op, {n, accumulate, gated, seed});
-    bool ok = r.relative_error <= check::tolerance(dt) && r.unwritten == 0;
+    bool ok = r.relative_error <= tolerance && r.unwritten == 0;
     bad += ok ? 0 : 1;
     fmt::print("{:4} {}: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} unwritten; kernel {}\n",
-               ok ? "ok" : "FAIL", describe(file, mm, op, n), r.relative_error, check::tolerance(dt), r.outputs,
-               r.unwritten, mm.kernel_label(op, n));
+               ok ? "ok" : "FAIL", describe(file, mm, op, n), r.relative_error, tolerance, r.outputs, r.unwritten,
+               mm.kernel_label(op, n));
   });
   return status ? status : (bad ? 1 : 0);
 }

@@ -14,6 +14,7 @@ namespace bsjit::check {
 using tools::DeviceBuffer;
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-2; }
+double tolerance(const MatMulOptions& options) { return tolerance(options.tf32 ? DType::bf16 : options.dtype); }
 
 CheckResult run_and_check(const MatMul& mm, Op op, const CheckOptions& o) {
   const DType dt = mm.options().dtype;

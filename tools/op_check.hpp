@@ -27,5 +27,6 @@ CheckResult run_and_check(const MatMul& mm, Op op, const CheckOptions& options);
 
 // Tolerance of the standards: fp32 1e-5, fp16/bf16 inputs with fp32 accumulation 1e-2.
 double tolerance(DType dtype);
+double tolerance(const MatMulOptions& options);  // TF32: the 16-bit tolerance (10 mantissa bits)
 
 }  // namespace bsjit::check

@@ -5,8 +5,9 @@
 // A manifest names the kernels, as JSON: one group, or {"kernels": [group, ...]}, where a group is
 //   {"layouts": ["w1.npy", "w2.json"],          paths relative to the manifest's directory
 //    "ops": ["forward", "backward_data", "backward_weight"],
-//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90a"]}
-// and names every combination of its lists. Missing lists take the defaults below.
+//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90a"], "tf32": [false]}
+// and names every combination of its lists. Missing lists take the defaults below. "tf32" applies to
+// the fp32 kernels (MatMulOptions::tf32: [true], or [false, true] for both); other dtypes ignore it.
 //
 // Attention kernels (bsjit::Attention, bsjit::AttentionOps) go in a list "attention" of groups
 //   {"masks": ["causal.npy", ["head0.npy", "head1.npy"]],  one file shared by every head, or one per head
@@ -34,7 +35,11 @@ struct KernelGroup {
   std::vector<DType> dtypes{DType::bf16};
   std::vector<FeatureAxis> feature_axes{FeatureAxis::last};
   std::vector<std::string> archs{"sm_90a"};
+  std::vector<bool> tf32{false};  // fp32 only (see above)
 };
+
+// The tf32 settings a group's kernels of dtype dt take: its list for fp32, {false} for the others.
+std::vector<bool> tf32_settings(const KernelGroup& group, DType dt);
 
 struct AttentionGroup {
   std::vector<std::vector<std::filesystem::path>> masks;  // each: one shared mask, or one per head

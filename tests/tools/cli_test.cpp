@@ -63,6 +63,30 @@ TEST(Cli, PrecompileIntoDirectoryThenFindsItCached) {
   EXPECT_NE(r.output.find("0 compiled, 8 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
 }
 
+// TF32 (opt-in) from the command line and from a manifest: the fp32 kernels in both forms when the
+// manifest asks for [false, true], the other dtypes once; --tf32 takes only the TF32 form.
+TEST(Cli, PrecompilesTf32Kernels) {
+  TempDir dir;
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r =
+      sh(cache + " precompile -v -l " + kExamples + "/layouts/banded.json -o forward -b 32 -t f32 --tf32 -a sm_80");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("1 compiled"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("f32 tf32"), std::string::npos) << r.output;
+  EXPECT_NE(sh(cache + " cache list").output.find("forward-f32-tf32-b32-last"), std::string::npos);
+  auto manifest = dir.path / "kernels.json";
+  std::ofstream(manifest) << R"({"layouts": [")" << kExamples << R"(/layouts/banded.json"], "ops": ["forward"],
+      "blocks": [32], "dtypes": ["f32", "bf16"], "archs": ["sm_80"], "tf32": [false, true]})";
+  r = sh(cache + " precompile -m " + manifest.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 compiled, 1 already cached"), std::string::npos)
+      << "f32 exact and bf16 new, f32 as TF32 from the first call: " << r.output;
+  // no TF32 kernel at block 8: named as a failure
+  r = sh(cache + " precompile -l " + kExamples + "/layouts/banded.json -o forward -b 8 -t f32 --tf32 -a sm_80");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("tf32 needs fp32 inputs"), std::string::npos) << r.output;
+}
+
 TEST(Cli, PrecompileFailuresAreNamedAndExitNonZero) {
   TempDir dir;
   auto r = sh("--cache-dir " + dir.path.string() + " precompile -l " + kExamples +
