@@ -101,6 +101,13 @@ __device__ __forceinline__ void copy_tile_async(T* dst, Row row, Valid valid) {
   }
 }
 
+// An fp32 value's bits rounded to TF32 (10 bits of mantissa, to nearest, ties away from zero).
+__device__ __forceinline__ unsigned round_tf32(unsigned v) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(v)));
+  return r;
+}
+
 // A B-fragment register (two 16-bit values, or one fp32 value) scaled by s (gated matmul).
 template <class T>
 __device__ __forceinline__ unsigned scale_fragment(unsigned v, float s) {
@@ -188,6 +195,14 @@ struct WarpMma {
     if (s != 1.0f) {
 #pragma unroll
       for (int j = 0; j < kNI; ++j) b[j][0] = scale_fragment<T>(b[j][0], s), b[j][1] = scale_fragment<T>(b[j][1], s);
+    }
+    if constexpr (sizeof(T) == 4) {  // TF32: rounded, as cuBLAS rounds (the tensor cores would truncate)
+#pragma unroll
+      for (int i = 0; i < kMI; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[i][e] = round_tf32(a[i][e]);
+#pragma unroll
+      for (int j = 0; j < kNI; ++j) b[j][0] = round_tf32(b[j][0]), b[j][1] = round_tf32(b[j][1]);
     }
 #pragma unroll
     for (int i = 0; i < kMI; ++i)

@@ -89,6 +89,9 @@ TEST(Compiler, EveryTileCandidateCompiles) {
         specs.push_back(spec);
       }
       for (const auto& v : generator::variants({op, b, DType::f16, FeatureAxis::last})) specs.push_back(v);
+      spec = {op, b, DType::f32, FeatureAxis::last};  // fp32 as TF32: the 4-byte mma.sync tiles
+      spec.tf32 = true;
+      for (const auto& v : generator::variants(spec)) specs.push_back(v);
       // the Hopper shapes, offered only for sm_90a
       spec = {op, b, DType::f16, FeatureAxis::last};
       spec.wgmma = true;

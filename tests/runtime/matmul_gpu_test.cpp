@@ -281,15 +281,18 @@ TEST(MatMulGpuTf32, MatchesDenseReference) {
     for (int b : {16, 32, 64, 128}) {
       MatMul mm(random_layout(b, 300 + b), {b, DType::f32, FeatureAxis::last, "", true});
       std::uint64_t seed = 7000 + 10 * b + static_cast<int>(op);
+      double largest = 0;  // of this op and block
       for (const Variant& v : kVariants) {
         auto r = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
-        worst = std::max(worst, r.relative_error);
+        largest = std::max(largest, r.relative_error);
         SCOPED_TRACE(
             fmt::format("tf32 {} b{} n={} gate={} accumulate={}", to_string(op), b, v.n, v.gated, v.accumulate));
         EXPECT_EQ(r.unwritten, 0);
         EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
-        EXPECT_GT(r.relative_error, 1e-6) << "exact fp32's error: not the TF32 kernel";
       }
+      // Over the variants (one of them may happen to be exact: every block it reads gated to 0, say)
+      EXPECT_GT(largest, 1e-6) << "exact fp32's error: not the TF32 kernel (" << to_string(op) << " b" << b << ")";
+      worst = std::max(worst, largest);
     }
   std::printf("GPU matmul: tf32, worst relative error %.3g\n", worst);
 }

@@ -62,9 +62,13 @@ double copy_bandwidth(CUstream stream, int reps) {
   return 2.0 * bytes / (ms * 1e-3);
 }
 
-double cublas_dense_ms(std::int64_t n, std::int64_t c, std::int64_t k, CUstream stream, int reps) {
-  DeviceBuffer x(n * c * 2), w(c * k * 2), y(n * k * 2);
-  BSJIT_CU(runtime::driver().cuMemsetD8(x.ptr, 0x3c, x.bytes));  // bf16 0x3c3c ≈ 0.0115: nonzero, no overflow
+double cublas_dense_ms(std::int64_t n, std::int64_t c, std::int64_t k, Dense kind, CUstream stream, int reps) {
+  const std::size_t size = kind == Dense::bf16 ? 2 : 4;
+  const cudaDataType type = kind == Dense::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute = kind == Dense::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  DeviceBuffer x(n * c * size), w(c * k * size), y(n * k * size);
+  // bytes 0x3c: bf16 0x3c3c ≈ 0.0115, fp32 0x3c3c3c3c ≈ 0.0115: nonzero, no overflow
+  BSJIT_CU(runtime::driver().cuMemsetD8(x.ptr, 0x3c, x.bytes));
   BSJIT_CU(runtime::driver().cuMemsetD8(w.ptr, 0x3c, w.bytes));
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
@@ -72,13 +76,25 @@ double cublas_dense_ms(std::int64_t n, std::int64_t c, std::int64_t k, CUstream 
   const float alpha = 1, beta = 0;
   // Row-major Y = X·W is column-major Yᵀ[K,N] = Wᵀ[K,C]·Xᵀ[C,N].
   auto run = [&] {
-    auto s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, k, n, c, &alpha, w.get(), CUDA_R_16BF, k, x.get(), CUDA_R_16BF,
-                          c, &beta, y.get(), CUDA_R_16BF, k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    auto s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, k, n, c, &alpha, w.get(), type, k, x.get(), type, c, &beta,
+                          y.get(), type, k, compute, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cublasGemmEx failed: {}", static_cast<int>(s)));
   };
   double ms = time_ms(run, stream, 5, reps);
   cublasDestroy(h);
   return ms;
+}
+
+void cublas_gemm_f32(const float* x, const float* w, float* y, std::int64_t n, std::int64_t c, std::int64_t k,
+                     bool tf32, CUstream stream) {
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
+  cublasSetStream(h, reinterpret_cast<cudaStream_t>(stream));
+  const float alpha = 1, beta = 0;
+  auto s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, k, n, c, &alpha, w, CUDA_R_32F, k, x, CUDA_R_32F, c, &beta, y,
+                        CUDA_R_32F, k, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cublasDestroy(h);
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cublasGemmEx failed: {}", static_cast<int>(s)));
 }
 
 double cusparse_bell_ms(const Layout& layout, int b, std::int64_t n, const void* x, void* y, CUstream stream,

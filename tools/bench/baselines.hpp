@@ -24,8 +24,16 @@ void set_flush_before_timing(bool on);
 // Copy bandwidth in bytes/s (bytes read + written) of a large device-to-device copy.
 double copy_bandwidth(CUstream stream, int reps);
 
-// Dense bf16 GEMM Y[N,K] = X[N,C] · W[C,K] (row-major), fp32 compute. ms.
-double cublas_dense_ms(std::int64_t n, std::int64_t c, std::int64_t k, CUstream stream, int reps);
+// What cuBLAS's dense GEMM multiplies: bf16 (fp32 accumulation), fp32 exact, fp32 through TF32.
+enum class Dense { bf16, f32, tf32 };
+
+// Dense GEMM Y[N,K] = X[N,C] · W[C,K] (row-major), fp32 accumulation. ms.
+double cublas_dense_ms(std::int64_t n, std::int64_t c, std::int64_t k, Dense kind, CUstream stream, int reps);
+
+// Y[N,K] = X[N,C] · W[C,K] (row-major fp32 on the device) by cuBLAS, exact or through TF32: for
+// checking cuBLAS's own accuracy.
+void cublas_gemm_f32(const float* x, const float* w, float* y, std::int64_t n, std::int64_t c, std::int64_t k,
+                     bool tf32, CUstream stream);
 
 // cuSPARSE Blocked-ELL SpMM Yᵀ = Wᵀ · Xᵀ for the layout at block b (bf16, fp16 where bf16 is
 // refused). ms; negative when cuSPARSE rejects the case. x and y are device arrays [n, C], [n, K].

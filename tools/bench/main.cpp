@@ -3,6 +3,7 @@
 //   --suite W      weight-sparse matmul: N=8192, C=K=4096, bf16, b ∈ {16,32,64,128},
 //                  d ∈ {0.5,0.25,0.1,0.05}, balanced and Bernoulli layouts; the three ops
 //   --suite small  N=64, C=K=16384, b ∈ {32,64}, d=0.1 (bandwidth-bound on W)
+//   --suite tf32   suite W's shape (balanced) with fp32 inputs: exact and TF32, against cuBLAS fp32 and TF32
 //   --suite jit    cold compile by layout size, disk hit in a fresh cache, host overhead per call
 //   --suite A      block-sparse attention: fused forward and backward, decomposed forward (suite_a.hpp)
 // Each result is checked once against a double-precision reference on sampled rows or blocks
@@ -86,6 +87,15 @@ HostBf16 random_bf16(std::size_t count, std::uint64_t seed) {
   return h;
 }
 
+// Random fp32 in [-1, 1) with all 23 bits of mantissa in play (TF32 keeps 10 of them).
+std::vector<float> random_f32(std::size_t count, std::uint64_t seed) {
+  std::vector<float> v(count);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& f : v) f = u(rng);
+  return v;
+}
+
 float bf16_value(std::uint16_t b) {
   std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
   float f;
@@ -97,12 +107,14 @@ float bf16_value(std::uint16_t b) {
 
 // Normwise relative error of op's output on a sample: 16 rows of N (forward, backward-data) or
 // 4 blocks (backward-weight), against a double-precision sum over the layout's blocks.
-double sampled_error(const Layout& L, int b, std::int64_t n, Op op, const HostBf16& x, const HostBf16& w,
-                     const HostBf16& dy, const std::vector<std::uint16_t>& out) {
+// x, w, dy: the inputs' values; got(i): element i of the output.
+double sampled_error(const Layout& L, int b, std::int64_t n, Op op, const std::vector<float>& x,
+                     const std::vector<float>& w, const std::vector<float>& dy,
+                     const std::function<double(std::int64_t)>& got) {
   const std::int64_t C = L.rows() * b, K = L.cols() * b;
   double max_diff = 0, max_ref = 0;
-  auto cmp = [&](double ref, std::uint16_t got) {
-    double g = bf16_value(got);
+  auto cmp = [&](double ref, std::int64_t i) {
+    const double g = got(i);
     if (!std::isfinite(g)) max_diff = INFINITY;
     max_diff = std::max(max_diff, std::abs(g - ref));
     max_ref = std::max(max_ref, std::abs(ref));
@@ -115,32 +127,42 @@ double sampled_error(const Layout& L, int b, std::int64_t n, Op op, const HostBf
       std::vector<double> acc(b * b, 0.0);
       for (std::int64_t m = 0; m < n; ++m)
         for (int i = 0; i < b; ++i) {
-          double xv = x.values[m * C + r * b + i];
-          const float* d = &dy.values[m * K + c * b];
+          double xv = x[m * C + r * b + i];
+          const float* d = &dy[m * K + c * b];
           for (int j = 0; j < b; ++j) acc[i * b + j] += xv * d[j];
         }
-      for (int e = 0; e < b * b; ++e) cmp(acc[e], out[blk * b * b + e]);
+      for (int e = 0; e < b * b; ++e) cmp(acc[e], blk * b * b + e);
     }
   } else {
     const bool fwd = op == Op::forward;
     const std::int64_t in = fwd ? C : K, outf = fwd ? K : C;
-    const HostBf16& a = fwd ? x : dy;
+    const std::vector<float>& a = fwd ? x : dy;
     for (int s = 0; s < 16; ++s) {
       std::int64_t m = rng() % n;
       std::vector<double> row(outf, 0.0);
       for (std::int64_t blk = 0; blk < L.blocks(); ++blk) {
         auto [r, c] = L.block_coord(blk);
-        const float* wb = &w.values[blk * b * b];
+        const float* wb = &w[blk * b * b];
         for (int i = 0; i < b; ++i)
           for (int j = 0; j < b; ++j) {
-            if (fwd) row[c * b + j] += static_cast<double>(a.values[m * in + r * b + i]) * wb[i * b + j];
-            else row[r * b + i] += static_cast<double>(a.values[m * in + c * b + j]) * wb[i * b + j];
+            if (fwd)
+              row[c * b + j] += static_cast<double>(a[m * in + r * b + i]) * wb[i * b + j];
+            else
+              row[r * b + i] += static_cast<double>(a[m * in + c * b + j]) * wb[i * b + j];
           }
       }
-      for (std::int64_t f = 0; f < outf; ++f) cmp(row[f], out[m * outf + f]);
+      for (std::int64_t f = 0; f < outf; ++f) cmp(row[f], m * outf + f);
     }
   }
   return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+// sampled_error of a bf16 output on bf16 inputs.
+double sampled_error(const Layout& L, int b, std::int64_t n, Op op, const HostBf16& x, const HostBf16& w,
+                     const HostBf16& dy, const DeviceBuffer& out) {
+  const auto bits = out.download<std::uint16_t>();
+  return sampled_error(L, b, n, op, x.values, w.values, dy.values,
+                       [&](std::int64_t i) { return static_cast<double>(bf16_value(bits[i])); });
 }
 
 // --- suite W ---------------------------------------------------------------------------------
@@ -165,7 +187,7 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
            const std::vector<double>& densities, const std::vector<std::string>& kinds, std::vector<Row>& rows,
            bool small) {
   const std::int64_t C = CK, K = CK;
-  const double t_dense = cublas_dense_ms(N, C, K, env.stream, env.reps);
+  const double t_dense = cublas_dense_ms(N, C, K, Dense::bf16, env.stream, env.reps);
   fmt::print("cuBLAS dense bf16 N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", N, C, K, t_dense,
              2.0 * N * C * K / t_dense / 1e9);
   HostBf16 x = random_bf16(N * C, 1), dy = random_bf16(N * K, 2);
@@ -228,7 +250,7 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
       BSJIT_CU(runtime::driver().cuMemsetD8(out->ptr, 0xff, out->bytes));
       fn();
       BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
-      double err = sampled_error(L, b, N, op, x, w, dy, out->download<std::uint16_t>());
+      double err = sampled_error(L, b, N, op, x, w, dy, *out);
       double ms = time_ms(fn, env.stream, 3, env.reps);
       Row r{kind,
             b,
@@ -248,6 +270,110 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
                  std::isnan(r.vs_cusparse) ? std::string("")
                                            : fmt::format("x{:.2f} cuSPARSE({:.3f} ms)", r.vs_cusparse, t_sparse),
                  err, err > 1e-2 ? "  WRONG" : "");
+      std::fflush(stdout);
+    }
+  }
+}
+
+// --- fp32 and TF32 ----------------------------------------------------------------------------
+
+// Suite W's shape with fp32 inputs, each cell twice: exact fp32 (the default) and MatMulOptions::tf32,
+// against cuBLAS's fp32 GEMM (exact) and its TF32 GEMM (CUBLAS_COMPUTE_32F_FAST_TF32) in the same run.
+// Rows' layout column: "f32" or "tf32"; SOL and the cuBLAS ratio are against the matching GEMM.
+void run_tf32(const Env& env, const std::vector<int>& blocks, const std::vector<double>& densities,
+              std::vector<Row>& rows) {
+  const std::int64_t N = 8192, C = 4096, K = 4096;
+  const double t_f32 = cublas_dense_ms(N, C, K, Dense::f32, env.stream, env.reps);
+  const double t_tf32 = cublas_dense_ms(N, C, K, Dense::tf32, env.stream, env.reps);
+  for (auto [name, t] : {std::pair{"fp32", t_f32}, std::pair{"TF32", t_tf32}})
+    fmt::print("cuBLAS dense {} N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", name, N, C, K, t,
+               2.0 * N * C * K / t / 1e9);
+  const std::vector<float> x = random_f32(N * C, 1), dy = random_f32(N * K, 2);
+  DeviceBuffer dx_in(N * C * 4), ddy(N * K * 4), dy_out(N * K * 4), dx_out(N * C * 4);
+  dx_in.upload(x);
+  ddy.upload(dy);
+  {  // cuBLAS's own error on these inputs and a dense W, the layout of one block of C × K
+    const std::vector<float> w = random_f32(C * K, 3);
+    DeviceBuffer dw(C * K * 4);
+    dw.upload(w);
+    const Layout dense = Layout::from_coords(1, 1, {{0, 0}});
+    for (bool tf32 : {false, true}) {
+      BSJIT_CU(runtime::driver().cuMemsetD8(dy_out.ptr, 0xff, dy_out.bytes));
+      cublas_gemm_f32(static_cast<const float*>(dx_in.get()), static_cast<const float*>(dw.get()),
+                      static_cast<float*>(dy_out.get()), N, C, K, tf32, env.stream);
+      BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
+      const auto got = dy_out.download<float>();
+      fmt::print("cuBLAS dense {}: error {:.1e}\n", tf32 ? "TF32" : "fp32",
+                 sampled_error(dense, static_cast<int>(C), N, Op::forward, x, w, dy,
+                               [&](std::int64_t i) { return double(got[i]); }));
+    }
+  }
+  struct Cell {
+    int b;
+    double d;
+    bool tf32;
+    MatMul mm;
+  };
+  std::vector<Cell> cells;
+  std::mt19937_64 rng(42);
+  for (int b : blocks) {
+    if (b < 16) continue;  // TF32 needs block ≥ 16
+    for (double d : densities) {
+      const Layout L = balanced_layout(C / b, K / b, d, rng);
+      for (bool tf32 : {false, true})
+        cells.push_back({b, d, tf32, MatMul(L, {b, DType::f32, FeatureAxis::last, "", tf32})});
+    }
+  }
+  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
+  const Op kOps[] = {Op::forward, Op::backward_data, Op::backward_weight};
+  runtime::parallel_for(cells.size() * 3, 0, [&](std::size_t i) {
+    try {
+      cells[i / 3].mm.precompile(kOps[i % 3], arch);
+    } catch (const std::exception&) {  // reported by the op's call below
+    }
+  });
+  for (const Cell& cell : cells) {
+    const Layout& L = cell.mm.layout();
+    const int b = cell.b;
+    const std::vector<float> w = random_f32(L.blocks() * b * b, 3 + b);
+    DeviceBuffer dw_in(w.size() * 4), dw_out(w.size() * 4);
+    dw_in.upload(w);
+    const double t_dense = cell.tf32 ? t_tf32 : t_f32;
+    const double d_eff = static_cast<double>(L.blocks()) / (L.rows() * L.cols());
+    const double flops = 2.0 * N * L.blocks() * b * b;
+    const double floor_ms = std::max(d_eff * t_dense, 4.0 * (N * C + N * K + L.blocks() * b * b) / env.copy_bw * 1e3);
+    const double tolerance = cell.tf32 ? 1e-2 : 1e-5;
+    for (Op op : kOps) {
+      DeviceBuffer& out = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
+      auto fn = [&] {
+        if (op == Op::forward)
+          cell.mm.forward(dx_in.get(), dw_in.get(), out.get(), N, env.stream);
+        else if (op == Op::backward_data)
+          cell.mm.backward_data(ddy.get(), dw_in.get(), out.get(), N, env.stream);
+        else
+          cell.mm.backward_weight(dx_in.get(), ddy.get(), out.get(), N, env.stream);
+      };
+      BSJIT_CU(runtime::driver().cuMemsetD8(out.ptr, 0xff, out.bytes));
+      fn();
+      BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
+      const auto got = out.download<float>();
+      const double err = sampled_error(L, b, N, op, x, w, dy, [&](std::int64_t i) { return double(got[i]); });
+      const double ms = time_ms(fn, env.stream, 3, env.reps);
+      Row r{cell.tf32 ? "tf32" : "f32",
+            b,
+            cell.d,
+            std::string(to_string(op)),
+            ms,
+            flops / ms / 1e9,
+            floor_ms / ms,
+            t_dense / ms,
+            NAN,
+            err,
+            floor_ms};
+      rows.push_back(r);
+      fmt::print("{:5} b{:<3} d{:<5} {:15} {:8.4f} ms {:6.1f} TF/s  SOL {:.2f}  x{:.2f} cuBLAS {}  err {:.1e}{}\n",
+                 r.layout, b, cell.d, r.op, ms, r.tflops, r.sol, r.vs_cublas, cell.tf32 ? "TF32" : "fp32", err,
+                 err > tolerance ? "  WRONG" : "");
       std::fflush(stdout);
     }
   }
@@ -310,7 +436,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
         BSJIT_CU(runtime::driver().cuMemsetD8(o.ptr, 0xff, o.bytes));
         fn();
         BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
-        double err = sampled_error(L, b, N, op, x, w, dy, o.download<std::uint16_t>());
+        double err = sampled_error(L, b, N, op, x, w, dy, o);
         double ms = time_ms(fn, env.stream, 3, env.reps);
         std::string tag = generator::tiles_tag(*id.spec.tiles);
         fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n", b,
@@ -499,8 +625,8 @@ int main(int argc, char** argv) {
   std::string json_path, csv_path;
   int reps = 20;
   app.add_option("-s,--suite", suites,
-                 "W, small, jit, A (attention), sweep (tile candidates), sweep-small (those at N = 64, C = K = 16384), "
-                 "compile (needs no GPU)")
+                 "W, small, jit, A (attention), tf32 (fp32 inputs, exact and TF32), sweep (tile candidates), "
+                 "sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
   auto* block_option =
       app.add_option("-b,--block", blocks, "block sizes of suite W and the sweeps (sweep-small: 32, 64 unless given)")
@@ -542,13 +668,15 @@ int main(int argc, char** argv) {
   env.tiles = tiles;
     env.copy_bw = copy_bandwidth(env.stream, 10);
     fmt::print("device-to-device copy: {:.2f} TB/s (read + write)\n", env.copy_bw / 1e12);
-    std::vector<Row> rows, small_rows;
+    std::vector<Row> rows, small_rows, tf32_rows;
     std::vector<std::pair<std::string, double>> jit;
     std::vector<AttentionRow> attention_rows;
     for (const auto& s : suites) {
       if (s == "W") run_w(env, 8192, 4096, blocks, densities, kinds, rows, false);
       else if (s == "small") run_w(env, 64, 16384, {32, 64}, {0.1}, {"balanced"}, small_rows, true);
       else if (s == "jit") run_jit(env, jit);
+      else if (s == "tf32")
+        run_tf32(env, blocks, densities, tf32_rows);
       else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep" || s == "sweep-small") {
@@ -574,6 +702,17 @@ int main(int argc, char** argv) {
       fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W ==\n");
       for (const auto& r : small_rows) fmt::print("b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.b, r.op, r.ms, r.sol);
     }
+    if (!tf32_rows.empty()) {
+      fmt::print("\n== fp32 inputs (N=8192, C=K=4096, balanced): TFLOP/s, fraction of the matching cuBLAS rate ==\n");
+      fmt::print("{:5} {:>4} {:>5} | {:>17} | {:>17} | {:>17}\n", "mode", "b", "d", "forward", "backward_data",
+                 "backward_weight");
+      for (std::size_t i = 0; i + 2 < tf32_rows.size(); i += 3) {
+        const Row* r = &tf32_rows[i];
+        fmt::print("{:5} {:>4} {:>5} | {:6.1f} TF x{:4.2f} | {:6.1f} TF x{:4.2f} | {:6.1f} TF x{:4.2f}\n", r[0].layout,
+                   r[0].b, r[0].d, r[0].tflops, r[0].vs_cublas, r[1].tflops, r[1].vs_cublas, r[2].tflops,
+                   r[2].vs_cublas);
+      }
+    }
     if (!attention_rows.empty()) {
       fmt::print("\n== suite A (B=4, H=16, S=8192, bf16, causal inside the diagonal): fused forward, backward ==\n");
       for (const auto& r : attention_rows)
@@ -585,13 +724,22 @@ int main(int argc, char** argv) {
       for (auto& [k, v] : jit) fmt::print("{:70} {:10.3f}\n", k, v);
     }
     nlohmann::json j;
-    for (auto* set : {&rows, &small_rows})
+    const auto set_name = [&](const std::vector<Row>* set) {
+      return set == &rows ? "suite_w" : set == &small_rows ? "small" : "tf32";
+    };
+    for (auto* set : {&rows, &small_rows, &tf32_rows})
       for (const auto& r : *set)
-        j[set == &rows ? "suite_w" : "small"].push_back({{"layout", r.layout}, {"block", r.b}, {"density", r.d},
-                                                          {"op", r.op}, {"ms", r.ms}, {"tflops", r.tflops},
-                                                          {"sol", r.sol}, {"vs_cublas", r.vs_cublas},
-                                                          {"vs_cusparse", std::isnan(r.vs_cusparse) ? 0.0 : r.vs_cusparse},
-                                                          {"error", r.error}, {"floor_ms", r.floor_ms}});
+        j[set_name(set)].push_back({{"layout", r.layout},
+                                    {"block", r.b},
+                                    {"density", r.d},
+                                    {"op", r.op},
+                                    {"ms", r.ms},
+                                    {"tflops", r.tflops},
+                                    {"sol", r.sol},
+                                    {"vs_cublas", r.vs_cublas},
+                                    {"vs_cusparse", std::isnan(r.vs_cusparse) ? 0.0 : r.vs_cusparse},
+                                    {"error", r.error},
+                                    {"floor_ms", r.floor_ms}});
     for (const auto& r : attention_rows)
       j["suite_a"].push_back({{"mask", r.mask}, {"block", r.block}, {"head_dim", r.head_dim}, {"ms", r.ms},
                               {"tflops", r.tflops}, {"error", r.error}, {"backward_ms", r.backward_ms},
@@ -602,14 +750,16 @@ int main(int argc, char** argv) {
     if (!csv_path.empty()) {
       std::ofstream csv(csv_path);
       csv << "suite,layout,block,density,op,ms,tflops,sol,vs_cublas,vs_cusparse,error\n";
-      for (auto* set : {&rows, &small_rows})
+      for (auto* set : {&rows, &small_rows, &tf32_rows})
         for (const auto& r : *set)
-          csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e}\n", set == &rows ? "W" : "small",
-                             r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol, r.vs_cublas, r.vs_cusparse, r.error);
+          csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e}\n",
+                             set == &rows ? "W" : set_name(set), r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol,
+                             r.vs_cublas, r.vs_cusparse, r.error);
     }
     bool wrong = false;
     for (auto* set : {&rows, &small_rows})
       for (const auto& r : *set) wrong |= !(r.error <= 1e-2);
+    for (const auto& r : tf32_rows) wrong |= !(r.error <= (r.layout == "tf32" ? 1e-2 : 1e-5));
     for (const auto& r : attention_rows) wrong |= !(r.error <= 1e-2);
     return wrong ? 1 : 0;
   } catch (const Error& e) {
