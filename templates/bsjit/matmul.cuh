@@ -1134,11 +1134,29 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   const int row0 = kAlongRows == 1 ? 0 : (consumer % kAlongRows) * kRows;
   const int col0 = kAlongCols == 1 ? 0 : (consumer / kAlongRows) * N;
   float d[kTiles][N / 2];
-  StagedBlocks<Cfg, kTiles, N> blocks;
+  // The item and its staged blocks: for units with gaps (their tables read from L2) an item ahead,
+  // as the producer reads its coordinates, so that with one step per item (N = 64) the round trip
+  // is not spent in the epilogue.
+  constexpr bool kAhead = Units::kGaps;
+  StagedBlocks<Cfg, kTiles, N> blocks, next_blocks;
+  SddItem next_item{};
+  if (kAhead && items > 0) {
+    next_item = units.gated(schedule.item(0));
+    if constexpr (Cfg::kStagedStore) next_blocks.load(units, next_item.unit, row0, col0);
+  }
   int i = 0;
   for (int it = 0; it < items; ++it) {
-    const SddItem item = units.gated(schedule.item(it));
-    if constexpr (Cfg::kStagedStore) blocks.load(units, item.unit, row0, col0);
+    const SddItem item = kAhead ? next_item : units.gated(schedule.item(it));
+    if constexpr (Cfg::kStagedStore) {
+      if (kAhead)
+        blocks = next_blocks;
+      else
+        blocks.load(units, item.unit, row0, col0);
+    }
+    if (kAhead && it + 1 < items) {
+      next_item = units.gated(schedule.item(it + 1));
+      if constexpr (Cfg::kStagedStore) next_blocks.load(units, next_item.unit, row0, col0);
+    }
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
