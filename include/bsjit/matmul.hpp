@@ -30,9 +30,9 @@ struct MatMulOptions {
   FeatureAxis feature_axis = FeatureAxis::last;  // of X, Y, dX, dY
   std::string arch;                              // "sm_80", "sm_90", "sm_90a"...; empty: the device's
                                                  // (sm_90a on compute capability 9.0)
-  // fp32 only, opt-in: multiply on the tensor cores as TF32 (inputs' mantissas cut to 10 bits, fp32
-  // accumulation; relative errors of about 1e-3 instead of 1e-6). Needs block ≥ 16 and the feature
-  // axis last; the default keeps exact fp32.
+  // fp32 only, opt-in: multiply on the tensor cores as TF32 (inputs rounded to 10 mantissa bits, as
+  // cuBLAS's TF32 GEMM does; fp32 accumulation; relative errors of 2-3e-4 instead of 1e-6). Needs
+  // block ≥ 16 and the feature axis last; the default keeps exact fp32.
   bool tf32 = false;
 };
 

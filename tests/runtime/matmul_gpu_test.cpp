@@ -288,7 +288,7 @@ TEST(MatMulGpuTf32, MatchesDenseReference) {
         SCOPED_TRACE(
             fmt::format("tf32 {} b{} n={} gate={} accumulate={}", to_string(op), b, v.n, v.gated, v.accumulate));
         EXPECT_EQ(r.unwritten, 0);
-        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+        EXPECT_LE(r.relative_error, check::tolerance(mm.options()));
       }
       // Over the variants (one of them may happen to be exact: every block it reads gated to 0, say)
       EXPECT_GT(largest, 1e-6) << "exact fp32's error: not the TF32 kernel (" << to_string(op) << " b" << b << ")";

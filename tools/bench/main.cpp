@@ -183,6 +183,50 @@ struct Env {
   std::vector<std::string> tiles;  // the sweeps time only tile shapes whose tags start with one of these (all: empty)
 };
 
+const Op kOps[] = {Op::forward, Op::backward_data, Op::backward_weight};
+
+// Every op's kernel of each MatMul compiled on all cores before the first is timed: compiled at
+// their first calls, one at a time, they took most of the suite's time on the device.
+void precompile_ops(const std::vector<const MatMul*>& mms) {
+  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
+  runtime::parallel_for(mms.size() * 3, 0, [&](std::size_t i) {
+    try {
+      mms[i / 3]->precompile(kOps[i % 3], arch);
+    } catch (const std::exception&) {  // reported by the op's call
+    }
+  });
+}
+
+// The device operands of one shape: X and dY in, Y and dX out (W and dW are per cell).
+struct Operands {
+  DeviceBuffer x, dy, y, dx;
+};
+
+// op on mm (forward X·W → Y, backward-data dY·Wᵀ → dX, backward-weight Xᵀ·dY → dW) and the buffer it
+// writes.
+std::pair<std::function<void()>, DeviceBuffer*> op_call(const MatMul& mm, Op op, Operands& o, const DeviceBuffer& w,
+                                                        DeviceBuffer& dw, std::int64_t n, CUstream stream) {
+  if (op == Op::forward) return {[&, n, stream] { mm.forward(o.x.get(), w.get(), o.y.get(), n, stream); }, &o.y};
+  if (op == Op::backward_data)
+    return {[&, n, stream] { mm.backward_data(o.dy.get(), w.get(), o.dx.get(), n, stream); }, &o.dx};
+  return {[&, n, stream] { mm.backward_weight(o.x.get(), o.dy.get(), dw.get(), n, stream); }, &dw};
+}
+
+struct Measured {
+  double error, ms;
+};
+
+// Runs `call` once into `out` poisoned with 0xff bytes (NaN in every dtype), takes error() of what it
+// wrote, then times it.
+Measured check_then_time(const Env& env, const std::function<void()>& call, DeviceBuffer& out,
+                         const std::function<double()>& error) {
+  BSJIT_CU(runtime::driver().cuMemsetD8(out.ptr, 0xff, out.bytes));
+  call();
+  BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
+  const double err = error();
+  return {err, time_ms(call, env.stream, 3, env.reps)};
+}
+
 void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<int>& blocks,
            const std::vector<double>& densities, const std::vector<std::string>& kinds, std::vector<Row>& rows,
            bool small) {
@@ -191,12 +235,10 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
   fmt::print("cuBLAS dense bf16 N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", N, C, K, t_dense,
              2.0 * N * C * K / t_dense / 1e9);
   HostBf16 x = random_bf16(N * C, 1), dy = random_bf16(N * K, 2);
-  DeviceBuffer dx_in(N * C * 2), ddy(N * K * 2), dy_out(N * K * 2), dx_out(N * C * 2);
-  dx_in.upload(x.bits);
-  ddy.upload(dy.bits);
-  // The cells' layouts (one random stream, in the order of the table), and every kernel compiled on
-  // all cores before the first is timed: compiled at their first calls, one at a time, they took
-  // most of the suite's time on the device.
+  Operands o{DeviceBuffer(N * C * 2), DeviceBuffer(N * K * 2), DeviceBuffer(N * K * 2), DeviceBuffer(N * C * 2)};
+  o.x.upload(x.bits);
+  o.dy.upload(dy.bits);
+  // the cells' layouts: one random stream, in the order of the table
   struct Cell {
     std::string kind;
     int b;
@@ -212,14 +254,9 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
             {kind, b, d,
              MatMul(kind == "balanced" ? balanced_layout(C / b, K / b, d, rng) : bernoulli_layout(C / b, K / b, d, rng),
                     {b, DType::bf16, FeatureAxis::last, ""})});
-  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
-  const Op kOps[] = {Op::forward, Op::backward_data, Op::backward_weight};
-  runtime::parallel_for(cells.size() * 3, 0, [&](std::size_t i) {
-    try {
-      cells[i / 3].mm.precompile(kOps[i % 3], arch);
-    } catch (const std::exception&) {  // reported by the op's call below
-    }
-  });
+  std::vector<const MatMul*> mms;
+  for (const Cell& cell : cells) mms.push_back(&cell.mm);
+  precompile_ops(mms);
   for (const Cell& cell : cells) {
     const std::string& kind = cell.kind;
     const int b = cell.b;
@@ -233,25 +270,11 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
     const double flops = 2.0 * N * L.blocks() * b * b;
     const double bytes = 2.0 * (N * C + N * K + L.blocks() * b * b);
     const double floor_ms = std::max(d_eff * t_dense, bytes / env.copy_bw * 1e3);
-    double t_sparse = cusparse_bell_ms(L, b, N, dx_in.get(), dy_out.get(), env.stream, env.reps);
+    double t_sparse = cusparse_bell_ms(L, b, N, o.x.get(), o.y.get(), env.stream, env.reps);
     for (Op op : kOps) {
-      std::function<void()> fn;
-      DeviceBuffer* out = nullptr;
-      if (op == Op::forward) {
-        fn = [&] { mm.forward(dx_in.get(), dw_in.get(), dy_out.get(), N, env.stream); };
-        out = &dy_out;
-      } else if (op == Op::backward_data) {
-        fn = [&] { mm.backward_data(ddy.get(), dw_in.get(), dx_out.get(), N, env.stream); };
-        out = &dx_out;
-      } else {
-        fn = [&] { mm.backward_weight(dx_in.get(), ddy.get(), dw_out.get(), N, env.stream); };
-        out = &dw_out;
-      }
-      BSJIT_CU(runtime::driver().cuMemsetD8(out->ptr, 0xff, out->bytes));
-      fn();
-      BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
-      double err = sampled_error(L, b, N, op, x, w, dy, *out);
-      double ms = time_ms(fn, env.stream, 3, env.reps);
+      auto [call, out] = op_call(mm, op, o, dw_in, dw_out, N, env.stream);
+      const auto [err, ms] =
+          check_then_time(env, call, *out, [&, out = out] { return sampled_error(L, b, N, op, x, w, dy, *out); });
       Row r{kind,
             b,
             d,
@@ -289,20 +312,20 @@ void run_tf32(const Env& env, const std::vector<int>& blocks, const std::vector<
     fmt::print("cuBLAS dense {} N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", name, N, C, K, t,
                2.0 * N * C * K / t / 1e9);
   const std::vector<float> x = random_f32(N * C, 1), dy = random_f32(N * K, 2);
-  DeviceBuffer dx_in(N * C * 4), ddy(N * K * 4), dy_out(N * K * 4), dx_out(N * C * 4);
-  dx_in.upload(x);
-  ddy.upload(dy);
+  Operands o{DeviceBuffer(N * C * 4), DeviceBuffer(N * K * 4), DeviceBuffer(N * K * 4), DeviceBuffer(N * C * 4)};
+  o.x.upload(x);
+  o.dy.upload(dy);
   {  // cuBLAS's own error on these inputs and a dense W, the layout of one block of C × K
     const std::vector<float> w = random_f32(C * K, 3);
     DeviceBuffer dw(C * K * 4);
     dw.upload(w);
     const Layout dense = Layout::from_coords(1, 1, {{0, 0}});
     for (bool tf32 : {false, true}) {
-      BSJIT_CU(runtime::driver().cuMemsetD8(dy_out.ptr, 0xff, dy_out.bytes));
-      cublas_gemm_f32(static_cast<const float*>(dx_in.get()), static_cast<const float*>(dw.get()),
-                      static_cast<float*>(dy_out.get()), N, C, K, tf32, env.stream);
+      BSJIT_CU(runtime::driver().cuMemsetD8(o.y.ptr, 0xff, o.y.bytes));
+      cublas_gemm_f32(static_cast<const float*>(o.x.get()), static_cast<const float*>(dw.get()),
+                      static_cast<float*>(o.y.get()), N, C, K, tf32, env.stream);
       BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
-      const auto got = dy_out.download<float>();
+      const auto got = o.y.download<float>();
       fmt::print("cuBLAS dense {}: error {:.1e}\n", tf32 ? "TF32" : "fp32",
                  sampled_error(dense, static_cast<int>(C), N, Op::forward, x, w, dy,
                                [&](std::int64_t i) { return double(got[i]); }));
@@ -324,14 +347,9 @@ void run_tf32(const Env& env, const std::vector<int>& blocks, const std::vector<
         cells.push_back({b, d, tf32, MatMul(L, {b, DType::f32, FeatureAxis::last, "", tf32})});
     }
   }
-  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
-  const Op kOps[] = {Op::forward, Op::backward_data, Op::backward_weight};
-  runtime::parallel_for(cells.size() * 3, 0, [&](std::size_t i) {
-    try {
-      cells[i / 3].mm.precompile(kOps[i % 3], arch);
-    } catch (const std::exception&) {  // reported by the op's call below
-    }
-  });
+  std::vector<const MatMul*> mms;
+  for (const Cell& cell : cells) mms.push_back(&cell.mm);
+  precompile_ops(mms);
   for (const Cell& cell : cells) {
     const Layout& L = cell.mm.layout();
     const int b = cell.b;
@@ -344,21 +362,11 @@ void run_tf32(const Env& env, const std::vector<int>& blocks, const std::vector<
     const double floor_ms = std::max(d_eff * t_dense, 4.0 * (N * C + N * K + L.blocks() * b * b) / env.copy_bw * 1e3);
     const double tolerance = cell.tf32 ? 1e-2 : 1e-5;
     for (Op op : kOps) {
-      DeviceBuffer& out = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
-      auto fn = [&] {
-        if (op == Op::forward)
-          cell.mm.forward(dx_in.get(), dw_in.get(), out.get(), N, env.stream);
-        else if (op == Op::backward_data)
-          cell.mm.backward_data(ddy.get(), dw_in.get(), out.get(), N, env.stream);
-        else
-          cell.mm.backward_weight(dx_in.get(), ddy.get(), out.get(), N, env.stream);
-      };
-      BSJIT_CU(runtime::driver().cuMemsetD8(out.ptr, 0xff, out.bytes));
-      fn();
-      BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
-      const auto got = out.download<float>();
-      const double err = sampled_error(L, b, N, op, x, w, dy, [&](std::int64_t i) { return double(got[i]); });
-      const double ms = time_ms(fn, env.stream, 3, env.reps);
+      auto [call, out] = op_call(cell.mm, op, o, dw_in, dw_out, N, env.stream);
+      const auto [err, ms] = check_then_time(env, call, *out, [&, out = out] {
+        const auto got = out->download<float>();
+        return sampled_error(L, b, N, op, x, w, dy, [&](std::int64_t i) { return double(got[i]); });
+      });
       Row r{cell.tf32 ? "tf32" : "f32",
             b,
             cell.d,
@@ -432,12 +440,9 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
           BSJIT_CU(runtime::driver().cuMemsetD8(ws->ptr, 0, ws->bytes));
           args.workspace = static_cast<float*>(ws->get());
         }
-        auto fn = [&] { runtime::launch_prepared(*p, f, op, N, env.stream, args); };
-        BSJIT_CU(runtime::driver().cuMemsetD8(o.ptr, 0xff, o.bytes));
-        fn();
-        BSJIT_CU(runtime::driver().cuStreamSynchronize(env.stream));
-        double err = sampled_error(L, b, N, op, x, w, dy, o);
-        double ms = time_ms(fn, env.stream, 3, env.reps);
+        const auto [err, ms] = check_then_time(
+            env, [&] { runtime::launch_prepared(*p, f, op, N, env.stream, args); }, o,
+            [&] { return sampled_error(L, b, N, op, x, w, dy, o); });
         std::string tag = generator::tiles_tag(*id.spec.tiles);
         fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n", b,
                    d, to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, p->generated.grid_x, err,
