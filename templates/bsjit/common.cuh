@@ -83,7 +83,8 @@ struct Mma16816<bfloat16_t> {
 };
 
 // fp32 inputs on the tensor cores as TF32 (opt-in: MatMulOptions::tf32): one m16n8k8 tile, the
-// hardware reading each input's sign, exponent and top 10 mantissa bits (the rest truncated).
+// hardware reading each input's sign, exponent and top 10 mantissa bits and ignoring the rest (so
+// WarpMma rounds the fragments first, round_tf32).
 // Fragments (PTX ISA, "mma.m16n8k8" .tf32), g = lane / 4, t = lane % 4:
 //   a[0] = A[g][t]   a[1] = A[g+8][t]   a[2] = A[g][t+4]   a[3] = A[g+8][t+4]
 //   b[0] = B[t][g]   b[1] = B[t+4][g]   d as for m16n8k16.
