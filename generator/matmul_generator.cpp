@@ -59,12 +59,14 @@ std::string array_body(const std::vector<int>& values) {
 // group's steps are the chunks of `sub` input blocks (64 reduction indices) holding a block of its
 // columns, in three classes (blocks of both halves, of the first only, of the second only), chunks
 // ascending within a class (CTAs running together, on the same rows of X, then read X in about the
-// same order). Sets grid_x to the number of groups.
+// same order). Sets grid_x to the number of groups and sub_fill to the fraction of the sub-blocks
+// that a consumer computes (those of the steps of its classes) where one of its slots holds a block.
 std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, const std::vector<int>& order,
-                           int columns, int sub, int consumers, std::int64_t& grid_x) {
+                           int columns, int sub, int consumers, std::int64_t& grid_x, double& sub_fill) {
   const int record = 2 + sub * columns, positions = static_cast<int>(order.size());
   const int groups = (positions + columns - 1) / columns, per = columns / consumers;
   std::vector<int> group_steps, steps, group_columns;
+  std::int64_t computed = 0, filled = 0;  // sub-blocks computed by a consumer, those holding its blocks
   for (int gi = 0; gi < groups; ++gi) {
     std::map<int, std::vector<int>> chunks;  // chunk → W block per slot j · columns + c (-1: none)
     for (int c = 0; c < columns; ++c) {
@@ -83,6 +85,13 @@ std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& 
       bool held[2] = {false, false};
       for (int i = 0; i < sub * columns; ++i)
         if (slots[i] >= 0) pattern |= 1u << i, held[i % columns / per] = true;
+      for (int h = 0; h < consumers; ++h) {
+        if (!held[h]) continue;
+        computed += sub;
+        for (int j = 0; j < sub; ++j)
+          filled += std::any_of(slots.begin() + j * columns + h * per, slots.begin() + j * columns + (h + 1) * per,
+                                [](int w) { return w >= 0; });
+      }
       auto& out = by_class[held[0] && held[1] ? 0 : held[0] ? 1 : 2];
       out.push_back(chunk), out.push_back(static_cast<int>(pattern));
       for (int i = 0; i < sub * columns; ++i) out.push_back(std::max(slots[i], 0));
@@ -94,6 +103,7 @@ std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& 
   }
   group_steps.push_back(static_cast<int>(steps.size()) / record);
   grid_x = groups;
+  sub_fill = computed > 0 ? static_cast<double>(filled) / static_cast<double>(computed) : 1.0;
   return fmt::format(
       "// Groups of {} output block columns. Group g's steps: kGroupSteps[3g] up to kGroupSteps[3g + 3], in\n"
       "// classes from kGroupSteps[3g + k] (blocks of both consumers, of the first only, of the second\n"
@@ -1003,6 +1013,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.label = kernel_label(spec);
 
   std::string tables;
+  double sub_fill = 1.0;        // grouped kernel: see grouped_tables
   std::int64_t out_blocks = 0;  // dsd: output block columns
   std::int64_t planes = 0;      // sdd on Hopper: workspace planes (SddSchedule)
   if (sdd) {
@@ -1080,13 +1091,12 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     g.rows_per_cta = t.bm;
     if (t.paired) {
       tables = grouped_tables(per_out, balanced_groups(per_out, pair_columns(per_out), 2, 1, resident_ctas(t)), 2, 1, 2,
-                              g.grid_x);
+                              g.grid_x, sub_fill);
     } else if (t.columns > 0) {
       const int sub = static_cast<int>(64 / b);
-      tables = grouped_tables(per_out,
-                              balanced_groups(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub,
-                                              resident_ctas(t)),
-                              t.columns, sub, t.warps_m, g.grid_x);
+      tables = grouped_tables(
+          per_out, balanced_groups(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub, resident_ctas(t)),
+          t.columns, sub, t.warps_m, g.grid_x, sub_fill);
     } else {
       // the persistent TMA kernel takes the columns in a balanced order (balanced_order), the
       // others in order
@@ -1206,8 +1216,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("grouped",
                t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
                : t.columns > 0   ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
-                                                 "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n",
-                                               t.columns, g.grid_x, layout.blocks() * b)
+                                                 "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n"
+                                                 "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
+                                               t.columns, g.grid_x, layout.blocks() * b, sub_fill < 0.6, sub_fill)
                : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
                : t.row_blocks > 0
                    ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n",

@@ -166,7 +166,7 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
           // every column in one group; -1 only at the end of one short group (the groups in
           // balanced_order, so not necessarily the last)
           std::vector<int> seen(out_blocks, 0);
-          int padding = 0;
+          int padding = 0, computed = 0, filled = 0;  // sub-blocks a consumer computes, those with its blocks
           for (int i = 0; i < groups * columns; ++i) {
             if (group_columns[i] < 0) {
               ++padding;
@@ -209,8 +209,17 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
                     }
                   }
                 EXPECT_EQ(cls, held[0] && held[1] ? 0 : held[0] ? 1 : 2) << "the class says whose blocks the step holds";
+                for (int h = 0; h < warpgroups; ++h) {
+                  if (cls != 0 && cls != 1 + h) continue;  // consumer h computes classes 0 and 1 + h
+                  for (int j = 0; j < sub; ++j, ++computed)
+                    filled += ((pattern >> (j * columns + h * per)) & ((1u << per) - 1)) != 0;
+                }
               }
           }
+          // the consumers skip the sub-blocks without their blocks where under 0.6 hold them
+          const bool skip = computed > 0 && filled < 0.6 * computed;
+          EXPECT_NE(g.source.find(skip ? "kSkipEmpty = true" : "kSkipEmpty = false"), std::string::npos)
+              << filled << " of " << computed;
           EXPECT_EQ(bounds.back() * record, layout.blocks() == 0 ? 0 : static_cast<int>(steps.size()));
           EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout);
         }

@@ -66,6 +66,16 @@ Layout random_layout(int block, std::uint64_t seed) {
   return Layout::from_dense(r, c, m);
 }
 
+// Bernoulli(0.06) over a grid twice as wide and tall, block (0, 0) present.
+Layout sparse_layout(int block, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::int64_t r = 2 * layout_rows(block), c = r + 2;
+  std::vector<std::uint8_t> m(r * c);
+  for (auto& v : m) v = rng() % 100 < 6;
+  m[0] = 1;
+  return Layout::from_dense(r, c, m);
+}
+
 Layout full_layout(int block) {
   const std::int64_t r = layout_rows(block);
   return Layout::from_dense(r, r + 1, std::vector<std::uint8_t>(r * (r + 1), 1));
@@ -225,6 +235,15 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
         spec.tiles = t;
         shapes.push_back({layout, spec, seed});
         seed += variants.size();
+        // the grouped kernel again on a sparse layout, where it computes only the sub-blocks
+        // holding a consumer's blocks (kSkipEmpty; the layout above is too dense for it)
+        if (t.columns > 0 && dt == DType::bf16 && b <= 32) {
+          const Layout sparse = sparse_layout(b, 7 + b);
+          EXPECT_NE(generator::generate_matmul(sparse, spec).source.find("kSkipEmpty = true"), std::string::npos)
+              << generator::tiles_tag(t);
+          shapes.push_back({sparse, spec, seed});
+          seed += variants.size();
+        }
       }
     }
   compile_shapes(shapes);
