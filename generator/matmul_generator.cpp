@@ -968,10 +968,11 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // being a chunk of two input blocks holding a block of any of the group's 4 columns; the unswapped
 // TMA kernel copies 256 rows × 32 indices per block. The grouped kernel's steps per block grow as
 // the density falls (balanced, suite W, columns grouped by group_by_chunks: 0.24 at d = 0.5, 0.40 at
-// 0.25, 0.57 at 0.1, 0.64 at 0.05). Sweep, forward, TFLOP/s, grouped grp2-bm256-s4 against the TMA
-// kernel tma2-bm256-s4-p: d = 0.25 249 / 204, d = 0.1 179 / 186, d = 0.05 142 / 154 (with groups of
-// consecutive columns, 0.46 / 0.72 / 0.85 steps per block: 230, 157, 121). So the TMA kernel where
-// the grouped one would take more than 0.55 steps per block.
+// 0.25, 0.57 at 0.1, 0.64 at 0.05). Sweep, TFLOP/s, grouped grp2-bm256-s4 against the TMA kernel
+// tma2-bm256-s4-p, forward and backward-data: d = 0.25 277 / 200 and 275 / 201, d = 0.1 204 / 186
+// and 204 / 183, d = 0.05 158 / 155 and 155 / 148 (since the grouped kernel's zeros come from a warp's
+// stores and its steps convert no pointers; before, 0.1 179 / 186 and 0.05 142 / 154 forward). So the
+// TMA kernel where the grouped one would take more than 0.7 steps per block (not measured past 0.64).
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
   if (spec.tiles) return spec;
   if (spec.op != Op::backward_weight) {
@@ -979,7 +980,7 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
     if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {
       const auto per_out = output_columns(layout, spec.op == Op::backward_data);
       const std::int64_t steps = grouped_steps(per_out, group_by_chunks(per_out, t.columns, 2), t.columns, 2);
-      if (static_cast<double>(steps) <= 0.55 * static_cast<double>(layout.blocks())) return spec;
+      if (static_cast<double>(steps) <= 0.7 * static_cast<double>(layout.blocks())) return spec;
       MatMulSpec chosen = spec;
       chosen.tiles = finish_tma(spec, tma_shape(256, 2, 4, true));
       return chosen;
@@ -1218,9 +1219,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("grouped",
                t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
                : t.columns > 0   ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
-                                                 "  static constexpr int kWRows = {};  // rows of W as [blocks · b, b]\n"
                                                  "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
-                                               t.columns, g.grid_x, layout.blocks() * b, sub_fill < 0.6, sub_fill)
+                                               t.columns, g.grid_x, sub_fill < 0.6, sub_fill)
                : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
                : t.row_blocks > 0
                    ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n",

@@ -13,15 +13,15 @@
 // cycles a row whatever its width up to 128 bytes, so rows of one input block (2·b bytes) kept the
 // copies, not the tensor cores, the limit (docs/PERFORMANCE.md). A consumer with a block in the step
 // issues its wgmmas over the whole chunk (64 / b sub-blocks × b / 16 k16 slices); slots without a
-// block hold zeros (copied from past the end of W, which TMA zero-fills), so the tensor cores do
-// some work on zeros in exchange for wide wgmmas and one X tile feeding every column of the group.
+// block hold zeros (written by a producer warp), so the tensor cores do some work on zeros in
+// exchange for wide wgmmas and one X tile feeding every column of the group.
 //
 // Warp-specialized and persistent as dsd_tma_kernel: warpgroup 0 produces (warp 0 copies X, warp 1
-// the W blocks), kWarpsM consumer warpgroups compute; stages complete on "full" mbarriers and are
-// released on "empty" ones; a wave of CTAs loops over (group, row tile) tiles, group fastest so that
-// CTAs running together share rows of X in L2. X is swizzled over 128-byte rows, W blocks over one
-// block row (2·b bytes). The accumulators (Yᵀ) leave through a shared-memory tile per consumer,
-// transposed by stmatrix, then in 16-byte stores along Y's rows.
+// the W blocks, warp 2 zeros the absent slots), kWarpsM consumer warpgroups compute; stages complete
+// on "full" mbarriers and are released on "empty" ones; a wave of CTAs loops over (group, row tile)
+// tiles, group fastest so that CTAs running together share rows of X in L2. X is swizzled over
+// 128-byte rows, W blocks over one block row (2·b bytes). The accumulators (Yᵀ) leave through a
+// shared-memory tile per consumer, transposed by stmatrix, then in 16-byte stores along Y's rows.
 //
 // Tables (generated): group g's steps are kGroupSteps[3g] .. kGroupSteps[3g + 3] - 1, in three
 // classes starting at kGroupSteps[3g + k]: chunks holding blocks of both consumers' columns, of
@@ -48,8 +48,9 @@ struct DsdGroupedPlan {
   static constexpr int kSub = 64 / Cfg::kBlock;       // input blocks in a chunk of 64 reduction indices
   static constexpr int kXBytes = Cfg::kBM * 128;      // X tile: BM rows × 64 indices
   static constexpr int kSlotBytes = Cfg::kBlock * kRowBytes;
-  static constexpr int kStageBytes = kXBytes + kSub * Cfg::kColumns * kSlotBytes;
-  static constexpr int kRecord = 2 + kSub * Cfg::kColumns;  // ints per step, in kSteps and in a stage's copy
+  static constexpr int kSlotCount = kSub * Cfg::kColumns;  // W slots of a step (at most 32)
+  static constexpr int kStageBytes = kXBytes + kSlotCount * kSlotBytes;
+  static constexpr int kRecord = 2 + kSlotCount;  // ints per step, in kSteps and in a stage's copy
   // after the stages: their full and empty mbarriers and step records, then one output tile of up to
   // 128 rows × 64 values (128 bytes) per consumer, 128-byte aligned
   static constexpr int kRingBytes = (S * kStageBytes + 2 * S * 8 + S * kRecord * 4 + 127) / 128 * 128;
@@ -93,71 +94,91 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using Plan = DsdGroupedPlan<Cfg>;
   constexpr int b = Cfg::kBlock, G = Cfg::kColumns, S = Cfg::kStages, BM = Cfg::kBM, P = Plan::kSlots;
   constexpr int kSub = Plan::kSub, kRowBytes = Plan::kRowBytes, kRecord = Plan::kRecord;
-  constexpr int kConsumers = Cfg::kWarpsM, kClasses = 3;
+  constexpr int kSlotCount = Plan::kSlotCount, kConsumers = Cfg::kWarpsM, kClasses = 3;
   static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && (b == 16 || b == 32), "16-bit, feature axis last, b = 16 or 32");
   static_assert(G == kConsumers * P && (kConsumers == 1 || kConsumers == 2), "each consumer owns 64 / b columns");
   static_assert(BM == 64 || BM == 128 || BM == 256, "the X tile is wgmma's N: 64, 128 or 256 rows");
   static_assert(Cfg::kThreads == (kConsumers + 1) * 128, "one producer warpgroup and the consumers");
-  static_assert(S >= 2 && S <= 32 && kSub * G <= 32, "patterns and a warp's lanes: one bit per slot");
+  static_assert(S >= 2 && S <= 32 && kSlotCount <= 32, "patterns: one bit per slot and per stage");
   static_assert(Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
   extern __shared__ unsigned char smem_raw[];
   const StageRing<S, Plan::kStageBytes> ring(smem_raw);
   int* records = reinterpret_cast<int*>(ring.empty + S);  // the step record of each stage
   unsigned char* out_tiles = ring.base + Plan::kRingBytes;
-  auto slots_of = [&](int step) { return ring.stage(step) + Plan::kXBytes; };  // slot (j, c): j · G + c
+  // Shared-memory addresses, computed once: stage s at stages_s + s · kStageBytes (its X tile, then
+  // slot (j, c) at kXBytes + (j · G + c) · kSlotBytes), its barriers at full_s / empty_s + 8 s.
+  const unsigned stages_s = smem_address(ring.base), full_s = smem_address(ring.full),
+                 empty_s = smem_address(ring.empty);
 
   const int warpgroup = threadIdx.x / 128;
   const int tiles = Cfg::kGroups * ((n + BM - 1) / BM);
-  ring.init(kConsumers * 128, 2);  // empty: every consumer thread; full: producer warps 0 and 1
+  ring.init(kConsumers * 128, 3);  // empty: every consumer thread; full: producer warps 0, 1 and 2
 
-  if (warpgroup == 0) {  // producer: warp 0 copies the X tiles, warp 1 the W blocks (lane i: slot i)
+  // Producer: warp 0 copies the X tiles, warp 1 the present W blocks (lane i: slot i), warp 2 writes
+  // zeros into the absent slots that do not hold them yet (the consumers' wgmmas cover every slot of
+  // an operand they compute). Zeros from a warp's 16-byte stores instead of TMA copies from past the
+  // end of W (which TMA zero-fills): TMA moves a box row by row, a few cycles a row, and a slot is b
+  // rows of 2·b bytes. Shared memory is addressed from stages_s and the barriers' addresses, so that
+  // a step converts no pointer (the producer's and consumers' per-step instructions bound the step
+  // at low density: docs/PERFORMANCE.md).
+  if (warpgroup == 0) {
     if constexpr (kConsumers == 2) warpgroup_release_registers<40>();
     const int pwarp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (pwarp > 1) return;
-    // Warp 0 reads a step's chunk and pattern, warp 1's lane i the W block of slot i: one step ahead,
-    // so that the read from L2 overlaps the wait for a free stage and the previous step's copies.
-    const int field = pwarp == 0 ? 0 : 2 + lane, fields = pwarp == 0 ? 2 : kRecord;
-    auto read = [&](int s, int& pattern, int& value) {
-      pattern = Cfg::steps()[s * kRecord + 1];
-      value = field < fields ? Cfg::steps()[s * kRecord + field] : 0;
+    if (pwarp > 2) return;
+    // Warp 0 reads a step's record head (chunk and pattern), warps 1 and 2 the pattern and lane i the
+    // W block of slot i: one step ahead, so that the read from L2 overlaps the wait for a free stage
+    // and the previous step's copies.
+    struct Read {
+      unsigned pattern;
+      int value;  // warp 0: the chunk; warp 1: the W block of slot lane
     };
-    unsigned zeroed = 0;  // warp 1, bit s: this lane's slot of stage s holds zeros
-    int step = 0;         // this CTA's stages so far, over all its tiles
+    auto read = [&](int s) {
+      const int* r = Cfg::steps() + s * kRecord;
+      return Read{static_cast<unsigned>(r[1]), pwarp == 0 ? r[0] : pwarp == 1 && lane < kSlotCount ? r[2 + lane] : 0};
+    };
+    unsigned zeroed = 0;  // warp 2, bit s: slot lane of stage s holds zeros
+    RingCursor<S> pos;    // this CTA's steps so far, over all its tiles
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
       const int begin = Cfg::group_steps()[group * kClasses], end = Cfg::group_steps()[(group + 1) * kClasses];
-      int next_pattern = 0, next_value = 0;
-      if (begin < end) read(begin, next_pattern, next_value);
-      for (int s = begin; s < end; ++s, ++step) {
-        const unsigned pattern = next_pattern;
-        const int value = next_value;
-        if (s + 1 < end) read(s + 1, next_pattern, next_value);
-        const int stage = step % S;
-        if (step >= S) mbarrier_wait(&ring.empty[stage], (step / S - 1) & 1);
-        unsigned long long* bar = &ring.full[stage];
+      Read next{};
+      if (begin < end) next = read(begin);
+      for (int s = begin; s < end; ++s, pos.advance()) {
+        const Read now = next;
+        if (s + 1 < end) next = read(s + 1);
+        const int stage = pos.stage;
+        mbarrier_wait(empty_s + 8 * stage, pos.phase ^ 1u);
+        const unsigned bar = full_s + 8 * stage, x_s = stages_s + stage * Plan::kStageBytes;
         int* record = records + stage * kRecord;
         if (pwarp == 0) {
           if (lane == 0) {
-            record[0] = value, record[1] = static_cast<int>(pattern);
+            record[0] = now.value, record[1] = static_cast<int>(now.pattern);
             mbarrier_arrive_expect_tx(bar, Plan::kXBytes);
-            tma_load_2d(ring.stage(step), map_a, value * 64, m0, bar);
+            tma_load_2d(x_s, map_a, now.value * 64, m0, bar);
           }
           continue;
         }
-        // lane i: slot i. A present block is copied; an absent slot must hold zeros (the consumers'
-        // wgmmas cover every slot): a copy from past the end of W fills it with them (TMA zero-fills
-        // out-of-bounds boxes), unless it still holds those of an earlier step in this stage.
-        const bool present = lane < kSub * G && ((pattern >> lane) & 1);
-        const bool zero = lane < kSub * G && !present && !((zeroed >> stage) & 1);
-        const unsigned copies = __ballot_sync(0xffffffffu, present || zero);
-        if (lane < kSub * G) {
-          record[2 + lane] = value;
-          zeroed = present ? zeroed & ~(1u << stage) : zeroed | (1u << stage);
+        const bool present = lane < kSlotCount && ((now.pattern >> lane) & 1);
+        if (pwarp == 1) {  // slot lane: its W block, if present
+          if (lane < kSlotCount) record[2 + lane] = now.value;
+          if (lane == 0) mbarrier_arrive_expect_tx(bar, __popc(now.pattern) * Plan::kSlotBytes);
+          __syncwarp();
+          if (present) tma_load_2d(x_s + Plan::kXBytes + lane * Plan::kSlotBytes, map_w, 0, now.value * b, bar);
+          continue;
         }
-        if (lane == 0) mbarrier_arrive_expect_tx(bar, __popc(copies) * Plan::kSlotBytes);
+        // warp 2: zeros into the absent slots that hold a block of an earlier step in this stage
+        const bool zero = lane < kSlotCount && !present && !((zeroed >> stage) & 1);
+        zeroed = present ? zeroed & ~(1u << stage) : zeroed | (1u << stage);
+        unsigned char* slots = ring.base + stage * Plan::kStageBytes + Plan::kXBytes;
+#pragma unroll 1
+        for (unsigned rest = __ballot_sync(0xffffffffu, zero); rest != 0; rest &= rest - 1) {
+          Chunk16* slot = reinterpret_cast<Chunk16*>(slots + (__ffs(rest) - 1) * Plan::kSlotBytes);
+#pragma unroll
+          for (int e = lane; e < Plan::kSlotBytes / 16; e += 32) slot[e] = Chunk16{0u, 0u, 0u, 0u};
+        }
+        fence_proxy_async();  // the zeros, for the wgmmas that read them
         __syncwarp();
-        if (present || zero)
-          tma_load_2d(slots_of(step) + lane * Plan::kSlotBytes, map_w, 0, present ? value * b : Cfg::kWRows, bar);
+        if (lane == 0) mbarrier_arrive(bar);
       }
     }
     return;
@@ -167,7 +188,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int consumer = warpgroup - 1, first_slot = consumer * P;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   unsigned char* out_tile = out_tiles + consumer * Plan::kOutTileBytes;
-  int step = 0;
+  // The operands' descriptors in stage 0: A at slot (0, first_slot) (forward: W's rows are reduction
+  // indices, so A is M-major: rows of b outputs, the slots' atoms kSlotBytes apart along M;
+  // backward-data: rows are outputs, K-major, the slots' rows following each other), B the X tile
+  // (K-major, 128-byte rows). A step adds its stage's offset, a wgmma its sub-block's and k16 slice's.
+  const unsigned long long a0 = smem_descriptor_swizzled<kRowBytes>(
+      stages_s + Plan::kXBytes + first_slot * Plan::kSlotBytes, Cfg::kTransW ? 16 : Plan::kSlotBytes, 8 * kRowBytes);
+  const unsigned long long b0 = smem_descriptor_swizzled<128>(stages_s, 16, kSwizzleAtomBytes);
+  RingCursor<S> pos;  // this CTA's steps so far, over all its tiles
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
     const int* bounds = Cfg::group_steps() + group * kClasses;
@@ -175,7 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) d[i] = 0.0f;
     wgmma_fence_registers(d);
-    int pending = -1;  // the last step whose wgmmas may still read its stage (-1: none)
+    int pending = -1;  // the stage of the last step whose wgmmas may still read it (-1: none)
     // A group's steps come in classes (kClasses): blocks for both consumers, for consumer 0 only, for
     // consumer 1 only. A consumer computes the steps of its classes and releases the others at
     // once. Loops whose trip counts differ, not a branch per step: a branch around the wgmmas makes
@@ -184,12 +212,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int cls = 0; cls < kClasses; ++cls) {
       const bool mine = cls == 0 || cls == 1 + consumer;
       const int count = bounds[cls + 1] - bounds[cls];
-      for (int i = 0, n = mine ? count : 0; i < n; ++i, ++step) {
-        const int stage = step % S;
-        mbarrier_wait(&ring.full[stage], (step / S) & 1);
+      for (int i = 0, n = mine ? count : 0; i < n; ++i, pos.advance()) {
+        const int stage = pos.stage;
+        mbarrier_wait(full_s + 8 * stage, pos.phase);
         const int* record = records + stage * kRecord;
-        unsigned char* x = ring.stage(step);
-        unsigned char* slots = slots_of(step);
+        unsigned char* slots = ring.base + stage * Plan::kStageBytes + Plan::kXBytes;
+        const unsigned long long a = smem_descriptor_add(a0, stage * Plan::kStageBytes),
+                                 x = smem_descriptor_add(b0, stage * Plan::kStageBytes);
         auto held_slots = [&] {  // bit j · P + c: this consumer's slot (j, c) holds a block
           const unsigned pattern = record[1];
           unsigned held = 0;
@@ -205,18 +234,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         auto sub_block = [&](int j) {  // the wgmmas of sub-block j
 #pragma unroll
           for (int kk = 0; kk < b / 16; ++kk) {
-            // A (sub-block j's slots: 64 outputs × 16 reduction indices). Forward: W's rows are
-            // reduction indices, so A is M-major: rows of b outputs, the slots' atoms
-            // Plan::kSlotBytes apart along M. Backward-data: rows are outputs (K-major), the slots'
-            // rows following each other.
-            const unsigned char* wa = slots + (j * G + first_slot) * Plan::kSlotBytes;
+            // A: sub-block j's slots, 64 outputs × 16 reduction indices; B: 16 reduction indices × BM rows of X
             const unsigned long long da =
-                Cfg::kTransW ? smem_descriptor_swizzled<kRowBytes>(wa + kk * 32, 16, 8 * kRowBytes)
-                             : smem_descriptor_swizzled<kRowBytes>(wa + kk * 16 * kRowBytes, Plan::kSlotBytes,
-                                                                   8 * kRowBytes);
-            // B (the X tile, 16 reduction indices × BM rows): K-major, 128-byte rows
-            const unsigned long long db = smem_descriptor(x + j * 2 * b + kk * 32, 16, kSwizzleAtomBytes);
-            wgmma_m64k16<T, BM, Cfg::kTransW ? 0 : 1, 0>(d, da, db);
+                smem_descriptor_add(a, j * G * Plan::kSlotBytes + (Cfg::kTransW ? kk * 32 : kk * 16 * kRowBytes));
+            wgmma_m64k16<T, BM, Cfg::kTransW ? 0 : 1, 0>(d, da, smem_descriptor_add(x, j * 2 * b + kk * 32));
           }
         };
         if constexpr (Cfg::kSkipEmpty) {
@@ -244,21 +265,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma_commit();
         }
         wgmma_wait<1>();  // the previous computed step's wgmmas have finished: release its stage
-        if (pending >= 0) mbarrier_arrive(&ring.empty[pending % S]);
-        pending = step;
+        if (pending >= 0) mbarrier_arrive(empty_s + 8 * pending);
+        pending = stage;
       }
-      for (int i = 0, n = mine ? 0 : count; i < n; ++i, ++step) {  // none of this consumer's blocks
+      for (int i = 0, n = mine ? 0 : count; i < n; ++i, pos.advance()) {  // none of this consumer's blocks
         if (pending >= 0) {  // the producer may need that stage before this run ends
           wgmma_wait<0>();
-          mbarrier_arrive(&ring.empty[pending % S]);
+          mbarrier_arrive(empty_s + 8 * pending);
           pending = -1;
         }
-        mbarrier_wait(&ring.full[step % S], (step / S) & 1);
-        mbarrier_arrive(&ring.empty[step % S]);
+        mbarrier_wait(full_s + 8 * pos.stage, pos.phase);
+        mbarrier_arrive(empty_s + 8 * pos.stage);
       }
     }
     wgmma_wait<0>();
-    if (pending >= 0) mbarrier_arrive(&ring.empty[pending % S]);
+    if (pending >= 0) mbarrier_arrive(empty_s + 8 * pending);
     wgmma_fence_registers(d);
 
     // Accumulator d[4i + 2h + e] is output 16·warp + 8h + lane / 4 (column (that) / b, feature (that) % b)

@@ -50,14 +50,24 @@ __device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* p) {
 // and the swizzle span (layout type 1 = 128 bytes, 2 = 64, 3 = 32). With a span of S bytes the
 // atoms are 8 rows of S bytes, chunk j of row r stored at j ^ ((r · S / 128) % (S / 16)) — the
 // hardware XORs address bits, so atoms start at multiples of 8 · S bytes.
+// The address field holds bits 4..17 of the address, so adding (bytes / 16) to a descriptor moves
+// it by `bytes` (16-byte multiples) within shared memory (under 256 KiB): see smem_descriptor_add.
 template <int SWIZZLE_BYTES>
-__device__ __forceinline__ unsigned long long smem_descriptor_swizzled(const void* p, int leading_bytes,
+__device__ __forceinline__ unsigned long long smem_descriptor_swizzled(unsigned addr, int leading_bytes,
                                                                        int stride_bytes) {
   static_assert(SWIZZLE_BYTES == 128 || SWIZZLE_BYTES == 64 || SWIZZLE_BYTES == 32, "swizzle spans: 128, 64, 32 bytes");
   constexpr unsigned long long kLayout = SWIZZLE_BYTES == 128 ? 1 : SWIZZLE_BYTES == 64 ? 2 : 3;
-  const unsigned long long addr = smem_address(p);
-  return ((addr & 0x3ffff) >> 4) | (static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16) |
+  return ((addr & 0x3ffffu) >> 4) | (static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16) |
          (static_cast<unsigned long long>((stride_bytes >> 4) & 0x3fff) << 32) | (kLayout << 62);
+}
+template <int SWIZZLE_BYTES>
+__device__ __forceinline__ unsigned long long smem_descriptor_swizzled(const void* p, int leading_bytes,
+                                                                       int stride_bytes) {
+  return smem_descriptor_swizzled<SWIZZLE_BYTES>(smem_address(p), leading_bytes, stride_bytes);
+}
+// The descriptor of the tile `bytes` (a multiple of 16) after the one `desc` describes.
+__device__ __forceinline__ unsigned long long smem_descriptor_add(unsigned long long desc, unsigned bytes) {
+  return desc + (bytes >> 4);
 }
 __device__ __forceinline__ unsigned long long smem_descriptor(const void* p, int leading_bytes, int stride_bytes) {
   return smem_descriptor_swizzled<128>(p, leading_bytes, stride_bytes);
@@ -291,37 +301,48 @@ __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned 
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_address(bar))
-               : "memory");
+// The barrier functions and tma_load_2d take shared-memory addresses (smem_address) or pointers:
+// a kernel that computes the addresses once spares the generic-to-shared conversion per call.
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) { mbarrier_arrive(smem_address(bar)); }
 // Arrives and announces `bytes` more bytes the copy engine will deliver before the phase completes.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
-                   smem_address(bar)),
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
                "r"(bytes)
                : "memory");
 }
-// Waits until the barrier's phase of the given parity has completed.
-__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  mbarrier_arrive_expect_tx(smem_address(bar), bytes);
+}
+// Waits until the barrier's phase of the given parity has completed. On a barrier still in its
+// first phase, parity 1 counts as completed (a producer's first wait for free stages).
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(smem_address(bar)),
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  mbarrier_wait(smem_address(bar), parity);
 }
 // Fetches a tensor map into the copy engine's descriptor cache ahead of its first copy.
 __device__ __forceinline__ void prefetch_tensormap(const TensorMap& map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
 }
 // Copies the box at (x, y) (x: the contiguous dimension, in elements) of `map` into dst.
-__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int x, int y, unsigned long long* bar) {
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap& map, int x, int y, unsigned bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_address(dst)),
-      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(smem_address(bar))
+          dst),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int x, int y, unsigned long long* bar) {
+  tma_load_2d(smem_address(dst), map, x, y, smem_address(bar));
 }
 // The same for a 3-D map: (x, y, z) the box's first element (x contiguous).
 __device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap& map, int x, int y, int z,
@@ -387,6 +408,18 @@ struct StageRing {
     __syncthreads();
   }
   __device__ __forceinline__ unsigned char* stage(int step) const { return base + (step % S) * STAGE_BYTES; }
+};
+
+// A position in a ring of S stages, advanced one step at a time: the stage and the parity of its
+// round. Consumers wait for that parity on the stage's "full" barrier, producers for the other on
+// its "empty" one (a fresh barrier counts parity 1 as completed, so the first round does not wait).
+template <int S>
+struct RingCursor {
+  int stage = 0;
+  unsigned phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == S) stage = 0, phase ^= 1u;
+  }
 };
 
 // Moves registers between the warpgroups of a warp-specialized kernel: a producer that only issues

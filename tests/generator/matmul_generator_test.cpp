@@ -352,12 +352,15 @@ TEST(Generator, PairsColumnsWhereTheyShareEnough) {
 
 // At b = 32 the layout decides between the grouped kernel and the unswapped TMA kernel: the grouped
 // one where its steps (chunks of two input blocks holding a block of any of a group's 4 columns)
-// number at most 0.55 per block; b = 16 keeps the grouped kernel.
+// number at most 0.7 per block; b = 16 keeps the grouped kernel.
 TEST(Generator, GroupedOrTmaByStepsPerBlock) {
   // one block per output block column, each in a chunk of its own (forward: blocks (2c, c) of a 32 × 16
   // layout; backward-data: the transpose), so that no grouping shares a chunk: one step per block
   std::vector<std::pair<std::int64_t, std::int64_t>> fwd, bwd;
   for (int c = 0; c < 16; ++c) fwd.emplace_back(2 * c, c), bwd.emplace_back(c, 2 * c);
+  // the same with the chunk's second block in columns 0-7: 16 steps for 24 blocks (0.67 per block)
+  std::vector<std::pair<std::int64_t, std::int64_t>> fwd_two = fwd, bwd_two = bwd;
+  for (int c = 0; c < 8; ++c) fwd_two.emplace_back(2 * c + 1, c), bwd_two.emplace_back(c, 2 * c + 1);
   std::vector<std::uint8_t> ones(256, 1);
   const Layout full = Layout::from_dense(16, 16, ones);
   for (int b : {16, 32})
@@ -367,6 +370,9 @@ TEST(Generator, GroupedOrTmaByStepsPerBlock) {
       SCOPED_TRACE(fmt::format("{} b{}", to_string(op), b));
       EXPECT_GT(generate_matmul(full, spec).tiles.columns, 0) << "a full layout: one step per 4 columns × 2 blocks";
       const Layout thin = op == Op::forward ? Layout::from_coords(32, 16, fwd) : Layout::from_coords(16, 32, bwd);
+      const Layout two =
+          op == Op::forward ? Layout::from_coords(32, 16, fwd_two) : Layout::from_coords(16, 32, bwd_two);
+      EXPECT_GT(generate_matmul(two, spec).tiles.columns, 0) << "0.67 steps per block: the grouped kernel";
       const auto g = generate_matmul(thin, spec);
       if (b == 16) {
         EXPECT_GT(g.tiles.columns, 0) << "the TMA kernel has no b = 16";
