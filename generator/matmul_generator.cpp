@@ -1014,8 +1014,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.label = kernel_label(spec);
 
   std::string tables;
-  // grouped kernel: see grouped_tables; under 0.6 its consumers skip the empty sub-blocks
-  // (kSkipEmpty; the measurements that set 0.6 are in matmul_grouped.cuh)
+  // grouped kernel: see grouped_tables; under 0.9 its consumers skip the empty sub-blocks
+  // (kSkipEmpty; the measurements that set 0.9 are in matmul_grouped.cuh)
   double sub_fill = 1.0;
   std::int64_t out_blocks = 0;  // dsd: output block columns
   std::int64_t planes = 0;      // sdd on Hopper: workspace planes (SddSchedule)
@@ -1220,7 +1220,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
                : t.columns > 0   ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
                                                  "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
-                                               t.columns, g.grid_x, sub_fill < 0.6, sub_fill)
+                                               t.columns, g.grid_x, sub_fill < 0.9, sub_fill)
                : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
                : t.row_blocks > 0
                    ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n",

@@ -244,10 +244,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // Only the sub-blocks where one of this consumer's slots holds a block (the others hold
           // zeros), a wgmma group each: ptxas keeps the wgmmas pipelined in a loop whose body is
           // fence, wgmmas, commit (with the commit after the loop it serializes them, C7520).
-          // The generator sets kSkipEmpty where under 0.6 of the computed sub-blocks hold a block:
-          // measured (suite W, balanced and Bernoulli), b = 16 at d = 0.1 (fill 0.47) and 0.05
-          // (0.39) +3-5%, at d = 0.25 (0.71) +1%, at d = 0.5 (0.94) -4%; b = 32 at d = 0.25 (0.66)
-          // and 0.5 (0.82) within ±2%.
+          // The generator sets kSkipEmpty where under 0.9 of the computed sub-blocks hold a block:
+          // measured (suite W, balanced and Bernoulli, since the steps convert no pointers), b = 32
+          // at d = 0.5 (fill 0.82) +7%, d = 0.25 (0.66) +8-11%, b = 16 at d = 0.25 (0.71) +3%,
+          // d = 0.5 (0.94) -7%; before, b = 16 at d = 0.1 (0.47) and 0.05 (0.39) +3-5%.
           const unsigned held = held_slots();
           unsigned subs = 0;  // bit j: sub-block j holds one of this consumer's blocks
 #pragma unroll

@@ -216,8 +216,8 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
                 }
               }
           }
-          // the consumers skip the sub-blocks without their blocks where under 0.6 hold them
-          const bool skip = computed > 0 && filled < 0.6 * computed;
+          // the consumers skip the sub-blocks without their blocks where under 0.9 hold them
+          const bool skip = computed > 0 && filled < 0.9 * computed;
           EXPECT_NE(g.source.find(skip ? "kSkipEmpty = true" : "kSkipEmpty = false"), std::string::npos)
               << filled << " of " << computed;
           EXPECT_EQ(bounds.back() * record, layout.blocks() == 0 ? 0 : static_cast<int>(steps.size()));

@@ -235,14 +235,19 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
         spec.tiles = t;
         shapes.push_back({layout, spec, seed});
         seed += variants.size();
-        // the grouped kernel again on a sparse layout, where it computes only the sub-blocks
-        // holding a consumer's blocks (kSkipEmpty; the layout above is too dense for it)
+        // the grouped kernel again on a sparse layout and on a full one: the layout above (fill
+        // 0.61-0.77) and the sparse one compute only the sub-blocks holding a consumer's blocks
+        // (kSkipEmpty), the full one every sub-block
         if (t.columns > 0 && dt == DType::bf16 && b <= 32) {
-          const Layout sparse = sparse_layout(b, 7 + b);
-          EXPECT_NE(generator::generate_matmul(sparse, spec).source.find("kSkipEmpty = true"), std::string::npos)
-              << generator::tiles_tag(t);
-          shapes.push_back({sparse, spec, seed});
-          seed += variants.size();
+          for (const bool skip : {true, false}) {
+            const Layout other = skip ? sparse_layout(b, 7 + b) : full_layout(b);
+            EXPECT_NE(
+                generator::generate_matmul(other, spec).source.find(skip ? "kSkipEmpty = true" : "kSkipEmpty = false"),
+                std::string::npos)
+                << generator::tiles_tag(t);
+            shapes.push_back({other, spec, seed});
+            seed += variants.size();
+          }
         }
       }
     }
