@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 status=()
 for t in ${BSJIT_GPU_TESTS:-matmul_gpu_test attention_gpu_test attention_ops_gpu_test deploy_gpu_test}; do
   start=$(date +%s)
-  "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
+  stdbuf -oL -eL "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
   status+=("$t: exit ${PIPESTATUS[0]}, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ') $(($(date +%s) - start)) s")
 done
 
