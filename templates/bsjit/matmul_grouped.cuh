@@ -109,6 +109,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // slot (j, c) at kXBytes + (j · G + c) · kSlotBytes), its barriers at full_s / empty_s + 8 s.
   const unsigned stages_s = smem_address(ring.base), full_s = smem_address(ring.full),
                  empty_s = smem_address(ring.empty);
+  // stage s's W slots as a pointer, for the stores of zeros and gates
+  auto slots_of = [&](int stage) { return ring.base + stage * Plan::kStageBytes + Plan::kXBytes; };
 
   const int warpgroup = threadIdx.x / 128;
   const int tiles = Cfg::kGroups * ((n + BM - 1) / BM);
@@ -169,7 +171,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // warp 2: zeros into the absent slots that hold a block of an earlier step in this stage
         const bool zero = lane < kSlotCount && !present && !((zeroed >> stage) & 1);
         zeroed = present ? zeroed & ~(1u << stage) : zeroed | (1u << stage);
-        unsigned char* slots = ring.base + stage * Plan::kStageBytes + Plan::kXBytes;
+        unsigned char* slots = slots_of(stage);
 #pragma unroll 1
         for (unsigned rest = __ballot_sync(0xffffffffu, zero); rest != 0; rest &= rest - 1) {
           Chunk16* slot = reinterpret_cast<Chunk16*>(slots + (__ffs(rest) - 1) * Plan::kSlotBytes);
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int stage = pos.stage;
         mbarrier_wait(full_s + 8 * stage, pos.phase);
         const int* record = records + stage * kRecord;
-        unsigned char* slots = ring.base + stage * Plan::kStageBytes + Plan::kXBytes;
+        unsigned char* slots = slots_of(stage);
         const unsigned long long a = smem_descriptor_add(a0, stage * Plan::kStageBytes),
                                  x = smem_descriptor_add(b0, stage * Plan::kStageBytes);
         auto held_slots = [&] {  // bit j · P + c: this consumer's slot (j, c) holds a block
