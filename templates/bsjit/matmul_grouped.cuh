@@ -16,12 +16,12 @@
 // block hold zeros (written by a producer warp), so the tensor cores do some work on zeros in
 // exchange for wide wgmmas and one X tile feeding every column of the group.
 //
-// Warp-specialized and persistent as dsd_tma_kernel: warpgroup 0 produces (warp 0 copies X, warp 1
-// the W blocks, warp 2 zeros the absent slots), kWarpsM consumer warpgroups compute; stages complete
-// on "full" mbarriers and are released on "empty" ones; a wave of CTAs loops over (group, row tile)
-// tiles, group fastest so that CTAs running together share rows of X in L2. X is swizzled over
-// 128-byte rows, W blocks over one block row (2·b bytes). The accumulators (Yᵀ) leave through a
-// shared-memory tile per consumer, transposed by stmatrix, then in 16-byte stores along Y's rows.
+// Warp-specialized and persistent as dsd_tma_kernel: warpgroup 0 produces (warp 0 copies X, warps 1
+// and 3 the W blocks, warp 2 zeros the absent slots), kWarpsM consumer warpgroups compute; stages
+// complete on "full" mbarriers and are released on "empty" ones; a wave of CTAs loops over (group,
+// row tile) tiles, group fastest so that CTAs running together share rows of X in L2. X is swizzled
+// over 128-byte rows, W blocks over one block row (2·b bytes). The accumulators (Yᵀ) leave through
+// a shared-memory tile per consumer, transposed by stmatrix, then in 16-byte stores along Y's rows.
 //
 // Tables (generated): group g's steps are kGroupSteps[3g] .. kGroupSteps[3g + 3] - 1, in three
 // classes starting at kGroupSteps[3g + k]: chunks holding blocks of both consumers' columns, of
@@ -50,10 +50,13 @@ struct DsdGroupedPlan {
   static constexpr int kSlotBytes = Cfg::kBlock * kRowBytes;
   static constexpr int kSlotCount = kSub * Cfg::kColumns;  // W slots of a step (at most 32)
   static constexpr int kStageBytes = kXBytes + kSlotCount * kSlotBytes;
-  static constexpr int kRecord = 2 + kSlotCount;  // ints per step, in kSteps and in a stage's copy
+  static constexpr int kRecord = 2 + kSlotCount;  // ints per step in kSteps
+  // a stage's copy of its step's record, then the sub-blocks each consumer computes (byte h: bit j
+  // where sub-block j holds one of consumer h's blocks), derived by the producer
+  static constexpr int kStageRecord = kRecord + 1;
   // after the stages: their full and empty mbarriers and step records, then one output tile of up to
   // 128 rows × 64 values (128 bytes) per consumer, 128-byte aligned
-  static constexpr int kRingBytes = (S * kStageBytes + 2 * S * 8 + S * kRecord * 4 + 127) / 128 * 128;
+  static constexpr int kRingBytes = (S * kStageBytes + 2 * S * 8 + S * kStageRecord * 4 + 127) / 128 * 128;
   static constexpr int kOutRows = Cfg::kBM < 128 ? Cfg::kBM : 128;
   static constexpr int kOutTileBytes = kOutRows * 128;
   static constexpr int kSharedBytes = kSwizzleAtomBytes + kRingBytes + Cfg::kWarpsM * kOutTileBytes;
@@ -114,29 +117,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int tiles = Cfg::kGroups * ((n + BM - 1) / BM);
-  ring.init(kConsumers * 128, 3);  // empty: every consumer thread; full: producer warps 0, 1 and 2
+  // Over 16 W slots a step (b = 16), warps 1 and 3 copy half each: a warp issues its lanes' copies
+  // one after another. Measured (suite W against one copying warp): b = 16 d = 0.5 322 -> 372 TFLOP/s,
+  // d = 0.25 201 -> 213, d <= 0.1 +2-3%; split at b = 32 too (8 slots, 4 a warp): within ±1%, so not.
+  constexpr bool kSplitCopies = kSlotCount > 16;
+  constexpr int kCopyLanes = kSplitCopies ? 16 : 32;
+  ring.init(kConsumers * 128, kSplitCopies ? 4 : 3);  // empty: every consumer thread; full: the producer warps
 
-  // Producer: warp 0 copies the X tiles, warp 1 the present W blocks (lane i: slot i), warp 2 writes
-  // zeros into the absent slots that do not hold them yet (the consumers' wgmmas cover every slot of
-  // an operand they compute). Zeros from a warp's 16-byte stores instead of TMA copies from past the
-  // end of W (which TMA zero-fills): TMA moves a box row by row, a few cycles a row, and a slot is b
-  // rows of 2·b bytes. Shared memory is addressed from stages_s and the barriers' addresses, so that
-  // a step converts no pointer (the producer's and consumers' per-step instructions bound the step
-  // at low density: docs/PERFORMANCE.md).
+  // Producer: warp 0 copies the X tiles and derives the sub-blocks each consumer computes, warp 1 (and
+  // 3) the present W blocks, warp 2 writes zeros into the absent slots that do not hold them yet (the
+  // consumers' wgmmas cover every slot of an operand they compute). Zeros from a warp's 16-byte stores
+  // instead of TMA copies from past the end of W (which TMA zero-fills): TMA moves a box row by row, a
+  // few cycles a row, and a slot is b rows of 2·b bytes. Shared memory is addressed from stages_s and
+  // the barriers' addresses, so that a step converts no pointer (the producer's and consumers'
+  // per-step instructions bound the step at low density: docs/PERFORMANCE.md).
   if (warpgroup == 0) {
     if constexpr (kConsumers == 2) warpgroup_release_registers<40>();
     const int pwarp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (pwarp > 2) return;
-    // Warp 0 reads a step's record head (chunk and pattern), warps 1 and 2 the pattern and lane i the
-    // W block of slot i: one step ahead, so that the read from L2 overlaps the wait for a free stage
-    // and the previous step's copies.
+    if (pwarp > (kSplitCopies ? 3 : 2)) return;
+    const bool copier = pwarp == 1 || pwarp == 3;
+    // a copier lane's slot: warp 1 from 0, warp 3 from 16; warp 2's lane i zeros slot i
+    const int slot = (pwarp == 3 ? kCopyLanes : 0) + lane;
+    const bool mine = slot < kSlotCount && (!copier || lane < kCopyLanes);
+    // Warp 0 reads a step's record head (chunk and pattern), the other warps the pattern and each
+    // lane the W block of its slot: one step ahead, so that the read from L2 overlaps the wait for a
+    // free stage and the previous step's copies.
     struct Read {
       unsigned pattern;
-      int value;  // warp 0: the chunk; warp 1: the W block of slot lane
+      int value;  // warp 0: the chunk; warps 1 and 3: the W block of the lane's slot
     };
     auto read = [&](int s) {
       const int* r = Cfg::steps() + s * kRecord;
-      return Read{static_cast<unsigned>(r[1]), pwarp == 0 ? r[0] : pwarp == 1 && lane < kSlotCount ? r[2 + lane] : 0};
+      return Read{static_cast<unsigned>(r[1]), pwarp == 0 ? r[0] : copier && mine ? r[2 + slot] : 0};
     };
     unsigned zeroed = 0;  // warp 2, bit s: slot lane of stage s holds zeros
     RingCursor<S> pos;    // this CTA's steps so far, over all its tiles
@@ -151,21 +163,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int stage = pos.stage;
         mbarrier_wait(empty_s + 8 * stage, pos.phase ^ 1u);
         const unsigned bar = full_s + 8 * stage, x_s = stages_s + stage * Plan::kStageBytes;
-        int* record = records + stage * kRecord;
+        int* record = records + stage * Plan::kStageRecord;
         if (pwarp == 0) {
           if (lane == 0) {
-            record[0] = now.value, record[1] = static_cast<int>(now.pattern);
+            unsigned subs = 0;  // byte h: the sub-blocks holding one of consumer h's blocks
+#pragma unroll
+            for (int h = 0; h < kConsumers; ++h)
+#pragma unroll
+              for (int j = 0; j < kSub; ++j)
+                subs |= (((now.pattern >> (j * G + h * P)) & ((1u << P) - 1)) != 0) << (8 * h + j);
+            record[0] = now.value, record[1] = static_cast<int>(now.pattern), record[kRecord] = static_cast<int>(subs);
             mbarrier_arrive_expect_tx(bar, Plan::kXBytes);
             tma_load_2d(x_s, map_a, now.value * 64, m0, bar);
           }
           continue;
         }
-        const bool present = lane < kSlotCount && ((now.pattern >> lane) & 1);
-        if (pwarp == 1) {  // slot lane: its W block, if present
-          if (lane < kSlotCount) record[2 + lane] = now.value;
-          if (lane == 0) mbarrier_arrive_expect_tx(bar, __popc(now.pattern) * Plan::kSlotBytes);
+        const bool present = mine && ((now.pattern >> slot) & 1);
+        if (copier) {  // the lane's slot: its W block, if present; each warp announces its own copies
+          if (mine) record[2 + slot] = now.value;
+          const unsigned copies = __ballot_sync(0xffffffffu, present);
+          if (lane == 0) mbarrier_arrive_expect_tx(bar, __popc(copies) * Plan::kSlotBytes);
           __syncwarp();
-          if (present) tma_load_2d(x_s + Plan::kXBytes + lane * Plan::kSlotBytes, map_w, 0, now.value * b, bar);
+          if (present) tma_load_2d(x_s + Plan::kXBytes + slot * Plan::kSlotBytes, map_w, 0, now.value * b, bar);
           continue;
         }
         // warp 2: zeros into the absent slots that hold a block of an earlier step in this stage
@@ -217,7 +236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int i = 0, n = mine ? count : 0; i < n; ++i, pos.advance()) {
         const int stage = pos.stage;
         mbarrier_wait(full_s + 8 * stage, pos.phase);
-        const int* record = records + stage * kRecord;
+        const int* record = records + stage * Plan::kStageRecord;
         unsigned char* slots = slots_of(stage);
         const unsigned long long a = smem_descriptor_add(a0, stage * Plan::kStageBytes),
                                  x = smem_descriptor_add(b0, stage * Plan::kStageBytes);
@@ -250,10 +269,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // measured (suite W, balanced and Bernoulli, since the steps convert no pointers), b = 32
           // at d = 0.5 (fill 0.82) +7%, d = 0.25 (0.66) +8-11%, b = 16 at d = 0.25 (0.71) +3%,
           // d = 0.5 (0.94) -7%; before, b = 16 at d = 0.1 (0.47) and 0.05 (0.39) +3-5%.
-          const unsigned held = held_slots();
-          unsigned subs = 0;  // bit j: sub-block j holds one of this consumer's blocks
-#pragma unroll
-          for (int j = 0; j < kSub; ++j) subs |= (((held >> (j * P)) & ((1u << P) - 1)) != 0) << j;
+          // bit j: sub-block j holds one of this consumer's blocks (derived by the producer)
+          const unsigned subs = (static_cast<unsigned>(record[kRecord]) >> (8 * consumer)) & 0xffu;
 #pragma unroll 1
           for (unsigned rest = subs; rest != 0; rest &= rest - 1) {
             wgmma_fence();
