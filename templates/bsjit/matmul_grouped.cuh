@@ -224,7 +224,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) d[i] = 0.0f;
     wgmma_fence_registers(d);
-    int pending = -1;  // the stage of the last step whose wgmmas may still read it (-1: none)
+    // A stage is released once its wgmmas have finished: with two consumers at once (the other
+    // consumer's wgmmas keep the tensor cores busy meanwhile), with one after the next step's wgmmas
+    // are issued. Measured, two consumers at once against a step later: suite W at b = 16 and 32,
+    // +0.4-1.9% in 28 of 32 cells, b = 32 d = 0.5 -0.6%.
+    constexpr bool kReleaseAtOnce = kConsumers > 1;
+    int pending = -1;  // one consumer: the stage of the last step whose wgmmas may still read it (-1: none)
     // A group's steps come in classes (kClasses): blocks for both consumers, for consumer 0 only, for
     // consumer 1 only. A consumer computes the steps of its classes and releases the others at
     // once. Loops whose trip counts differ, not a branch per step: a branch around the wgmmas makes
@@ -283,9 +288,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int j = 0; j < kSub; ++j) sub_block(j);
           wgmma_commit();
         }
-        wgmma_wait<1>();  // the previous computed step's wgmmas have finished: release its stage
-        if (pending >= 0) mbarrier_arrive(empty_s + 8 * pending);
-        pending = stage;
+        if constexpr (kReleaseAtOnce) {
+          wgmma_wait<0>();
+          mbarrier_arrive(empty_s + 8 * stage);
+        } else {
+          wgmma_wait<1>();  // the previous computed step's wgmmas have finished: release its stage
+          if (pending >= 0) mbarrier_arrive(empty_s + 8 * pending);
+          pending = stage;
+        }
       }
       for (int i = 0, n = mine ? 0 : count; i < n; ++i, pos.advance()) {  // none of this consumer's blocks
         if (pending >= 0) {  // the producer may need that stage before this run ends
