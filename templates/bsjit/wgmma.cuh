@@ -67,7 +67,9 @@ __device__ __forceinline__ unsigned long long smem_descriptor_swizzled(const voi
 }
 // The descriptor of the tile `bytes` (a multiple of 16) after the one `desc` describes.
 __device__ __forceinline__ unsigned long long smem_descriptor_add(unsigned long long desc, unsigned bytes) {
-  return desc + (bytes >> 4);
+  // the start address is bits 0-13 of the low word, so the add never carries into the high word
+  // (leading and stride offsets, layout), which stays as it was: one 32-bit add
+  return (desc & 0xffffffff00000000ull) | (static_cast<unsigned>(desc) + (bytes >> 4));
 }
 __device__ __forceinline__ unsigned long long smem_descriptor(const void* p, int leading_bytes, int stride_bytes) {
   return smem_descriptor_swizzled<128>(p, leading_bytes, stride_bytes);
