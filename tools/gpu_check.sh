@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the GPU tests, `bsjit run` on the bundled examples, and (when built)
 # the benchmark; a short table last. The build tree is made on a machine with the build
-# dependencies (tools/build.sh) and copied here: its binaries find libbsjit.so through $ORIGIN and
-# need only the driver and libnvrtc on this machine.
+# dependencies (tools/quickstart.sh, or cmake as there) and copied here: its binaries find
+# libbsjit.so through $ORIGIN and need only the driver and libnvrtc on this machine.
 #   tools/gpu_check.sh [build-dir] [gtest filter]
 # BSJIT_GPU_TESTS: the test programs to run (default: all); BSJIT_BENCH_ARGS: the benchmark's
 # arguments ("none": no benchmark).
