@@ -348,11 +348,12 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     // a stage holds 64 rows of N of X and dY (SddTmaPlan); warps_m consumers split the tile's rows
     // (up to b / 64 of them, whole m64 tiles each), the rest its columns (wgmma's N):
     // - one b × b block per CTA (b ≥ 64, sdd_tma_kernel);
-    // - b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge), computed whole (sdd_tiled_kernel);
+    // - b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge; or 128 × 256, tile_cols), computed
+    //   whole (sdd_tiled_kernel);
     // - row_blocks block columns of a band of rows (one block row at b ≥ 64, 64 / b at b ≤ 32):
     //   max(b, 64) × row_blocks·b (sdd_rows_kernel).
     const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : t.row_blocks > 0 ? std::max(b, 64) : b;
-    const int cols = t.row_blocks > 0 ? t.row_blocks * b : edge;
+    const int cols = t.row_blocks > 0 ? t.row_blocks * b : t.tile_cols > 0 ? t.tile_cols : edge;
     const int along_rows = std::clamp(edge / 64, 1, std::max(t.warps_m, 1)), along_cols = t.warps_m / along_rows;
     const int width = along_cols > 0 ? cols / along_cols : 0, tiles = edge / along_rows / 64;
     t.tensor_cores = t.pipelined = t.wgmma = true;
@@ -363,9 +364,10 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     constexpr int kWarpStaging = 16 * 64 * 2;
     t.shared_bytes =
         t.stages * 64 * (edge + cols) * 2 + 1024 + (t.staged ? 1024 + t.warps_m * 4 * kWarpStaging : 2 * t.stages * 8);
-    const bool kind_ok = t.tile_edge > 0   ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0
+    const bool kind_ok = t.tile_edge > 0 ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0 &&
+                                               (cols == edge || (edge == 128 && cols == 256))
                          : t.row_blocks > 0 ? b >= 16 && t.row_blocks >= 2
-                                           : b == 64 || b == 128;
+                                            : b == 64 || b == 128;
     // wgmma widths 64-256; accumulators: at most 128 per thread, and with more than 2 consumers
     // (≤ 128 registers per thread at 640 threads) at most 64
     const int accumulators = tiles * width / 2;
@@ -465,9 +467,9 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
                        : finish_pipelined(spec, t);
 }
 
-TileConfig tiled_shape(int edge, int warpgroups, int stages) {
+TileConfig tiled_shape(int edge, int warpgroups, int stages, int cols = 0) {
   TileConfig t;
-  t.wgmma = t.tma = true, t.tile_edge = edge, t.warps_m = warpgroups, t.stages = stages;
+  t.wgmma = t.tma = true, t.tile_edge = edge, t.tile_cols = cols, t.warps_m = warpgroups, t.stages = stages;
   return t;
 }
 
@@ -530,7 +532,10 @@ std::string tiles_tag(const TileConfig& t) {
   const char* staged = t.staged ? "-st" : "";
   if (t.paired) return fmt::format("pair{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
   if (t.columns > 0) return fmt::format("grp{}-bm{}-s{}", t.warps_m, t.bm, t.stages);
-  if (t.tile_edge > 0) return fmt::format("tile{}-tma{}-s{}{}", t.tile_edge, t.warps_m, t.stages, staged);
+  if (t.tile_edge > 0)
+    return fmt::format("tile{}{}-tma{}-s{}{}", t.tile_edge,
+                       t.tile_cols > 0 && t.tile_cols != t.tile_edge ? fmt::format("x{}", t.tile_cols) : "", t.warps_m,
+                       t.stages, staged);
   if (t.row_blocks > 0) return fmt::format("rows{}-tma{}-s{}{}", t.row_blocks, t.warps_m, t.stages, staged);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
@@ -553,6 +558,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     if (spec.wgmma && b <= 32)
       for (int edge : {128, 64})
         for (int stages : {4, 6}) shapes.push_back(tiled_shape(edge, 1, stages));
+    // b ≤ 32: 128 × 256 tiles on 2 consumers (64 rows × 256 each)
+    if (spec.wgmma && b <= 32)
+      for (int stages : {3, 4}) shapes.push_back(tiled_shape(128, 2, stages, 256));
     // blocks of a block row together: b = 64 on 1 consumer of 2 or 4 blocks or 2 consumers of 2 or
     // 4 each; b = 128 on 2 consumers of 64 rows × 2 blocks
     if (spec.wgmma && b >= 64)
@@ -767,12 +775,12 @@ std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
 // Rows of a band of sdd_rows_kernel, in block rows.
 std::int64_t band_rows(std::int64_t b) { return std::max<std::int64_t>(b, 64) / b; }
 
-// Fraction of the E × E dW tiles' block slots that hold a block of the layout: the useful share of
-// the tiled backward-weight kernel's tensor work.
-double tile_fill(const Layout& layout, std::int64_t per) {
+// Fraction of the dW tiles' block slots (rows × cols blocks a tile) that hold a block of the layout:
+// the useful share of the tiled backward-weight kernel's tensor work.
+double tile_fill(const Layout& layout, std::int64_t rows, std::int64_t cols) {
   std::set<std::pair<std::int64_t, std::int64_t>> tiles;
-  for (auto [r, c] : layout.coords()) tiles.insert({r / per, c / per});
-  return tiles.empty() ? 0.0 : static_cast<double>(layout.blocks()) / (static_cast<double>(tiles.size()) * per * per);
+  for (auto [r, c] : layout.coords()) tiles.insert({r / rows, c / cols});
+  return tiles.empty() ? 0.0 : static_cast<double>(layout.blocks()) / (static_cast<double>(tiles.size()) * rows * cols);
 }
 
 // For each output block column j: pairs (input block, W block index), input block ascending.
@@ -914,10 +922,15 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
 
 // Backward-weight at b ≤ 32 on Hopper: whichever is predicted to finish first, in µs at suite W's
 // N = 8192 (every candidate's time grows alike with N):
-// - E × E tiles of dW computed whole (sdd_tiled_kernel), at a rate times the tiles' fill (their
-//   useful share of tensor work): about 660 × fill TFLOP/s at E = 128 (b = 32, d = 0.5: 333;
-//   d = 0.25: 167; b = 16, d = 0.1, fill 0.104: 66), 335 × fill at E = 64 (b = 32, d = 0.1, fill
-//   0.29: 96; b = 16, d = 0.1, fill 0.12: 42);
+// - tiles of dW computed whole (sdd_tiled_kernel), at a rate times the tiles' fill (their useful
+//   share of tensor work): about 790 × fill TFLOP/s for 128 × 256 tiles on two consumers, 660 ×
+//   fill for 128 × 128 on one, 335 × fill for 64 × 64 (b = 32, d = 0.1, fill 0.29: 96; b = 16,
+//   d = 0.1, fill 0.12: 42). The 128 × 256 tiles copy 384 rows of X and dY a step for 2 × 64 ×
+//   128 × 256 FLOP, where 128 × 128 copy 256 for half of that: 1.33 × the FLOP per byte, and
+//   what a TMA box row costs bounds these kernels (docs/PERFORMANCE.md, v25). Sweep on the H200
+//   (suite W's balanced layouts, 2026-11-30), TFLOP/s, 128 × 256 (s4) / 128 × 128 (s4): b = 32
+//   d = 0.5 399 / 339, d = 0.25 200 / 165, d = 0.1 82 / 81; b = 16 d = 0.5 398 / 331, d = 0.25
+//   199 / 166, d = 0.1 81 / 70, d = 0.05 41 / 35: 795 × fill at every cell (3 stages: 0.94 of 4);
 // - row bands (sdd_rows_kernel: 64 rows × the band's columns holding a block, gathered b at a
 //   time), in waves of 132 CTAs (sdd_waves), µs per wave measured on suite W's sweep (one
 //   device call, 2026-11-30): b = 32, 64 × 256 (rows8-tma2-s4) 86-91, 64 × 512 (rows16-tma2-s3)
@@ -935,16 +948,19 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
   const double flops = 2.0 * 8192 * static_cast<double>(layout.blocks()) * b * b;
   auto at = [&](double tflops) { return tflops > 0 ? flops / (tflops * 1e6) : 1e30; };  // µs
   auto waves_of = [&](int m) { return sdd_waves(band_units(layout, band_rows(b), m), kSms); };
-  const double tiled128 = at(660.0 * tile_fill(layout, 128 / b)), tiled64 = at(335.0 * tile_fill(layout, 64 / b)),
-               mma_sync = at(b == 32 ? 76.0 : 30.0);
+  const double tiled128 = at(660.0 * tile_fill(layout, 128 / b, 128 / b)),
+               tiled64 = at(335.0 * tile_fill(layout, 64 / b, 64 / b)),
+               tiled_wide = at(790.0 * tile_fill(layout, 128 / b, 256 / b)), mma_sync = at(b == 32 ? 76.0 : 30.0);
   const double rows256 = (b == 32 ? 89.0 : 150.0) * waves_of(256 / b),
                rows512 = (b == 32 ? 150.0 : 260.0) * waves_of(512 / b);
-  const double best = std::min({tiled128, tiled64, mma_sync, rows256, rows512});
+  const double best = std::min({tiled128, tiled64, tiled_wide, mma_sync, rows256, rows512});
   MatMulSpec chosen = spec;
   if (best == tiled128) return spec;  // the default
   // staged where the shared memory fits: not the 64 × 512 bands (3 stages of 72 KB)
   if (best == tiled64)
     chosen.tiles = finish_tma(spec, staged(tiled_shape(64, 1, 4)));
+  else if (best == tiled_wide)
+    chosen.tiles = finish_tma(spec, staged(tiled_shape(128, 2, 4, 256)));
   else if (best == rows256)
     chosen.tiles = finish_tma(spec, staged(rows_shape(256 / b, 2, 4)));
   else if (best == rows512) chosen.tiles = finish_tma(spec, rows_shape(512 / b, 2, 3));
@@ -1026,13 +1042,13 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     std::int64_t units = layout.blocks(), edge = b;  // units of dW (blocks, tiles or row bands); tile edge
     if (t.tile_edge > 0) {
       edge = t.tile_edge;
-      const std::int64_t per = edge / b;  // blocks along a tile edge
+      const std::int64_t per = edge / b, per_col = t.bn / b;  // blocks along a tile's height and width
       std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> tiles;
       for (std::int64_t i = 0; i < layout.blocks(); ++i) {
         auto [r, c] = layout.coords()[i];
-        auto& slots = tiles[{r / per, c / per}];
-        slots.resize(per * per, -1);
-        slots[(r % per) * per + c % per] = static_cast<int>(i);
+        auto& slots = tiles[{r / per, c / per_col}];
+        slots.resize(per * per_col, -1);
+        slots[(r % per) * per_col + c % per_col] = static_cast<int>(i);
       }
       for (auto& [rc, slots] : tiles) {
         coords.push_back(static_cast<int>(rc.first)), coords.push_back(static_cast<int>(rc.second));
@@ -1071,21 +1087,24 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * t.bm * t.bn + 1) * 4 * units;
     }
     tables = t.row_blocks > 0
-                 ? fmt::format("// Units of {0} block columns of a band of {1} block row(s): per unit the band, then its\n"
-                               "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
-                               "// column) (row-major; -1: none).\n"
-                               "__device__ const int kCoords[] = {{{2}}};\n"
-                               "__device__ const int kTileBlocks[] = {{{3}}};\n",
-                               t.row_blocks, band_rows(b), array_body(coords), array_body(tile_blocks))
-           : t.tile_edge > 0
-                 ? fmt::format("// (tile row, tile column) of each {0} × {0} tile of dW holding a block, and the\n"
-                               "// block index of each block of the tile (row-major; -1: none).\n"
-                               "__device__ const int kCoords[] = {{{1}}};\n"
-                               "__device__ const int kTileBlocks[] = {{{2}}};\n",
-                               edge, array_body(coords), array_body(tile_blocks))
-                 : fmt::format("// (block row, block column) of each nonzero block of W, in block order.\n"
-                               "__device__ const int kCoords[] = {{{}}};\n",
-                               array_body(coords));
+                 ? fmt::format(
+                       "// Units of {0} block columns of a band of {1} block row(s): per unit the band, then its\n"
+                       "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
+                       "// column) (row-major; -1: none).\n"
+                       "__device__ const int kCoords[] = {{{2}}};\n"
+                       "__device__ const int kTileBlocks[] = {{{3}}};\n",
+                       t.row_blocks, band_rows(b), array_body(coords), array_body(tile_blocks))
+             : t.tile_edge > 0
+                 ? fmt::format(
+                       "// (tile row, tile column) of each {0} × {1} tile of dW holding a block, and the\n"
+                       "// block index of each block of the tile (row-major; -1: none).\n"
+                       "__device__ const int kCoords[] = {{{2}}};\n"
+                       "__device__ const int kTileBlocks[] = {{{3}}};\n",
+                       edge, t.bn, array_body(coords), array_body(tile_blocks))
+                 : fmt::format(
+                       "// (block row, block column) of each nonzero block of W, in block order.\n"
+                       "__device__ const int kCoords[] = {{{}}};\n",
+                       array_body(coords));
   } else {
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
@@ -1218,10 +1237,13 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                      : std::string()),
       fmt::arg("grouped",
                t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
-               : t.columns > 0   ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
-                                                 "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
-                                               t.columns, g.grid_x, sub_fill < 0.9, sub_fill)
-               : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {};  // dW tiles\n", t.tile_edge)
+               : t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
+                                             "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
+                                             t.columns, g.grid_x, sub_fill < 0.9, sub_fill)
+               : t.tile_edge > 0
+                   ? fmt::format("  static constexpr int kTileEdge = {}, kTileCols = {};  // dW tiles: rows, "
+                                 "features\n",
+                                 t.tile_edge, t.bn)
                : t.row_blocks > 0
                    ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n",
                                  t.row_blocks)

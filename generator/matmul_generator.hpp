@@ -38,8 +38,11 @@ struct TileConfig {
   // columns paired by the input blocks they share (dsd_paired_kernel).
   bool paired = false;
   // Tiled Hopper backward-weight (b ≤ 32; also tma and wgmma): the edge (64 or 128) of the dW tiles
-  // computed whole, each storing the blocks it holds; 0 for every other kernel.
+  // computed whole, each storing the blocks it holds; 0 for every other kernel. tile_cols: the
+  // tiles' width in features where it differs from their height (128 × 256 on two consumers); 0:
+  // square.
   int tile_edge = 0;
+  int tile_cols = 0;
   // Row-grouped Hopper backward-weight (also tma and wgmma; sdd_rows_kernel): a unit is a band of
   // dW's rows (one block row at b ≥ 64, 64 / b block rows at b ≤ 32) × row_blocks block columns
   // holding a block in the band, computed together, X's slice of the band copied once for all of

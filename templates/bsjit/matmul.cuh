@@ -834,10 +834,10 @@ constexpr int kSddWarpStaging = 16 * 64 * 2;
 // N-major. kWarpsM consumer warpgroups, then one producer warp (one of its threads issues the
 // copies). With 2 consumers the registers stay capped at 168 a thread (warps are allocated in fours).
 // - sdd_tma_kernel (b = 64, 128): a unit is one b × b block.
-// - sdd_tiled_kernel (b = 16, 32): an E × E tile of dW (E = 64 or 128) holding at least one block,
-//   computed whole, its blocks stored. An E-wide tile feeds the tensor cores where one narrow block
-//   cannot (wgmma's M is 64); the blocks a tile lacks cost tensor time, so the generator keeps this
-//   for layouts whose tiles are well filled.
+// - sdd_tiled_kernel (b = 16, 32): an E × E tile of dW (E = 64 or 128; or 128 × 256, two consumers
+//   of 64 rows each) holding at least one block, computed whole, its blocks stored. An E-wide tile feeds the tensor
+//   cores where one narrow block cannot (wgmma's M is 64); the blocks a tile lacks cost tensor time, so the generator
+//   keeps this for layouts whose tiles are well filled.
 // - sdd_rows_kernel: up to kRowBlocks block columns of a band of dW's rows (b ≥ 64: one block row;
 //   b ≤ 32: the 64 / b block rows of 64 features) that hold a block in the band. X's slice of the
 //   band is copied once per step for all of them (once per block with a unit per block), so at
@@ -1231,19 +1231,20 @@ struct BlockUnits : DwWriter<Cfg> {
   __device__ __forceinline__ SddItem gated(const SddItem& item) const { return DwWriter<Cfg>::gated(item, &item.unit, 1); }
 };
 
-// sdd_tiled_kernel's units: E × E tile u (Cfg::coords(): its tile row and column; Cfg::tile_blocks():
-// (E / b)² block indices per tile, row-major, -1 where the layout has none).
+// sdd_tiled_kernel's units: tile u of E rows × EC features of dW (Cfg::coords(): its tile row and
+// column; Cfg::tile_blocks(): (E / b) × (EC / b) block indices per tile, row-major, -1 where the
+// layout has none).
 template <class Cfg>
 struct TileUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = false;
-  static constexpr int E = Cfg::kTileEdge, kPerRow = E / Cfg::kBlock;
+  static constexpr int E = Cfg::kTileEdge, EC = Cfg::kTileCols, kPerCol = E / Cfg::kBlock, kPerRow = EC / Cfg::kBlock;
   __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[2 * u] * E; }
-  __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * E + box * 64; }
+  __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * EC + box * 64; }
   __device__ __forceinline__ int block(int u, int r, int c) const {
-    return Cfg::tile_blocks()[(u * kPerRow + r / Cfg::kBlock) * kPerRow + c / Cfg::kBlock];
+    return Cfg::tile_blocks()[(u * kPerCol + r / Cfg::kBlock) * kPerRow + c / Cfg::kBlock];
   }
   __device__ __forceinline__ SddItem gated(const SddItem& item) const {
-    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * kPerRow * kPerRow, kPerRow * kPerRow);
+    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * kPerCol * kPerRow, kPerCol * kPerRow);
   }
 };
 
@@ -1280,7 +1281,8 @@ struct RowUnits : DwWriter<Cfg> {
   }
 
 BSJIT_SDD_TMA_KERNEL(sdd_tma_kernel, BlockUnits, Cfg::kBlock, Cfg::kBlock, Cfg::kBlock == 64 || Cfg::kBlock == 128)
-BSJIT_SDD_TMA_KERNEL(sdd_tiled_kernel, TileUnits, Cfg::kTileEdge, Cfg::kTileEdge, Cfg::kBlock == 16 || Cfg::kBlock == 32)
+BSJIT_SDD_TMA_KERNEL(sdd_tiled_kernel, TileUnits, Cfg::kTileEdge, Cfg::kTileCols,
+                     Cfg::kBlock == 16 || Cfg::kBlock == 32)
 BSJIT_SDD_TMA_KERNEL(sdd_rows_kernel, RowUnits, RowUnits<Cfg>::kRows, Cfg::kRowBlocks * Cfg::kBlock,
                      Cfg::kBlock == 16 || Cfg::kBlock == 32 || Cfg::kBlock == 64 || Cfg::kBlock == 128)
 #undef BSJIT_SDD_TMA_KERNEL

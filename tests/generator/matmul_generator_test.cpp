@@ -402,32 +402,38 @@ TEST(Generator, GroupsColumnsThatShareChunks) {
   EXPECT_EQ(table(g.source, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4}));
 }
 
-// The tiled backward-weight kernel's tables: the tiles holding a block, each with the block index of
-// every slot (row-major, -1 where the layout has none), together rebuild the layout.
+// The tiled backward-weight kernel's tables: the tiles holding a block (64 × 64, 128 × 128, and 128
+// rows × 256 features on two consumers), each with the block index of every slot (row-major, -1
+// where the layout has none), together rebuild the layout.
 TEST(Generator, TiledTablesRebuildTheLayout) {
+  struct TileShape {
+    int edge, cols, warpgroups;
+  };
   for (std::uint64_t seed = 1; seed <= 10; ++seed)
     for (int b : {16, 32})
-      for (int edge : {64, 128}) {
+      for (const TileShape shape : {TileShape{64, 0, 1}, TileShape{128, 0, 1}, TileShape{128, 256, 2}}) {
         Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
         MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
         spec.wgmma = true;
         TileConfig t;
-        t.wgmma = t.tma = true, t.tile_edge = edge, t.warps_m = 1, t.stages = 4;
+        t.wgmma = t.tma = true, t.tile_edge = shape.edge, t.tile_cols = shape.cols, t.warps_m = shape.warpgroups;
+        t.stages = 4;
         spec.tiles = t;
         const auto g = generate_matmul(layout, spec);
-        SCOPED_TRACE(fmt::format("seed {} b{} edge {}", seed, b, edge));
+        SCOPED_TRACE(fmt::format("seed {} b{} {} x {}", seed, b, shape.edge, shape.cols));
         ASSERT_NE(g.name_expression.find("sdd_tiled_kernel"), std::string::npos);
         const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
-        const int per = edge / b, tiles = static_cast<int>(g.grid_x);
-        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, tiles * per * per));
+        const int per = shape.edge / b, per_col = (shape.cols > 0 ? shape.cols : shape.edge) / b;
+        const int slots = per * per_col, tiles = static_cast<int>(g.grid_x);
+        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, tiles * slots));
         std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
         for (int i = 0; i < tiles; ++i) {
           int held = 0;
-          for (int s = 0; s < per * per; ++s) {
-            const std::int64_t r = coords[2 * i] * per + s / per, c = coords[2 * i + 1] * per + s % per;
+          for (int s = 0; s < slots; ++s) {
+            const std::int64_t r = coords[2 * i] * per + s / per_col, c = coords[2 * i + 1] * per_col + s % per_col;
             const bool inside = r < layout.rows() && c < layout.cols();
-            EXPECT_EQ(blocks[i * per * per + s], inside ? layout.block_index(r, c) : -1);
-            if (blocks[i * per * per + s] >= 0) rebuilt.push_back({r, c}), ++held;
+            EXPECT_EQ(blocks[i * slots + s], inside ? layout.block_index(r, c) : -1);
+            if (blocks[i * slots + s] >= 0) rebuilt.push_back({r, c}), ++held;
           }
           EXPECT_GT(held, 0) << "only tiles that hold a block";
         }
@@ -554,8 +560,9 @@ TEST(Generator, BackwardWeightKernelByWaves) {
 }
 
 // Backward-weight at b ≤ 32 on Hopper: the kernel predicted to finish first (sdd_narrow_choice) on
-// suite W's balanced random layouts (C = K = 4096): 128 × 128 tiles where they are well filled,
-// bands of 64 rows × 512 or 256 gathered columns where they are not (what the sweep measured).
+// suite W's balanced random layouts (C = K = 4096): 128 × 256 tiles on two consumers where they are
+// well filled, bands of 64 rows × 512 or 256 gathered columns where they are not (what the sweep
+// measured).
 TEST(Generator, NarrowBackwardWeightByPrediction) {
   auto balanced = [](std::int64_t n, double d, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -575,12 +582,13 @@ TEST(Generator, NarrowBackwardWeightByPrediction) {
     return tiles_tag(g.tiles);
   };
   // staged where the staging fits: not beside the 3 stages of 72 KB of the 64 × 512 bands
-  EXPECT_EQ(chosen(32, 0.5), "tile128-tma1-s4-st");
+  EXPECT_EQ(chosen(32, 0.5), "tile128x256-tma2-s4-st");
   EXPECT_EQ(chosen(32, 0.25), "rows16-tma2-s3");
   EXPECT_EQ(chosen(32, 0.1), "rows16-tma2-s3");
   EXPECT_EQ(chosen(32, 0.05), "rows8-tma2-s4-st");
-  EXPECT_EQ(chosen(16, 0.5), "tile128-tma1-s4-st");
-  EXPECT_EQ(chosen(16, 0.1), "tile128-tma1-s4-st");
+  EXPECT_EQ(chosen(16, 0.5), "tile128x256-tma2-s4-st");
+  EXPECT_EQ(chosen(16, 0.25), "tile128x256-tma2-s4-st");
+  EXPECT_EQ(chosen(16, 0.1), "tile128x256-tma2-s4-st");
   EXPECT_EQ(chosen(16, 0.05), "rows32-tma2-s3");
   MatMulSpec spec{Op::backward_weight, 32, DType::bf16, FeatureAxis::last};
   spec.wgmma = true;
@@ -620,6 +628,33 @@ TEST(Generator, RowGroupShapes) {
   MatMulSpec forward = shape(64, 4, 1, 4);
   forward.op = Op::forward;
   EXPECT_THROW(choose_tiles(forward), Error) << "backward-weight only";
+}
+
+// Which tiled shapes are valid: 64 × 64 and 128 × 128 on a consumer, 128 rows × 256 features on two
+// (64 rows × 256 each, 128 accumulators a thread); the tag names the width where it differs.
+TEST(Generator, TiledShapes) {
+  auto shape = [](int b, int edge, int cols, int wg, int stages) {
+    MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    TileConfig t;
+    t.wgmma = t.tma = true, t.tile_edge = edge, t.tile_cols = cols, t.warps_m = wg, t.stages = stages;
+    spec.tiles = t;
+    return spec;
+  };
+  const TileConfig wide = choose_tiles(shape(32, 128, 256, 2, 4));
+  EXPECT_EQ(tiles_tag(wide), "tile128x256-tma2-s4");
+  EXPECT_EQ(wide.bm, 128);
+  EXPECT_EQ(wide.bn, 256);
+  EXPECT_EQ(wide.threads, 288);
+  EXPECT_EQ(wide.shared_bytes, 4 * 64 * (128 + 256) * 2 + 1024 + 2 * 4 * 8);
+  EXPECT_EQ(tiles_tag(choose_tiles(shape(16, 128, 128, 1, 4))), "tile128-tma1-s4") << "square: no width in the tag";
+  EXPECT_THROW(choose_tiles(shape(16, 128, 256, 1, 4)), Error) << "256 accumulators a thread";
+  EXPECT_THROW(choose_tiles(shape(16, 64, 256, 1, 4)), Error) << "only 128 × 256";
+  EXPECT_THROW(choose_tiles(shape(16, 128, 512, 2, 3)), Error) << "wgmma's N is at most 256";
+  EXPECT_THROW(choose_tiles(shape(32, 128, 256, 2, 5)), Error) << "shared memory";
+  MatMulSpec staged = shape(32, 128, 256, 2, 4);
+  staged.tiles->staged = true;
+  EXPECT_EQ(tiles_tag(choose_tiles(staged)), "tile128x256-tma2-s4-st") << "the staged epilogue fits beside 4 stages";
 }
 
 // What the templates' static_asserts demand, checked on the host for every combination.
