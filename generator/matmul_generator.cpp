@@ -343,6 +343,12 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
 // The warp-specialized TMA kernel: warps_m consumer warpgroups plus one producer warpgroup; the
 // shared memory of DsdTmaPlan (the stages, 2 mbarriers per stage padded to 1024 bytes, and one
 // 64 × 64 staging tile of the output per consumer, two when swapped).
+// Block rows of a band of sdd_rows_kernel: the shape's band_rows, else one at b ≥ 64 and 64 / b at
+// b ≤ 32 (a band of 64 rows, X's box).
+std::int64_t band_rows_of(const TileConfig& t, std::int64_t b) {
+  return t.band_rows > 0 ? t.band_rows : std::max<std::int64_t>(b, 64) / b;
+}
+
 TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   if (spec.op == Op::backward_weight) {
     // a stage holds 64 rows of N of X and dY (SddTmaPlan); warps_m consumers split the tile's rows
@@ -350,9 +356,11 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     // - one b × b block per CTA (b ≥ 64, sdd_tma_kernel);
     // - b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge; or 128 × 256, tile_cols), computed
     //   whole (sdd_tiled_kernel);
-    // - row_blocks block columns of a band of rows (one block row at b ≥ 64, 64 / b at b ≤ 32):
-    //   max(b, 64) × row_blocks·b (sdd_rows_kernel).
-    const int b = spec.block, edge = t.tile_edge > 0 ? t.tile_edge : t.row_blocks > 0 ? std::max(b, 64) : b;
+    // - row_blocks block columns of a band of rows (one block row at b ≥ 64, or two at b = 64
+    //   (band_rows); 64 / b at b ≤ 32): rows × row_blocks·b (sdd_rows_kernel).
+    const int b = spec.block, edge = t.tile_edge > 0    ? t.tile_edge
+                                     : t.row_blocks > 0 ? static_cast<int>(band_rows_of(t, b)) * b
+                                                        : b;
     const int cols = t.row_blocks > 0 ? t.row_blocks * b : t.tile_cols > 0 ? t.tile_cols : edge;
     const int along_rows = std::clamp(edge / 64, 1, std::max(t.warps_m, 1)), along_cols = t.warps_m / along_rows;
     const int width = along_cols > 0 ? cols / along_cols : 0, tiles = edge / along_rows / 64;
@@ -366,8 +374,9 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
         t.stages * 64 * (edge + cols) * 2 + 1024 + (t.staged ? 1024 + t.warps_m * 4 * kWarpStaging : 2 * t.stages * 8);
     const bool kind_ok = t.tile_edge > 0 ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0 &&
                                                (cols == edge || (edge == 128 && cols == 256))
-                         : t.row_blocks > 0 ? b >= 16 && t.row_blocks >= 2
-                                            : b == 64 || b == 128;
+                         : t.row_blocks > 0
+                             ? b >= 16 && t.row_blocks >= 2 && (t.band_rows == 0 || (b == 64 && t.band_rows == 2))
+                             : b == 64 || b == 128;
     // wgmma widths 64-256; accumulators: at most 128 per thread, and with more than 2 consumers
     // (≤ 128 registers per thread at 640 threads) at most 64
     const int accumulators = tiles * width / 2;
@@ -473,9 +482,10 @@ TileConfig tiled_shape(int edge, int warpgroups, int stages, int cols = 0) {
   return t;
 }
 
-TileConfig rows_shape(int row_blocks, int warpgroups, int stages) {
+TileConfig rows_shape(int row_blocks, int warpgroups, int stages, int band_rows = 0) {
   TileConfig t;
-  t.wgmma = t.tma = true, t.row_blocks = row_blocks, t.warps_m = warpgroups, t.stages = stages;
+  t.wgmma = t.tma = true, t.row_blocks = row_blocks, t.band_rows = band_rows, t.warps_m = warpgroups;
+  t.stages = stages;
   return t;
 }
 
@@ -536,7 +546,9 @@ std::string tiles_tag(const TileConfig& t) {
     return fmt::format("tile{}{}-tma{}-s{}{}", t.tile_edge,
                        t.tile_cols > 0 && t.tile_cols != t.tile_edge ? fmt::format("x{}", t.tile_cols) : "", t.warps_m,
                        t.stages, staged);
-  if (t.row_blocks > 0) return fmt::format("rows{}-tma{}-s{}{}", t.row_blocks, t.warps_m, t.stages, staged);
+  if (t.row_blocks > 0)
+    return fmt::format("rows{}{}-tma{}-s{}{}", t.row_blocks, t.band_rows > 0 ? fmt::format("x{}", t.band_rows) : "",
+                       t.warps_m, t.stages, staged);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
                        t.swapped ? "-sw" : "", staged);
@@ -567,6 +579,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
       for (auto [m, wg, stages] :
            {std::tuple{2, 1, 6}, {4, 1, 4}, {4, 1, 5}, {4, 2, 4}, {8, 2, 3}, {2, 2, 4}, {2, 2, 3}})
         shapes.push_back(rows_shape(m, wg, stages));
+    // b = 64: bands of two block rows × 4 block columns holding a block in either, on 2 consumers
+    if (spec.wgmma && b == 64)
+      for (int stages : {3, 4}) shapes.push_back(rows_shape(4, 2, stages, 2));
     // b ≤ 32: a band of 64 rows × 256 or 512 gathered columns, on 1 or 2 consumers
     if (spec.wgmma && b <= 32)
       for (auto [cols, wg, stages] : {std::tuple{256, 1, 5}, {256, 2, 5}, {256, 2, 4}, {512, 2, 3}})
@@ -772,8 +787,8 @@ std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
   return units;
 }
 
-// Rows of a band of sdd_rows_kernel, in block rows.
-std::int64_t band_rows(std::int64_t b) { return std::max<std::int64_t>(b, 64) / b; }
+// Rows of a band of sdd_rows_kernel by default, in block rows.
+std::int64_t band_rows(std::int64_t b) { return band_rows_of(TileConfig{}, b); }
 
 // Fraction of the dW tiles' block slots (rows × cols blocks a tile) that hold a block of the layout:
 // the useful share of the tiled backward-weight kernel's tensor work.
@@ -886,8 +901,13 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
 // (2 per SM), rows2-tma1-s6 41.5, rows4-tma1-s4 70, tma1-bm128-s4 53, rows2-tma2-s4 (b = 128) 94.
 // Row groups copy X's slice once for their blocks: b = 64, d = 0.5 / 0.25 / 0.1 / 0.05, TFLOP/s,
 // tma1 / rows2 / rows4: 328 / 413 / 448, 327 / 413 / 427, 338 / 303 / 374, 243 / 254 / 211;
-// b = 128, tma1 / rows2: 644 / 730, 619 / 463, 437 / 352, 323 / 264. The model picks the fastest
-// of each cell.
+// b = 128, tma1 / rows2: 644 / 730, 619 / 463, 437 / 352, 323 / 264. At b = 64, bands of two block
+// rows × 4 block columns holding a block in either (rows4x2-tma2-s4: 128 × 256 on two consumers,
+// computed whole, the shape of b = 128's rows2 at 795 × fill) take 88 µs a wave: sweep, TFLOP/s,
+// rows4x2 / rows4: d = 0.5 520 / 447 (fill 0.67), 0.25 391 / 426, 0.1 295 / 393, 0.05 196 / 221
+// (half a wave). The model picks the fastest of each cell; on suite W's Bernoulli d = 0.5 layout its
+// pick of the pairs (3.4 waves) ran 4% under the single rows (4.4 waves of 70 µs), within the
+// model's error.
 double sdd_waves(std::int64_t units, std::int64_t ctas) {
   const std::int64_t waves = units / ctas, left = units % ctas;
   const std::int64_t q = left == 0 ? 1 : std::clamp<std::int64_t>(ctas / left, 1, 8);
@@ -905,13 +925,14 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
       spec.block == 64
           ? std::vector<Candidate>{{staged(tma_shape(64, 1, 4)), 52, 264},
                                    {staged(rows_shape(2, 1, 6)), 41.5, 132},
-                                   {staged(rows_shape(4, 1, 4)), 70, 132}}
+                                   {staged(rows_shape(4, 1, 4)), 70, 132},
+                                   {staged(rows_shape(4, 2, 4, 2)), 90, 132}}
           : std::vector<Candidate>{{staged(tma_shape(128, 1, 4)), 53, 132}, {staged(rows_shape(2, 2, 4)), 94, 132}};
   double best = 0;
   TileConfig chosen;
   for (const auto& c : candidates) {
     const std::int64_t m = std::max(1, c.shape.row_blocks);
-    const std::int64_t units = band_units(layout, 1, static_cast<int>(m));
+    const std::int64_t units = band_units(layout, std::max(1, c.shape.band_rows), static_cast<int>(m));
     const double us = c.wave_us * sdd_waves(units, c.ctas);
     if (best == 0 || us < best) best = us, chosen = c.shape;
   }
@@ -1056,7 +1077,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       }
       units = static_cast<std::int64_t>(tiles.size());
     } else if (t.row_blocks > 0) {
-      RowBands bands = row_bands(layout, band_rows(b), t.row_blocks);
+      RowBands bands = row_bands(layout, band_rows_of(t, b), t.row_blocks);
       coords = std::move(bands.columns), tile_blocks = std::move(bands.blocks), units = bands.units;
     } else {
       coords.reserve(2 * layout.blocks());
@@ -1093,7 +1114,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                        "// column) (row-major; -1: none).\n"
                        "__device__ const int kCoords[] = {{{2}}};\n"
                        "__device__ const int kTileBlocks[] = {{{3}}};\n",
-                       t.row_blocks, band_rows(b), array_body(coords), array_body(tile_blocks))
+                       t.row_blocks, band_rows_of(t, b), array_body(coords), array_body(tile_blocks))
              : t.tile_edge > 0
                  ? fmt::format(
                        "// (tile row, tile column) of each {0} × {1} tile of dW holding a block, and the\n"
@@ -1245,8 +1266,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                  "features\n",
                                  t.tile_edge, t.bn)
                : t.row_blocks > 0
-                   ? fmt::format("  static constexpr int kRowBlocks = {};  // block columns per unit of a row band\n",
-                                 t.row_blocks)
+                   ? fmt::format("  static constexpr int kRowBlocks = {}, kBandRows = {};  // block columns per unit "
+                                 "and block rows of a row band\n",
+                                 t.row_blocks, band_rows_of(t, b))
                    : ""),
       fmt::arg("smem_check", t.pipelined
                                  ? ""

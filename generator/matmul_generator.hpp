@@ -48,6 +48,9 @@ struct TileConfig {
   // holding a block in the band, computed together, X's slice of the band copied once for all of
   // them; 0 for every other kernel.
   int row_blocks = 0;
+  // Row-grouped at b = 64: block rows per band (2: a band of 128 rows on two consumers, the columns
+  // holding a block in either row); 0: the default (one at b ≥ 64, 64 / b at b ≤ 32).
+  int band_rows = 0;
   // Hopper backward-weight (tma): the epilogue stages each warp's rows in shared memory (2 KB per
   // consumer warp) and stores whole rows of dW's blocks by TMA (store_sdd_staged) instead of 4-byte
   // stores from registers.

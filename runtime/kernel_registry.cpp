@@ -107,6 +107,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.tile_edge = j.value("tile_edge", 0);
     t.tile_cols = j.value("tile_cols", 0);
     t.row_blocks = j.value("row_blocks", 0);
+    t.band_rows = j.value("band_rows", 0);
     t.swapped = j.value("swapped", false);
     t.paired = j.value("paired", false);
     t.staged = j.value("staged", false);
@@ -131,7 +132,8 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   o["bm"] = t.bm, o["bk"] = t.bk, o["warps_m"] = t.warps_m, o["warps_n"] = t.warps_n, o["stages"] = t.stages,
   o["group"] = t.group, o["wgmma"] = t.wgmma, o["tma"] = t.tma, o["persistent"] = t.persistent,
   o["columns"] = t.columns, o["tile_edge"] = t.tile_edge, o["tile_cols"] = t.tile_cols, o["row_blocks"] = t.row_blocks,
-  o["swapped"] = t.swapped, o["paired"] = t.paired, o["staged"] = t.staged, o["tag"] = generator::tiles_tag(t);
+  o["band_rows"] = t.band_rows, o["swapped"] = t.swapped, o["paired"] = t.paired, o["staged"] = t.staged,
+  o["tag"] = generator::tiles_tag(t);
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
 

@@ -838,8 +838,9 @@ constexpr int kSddWarpStaging = 16 * 64 * 2;
 //   of 64 rows each) holding at least one block, computed whole, its blocks stored. An E-wide tile feeds the tensor
 //   cores where one narrow block cannot (wgmma's M is 64); the blocks a tile lacks cost tensor time, so the generator
 //   keeps this for layouts whose tiles are well filled.
-// - sdd_rows_kernel: up to kRowBlocks block columns of a band of dW's rows (b ≥ 64: one block row;
-//   b ≤ 32: the 64 / b block rows of 64 features) that hold a block in the band. X's slice of the
+// - sdd_rows_kernel: up to kRowBlocks block columns of a band of dW's rows (b ≥ 64: one block row,
+//   or two at b = 64, computed whole; b ≤ 32: the 64 / b block rows of 64 features) that hold a
+//   block in the band. X's slice of the
 //   band is copied once per step for all of them (once per block with a unit per block), so at
 //   b ≥ 64 a step moves (1 + m) / 2m of the bytes per FLOP; at b ≤ 32 dY's boxes are b features
 //   wide, so a unit gathers the band's columns and computes only those (the tiled kernel computes
@@ -1248,13 +1249,14 @@ struct TileUnits : DwWriter<Cfg> {
   }
 };
 
-// sdd_rows_kernel's units: unit u is a band of kRows features of dW's rows (kPerBand block rows) ×
-// M block columns. Cfg::coords(): per unit the band, then the M block columns (-1: an empty slot);
+// sdd_rows_kernel's units: unit u is a band of kRows features of dW's rows (kPerBand = Cfg::kBandRows
+// block rows: 64 / b at b ≤ 32, one or two at b = 64, one at b = 128) × M block columns.
+// Cfg::coords(): per unit the band, then the M block columns (-1: an empty slot);
 // Cfg::tile_blocks(): per unit kPerBand × M block indices, row-major (-1: none).
 template <class Cfg>
 struct RowUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = true;
-  static constexpr int b = Cfg::kBlock, M = Cfg::kRowBlocks, kRows = b < 64 ? 64 : b, kPerBand = kRows / b;
+  static constexpr int b = Cfg::kBlock, M = Cfg::kRowBlocks, kPerBand = Cfg::kBandRows, kRows = kPerBand * b;
   static constexpr int kBoxCols = b < 64 ? b : 64, kBoxes = b / kBoxCols;  // dY's boxes per block column
   __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[u * (M + 1)] * kRows; }
   __device__ __forceinline__ int column(int u, int box) const {

@@ -448,70 +448,73 @@ TEST(Generator, TiledTablesRebuildTheLayout) {
 TEST(Generator, RowBandTablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 10; ++seed)
     for (int b : {16, 32, 64, 128})
-      for (int m : {2, 4, 8, 16, 32}) {
-        if ((b == 128 && m != 2) || (b == 64 && m > 8) || (b <= 32 && m * b < 128) || m * b > 512) continue;
-        Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
-        MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
-        spec.wgmma = true;
-        TileConfig t;
-        t.wgmma = t.tma = true, t.row_blocks = m, t.warps_m = m * b > 256 || b == 128 ? 2 : 1, t.stages = 3;
-        spec.tiles = t;
-        const auto g = generate_matmul(layout, spec);
-        SCOPED_TRACE(fmt::format("seed {} b{} m {}", seed, b, m));
-        ASSERT_NE(g.name_expression.find("sdd_rows_kernel"), std::string::npos);
-        EXPECT_NE(g.source.find(fmt::format("kRowBlocks = {};", m)), std::string::npos);
-        const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
-        const int units = static_cast<int>(g.grid_x), per = std::max(b, 64) / b;
-        ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * (m + 1)));
-        ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * per * m));
-        std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
-        int previous_band = -1, previous_column = -1, padded_units = 0;
-        for (int u = 0; u < units; ++u) {
-          const int band = coords[u * (m + 1)];
-          const int* columns = coords.data() + u * (m + 1) + 1;
-          EXPECT_GE(band, previous_band) << "units in band order";
-          if (band != previous_band) previous_column = -1;
-          previous_band = band;
-          ASSERT_GE(columns[0], 0) << "a unit's first slot holds a column";
-          bool padded = false;
-          for (int s = 0; s < m; ++s) {
-            const int* slot = blocks.data() + u * per * m + s;
-            if (columns[s] < 0) {
-              padded = true;
-              for (int r = 0; r < per; ++r) EXPECT_EQ(slot[r * m], -1);
-              continue;
+      for (int m : {2, 4, 8, 16, 32})
+        for (int pairs : {0, 2}) {  // b = 64: bands of one block row or of two
+          if ((b == 128 && m != 2) || (b == 64 && m > 8) || (b <= 32 && m * b < 128) || m * b > 512) continue;
+          if (pairs > 0 && (b != 64 || m != 4)) continue;
+          Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
+          MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+          spec.wgmma = true;
+          TileConfig t;
+          t.wgmma = t.tma = true, t.row_blocks = m, t.band_rows = pairs;
+          t.warps_m = m * b > 256 || b == 128 || pairs > 0 ? 2 : 1, t.stages = 3;
+          spec.tiles = t;
+          const auto g = generate_matmul(layout, spec);
+          SCOPED_TRACE(fmt::format("seed {} b{} m {} band rows {}", seed, b, m, pairs));
+          ASSERT_NE(g.name_expression.find("sdd_rows_kernel"), std::string::npos);
+          const int units = static_cast<int>(g.grid_x), per = pairs > 0 ? pairs : std::max(b, 64) / b;
+          EXPECT_NE(g.source.find(fmt::format("kRowBlocks = {}, kBandRows = {};", m, per)), std::string::npos);
+          const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+          ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * (m + 1)));
+          ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * per * m));
+          std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
+          int previous_band = -1, previous_column = -1, padded_units = 0;
+          for (int u = 0; u < units; ++u) {
+            const int band = coords[u * (m + 1)];
+            const int* columns = coords.data() + u * (m + 1) + 1;
+            EXPECT_GE(band, previous_band) << "units in band order";
+            if (band != previous_band) previous_column = -1;
+            previous_band = band;
+            ASSERT_GE(columns[0], 0) << "a unit's first slot holds a column";
+            bool padded = false;
+            for (int s = 0; s < m; ++s) {
+              const int* slot = blocks.data() + u * per * m + s;
+              if (columns[s] < 0) {
+                padded = true;
+                for (int r = 0; r < per; ++r) EXPECT_EQ(slot[r * m], -1);
+                continue;
+              }
+              EXPECT_FALSE(padded) << "padding only after the unit's columns";
+              EXPECT_GT(columns[s], previous_column) << "a band's columns ascending, each once";
+              previous_column = columns[s];
+              int held = 0;
+              for (int r = 0; r < per; ++r) {
+                const std::int64_t row = static_cast<std::int64_t>(band) * per + r;
+                EXPECT_EQ(slot[r * m], row < layout.rows() ? layout.block_index(row, columns[s]) : -1);
+                if (slot[r * m] >= 0) rebuilt.push_back({row, columns[s]}), ++held;
+              }
+              EXPECT_GT(held, 0) << "only columns holding a block in the band";
             }
-            EXPECT_FALSE(padded) << "padding only after the unit's columns";
-            EXPECT_GT(columns[s], previous_column) << "a band's columns ascending, each once";
-            previous_column = columns[s];
-            int held = 0;
-            for (int r = 0; r < per; ++r) {
-              const std::int64_t row = static_cast<std::int64_t>(band) * per + r;
-              EXPECT_EQ(slot[r * m], row < layout.rows() ? layout.block_index(row, columns[s]) : -1);
-              if (slot[r * m] >= 0) rebuilt.push_back({row, columns[s]}), ++held;
+            if (padded) {
+              ++padded_units;
+              EXPECT_TRUE(u + 1 == units || coords[(u + 1) * (m + 1)] != band) << "only a band's last unit is short";
             }
-            EXPECT_GT(held, 0) << "only columns holding a block in the band";
           }
-          if (padded) {
-            ++padded_units;
-            EXPECT_TRUE(u + 1 == units || coords[(u + 1) * (m + 1)] != band) << "only a band's last unit is short";
-          }
+          EXPECT_LE(padded_units, (layout.rows() + per - 1) / per);
+          EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
+          EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
+          // one wave of CTAs over the units (SddSchedule): a partial plane per CTA an H100 / H200
+          // holds at most, and a counter each
+          EXPECT_TRUE(g.persistent);
+          EXPECT_EQ(g.splits, 1);
+          const std::int64_t planes = std::min<std::int64_t>(units * 8, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
+          EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", units, planes)), std::string::npos);
+          EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * per * b * m * b + planes) * 4 : 0);
+          // dY's boxes: 64 features, or one block column at b ≤ 32 (swizzled over its 2b bytes)
+          ASSERT_EQ(g.tensor_maps.size(), 2u);
+          EXPECT_EQ(g.tensor_maps[1].box_inner, std::min(b, 64));
+          EXPECT_EQ(g.tensor_maps[1].swizzle, 2 * std::min(b, 64));
         }
-        EXPECT_LE(padded_units, (layout.rows() + per - 1) / per);
-        EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
-        EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
-        // one wave of CTAs over the units (SddSchedule): a partial plane per CTA an H100 / H200
-        // holds at most, and a counter each
-        EXPECT_TRUE(g.persistent);
-        EXPECT_EQ(g.splits, 1);
-        const std::int64_t planes = std::min<std::int64_t>(units * 8, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
-        EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", units, planes)), std::string::npos);
-        EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * per * b * m * b + planes) * 4 : 0);
-        // dY's boxes: 64 features, or one block column at b ≤ 32 (swizzled over its 2b bytes)
-        ASSERT_EQ(g.tensor_maps.size(), 2u);
-        EXPECT_EQ(g.tensor_maps[1].box_inner, std::min(b, 64));
-        EXPECT_EQ(g.tensor_maps[1].swizzle, 2 * std::min(b, 64));
-      }
 }
 
 // Backward-weight at b ≥ 64 on Hopper: the kernel predicted to finish first in waves (sdd_choice):
@@ -537,6 +540,16 @@ TEST(Generator, BackwardWeightKernelByWaves) {
   EXPECT_EQ(few.grid_x, 64 * 2);
   EXPECT_EQ(tiles_tag(sparse.tiles), "tma1-bm128-s4-st");
   EXPECT_NE(sparse.name_expression.find("sdd_tma_kernel"), std::string::npos);
+  // b = 64, rows 2i and 2i + 1 holding the same 32 columns: bands of two block rows, units of 4
+  // columns with a block in every slot (fewer waves than single rows)
+  std::vector<std::uint8_t> twins(64 * 64, 0);
+  for (std::int64_t r = 0; r < 64; ++r)
+    for (std::int64_t j = 0; j < 32; ++j) twins[r * 64 + ((r / 2) * 7 + j * 3) % 64] = 1;
+  const auto pairs = chosen(Layout::from_dense(64, 64, twins), 64);
+  EXPECT_EQ(tiles_tag(pairs.tiles), "rows4x2-tma2-s4-st");
+  EXPECT_EQ(pairs.grid_x, 32 * 32 / 4);
+  EXPECT_NE(pairs.source.find("kRowBlocks = 4, kBandRows = 2;"), std::string::npos);
+  EXPECT_EQ(pairs.tiles.bm, 128) << "two block rows of 64";
   // the staged epilogue stores by TMA through a third map: dW as [blocks · b, b], a warp's 16 rows ×
   // min(b, 64) features
   ASSERT_EQ(sparse.tensor_maps.size(), 3u);
@@ -608,6 +621,11 @@ TEST(Generator, RowGroupShapes) {
     spec.tiles = t;
     return spec;
   };
+  auto rows_tiles_of = [&](int b, int m, int wg, int stages, int band_rows) {
+    MatMulSpec spec = shape(b, m, wg, stages);
+    spec.tiles->band_rows = band_rows;
+    return choose_tiles(spec);
+  };
   const TileConfig t = choose_tiles(shape(64, 8, 2, 3));
   EXPECT_EQ(tiles_tag(t), "rows8-tma2-s3");
   EXPECT_EQ(t.bm, 64);
@@ -619,6 +637,13 @@ TEST(Generator, RowGroupShapes) {
   EXPECT_THROW(choose_tiles(shape(128, 2, 1, 3)), Error) << "256 accumulators a thread";
   EXPECT_THROW(choose_tiles(shape(64, 8, 2, 4)), Error) << "shared memory";
   EXPECT_THROW(choose_tiles(shape(16, 2, 1, 4)), Error) << "wgmma widths in multiples of 64";
+  TileConfig pair = rows_tiles_of(64, 4, 2, 4, 2);
+  EXPECT_EQ(tiles_tag(pair), "rows4x2-tma2-s4");
+  EXPECT_EQ(pair.bm, 128) << "b = 64: a band of two block rows";
+  EXPECT_EQ(pair.bn, 256);
+  EXPECT_THROW(rows_tiles_of(64, 4, 1, 4, 2), Error) << "256 accumulators a thread";
+  EXPECT_THROW(rows_tiles_of(32, 8, 2, 4, 2), Error) << "bands of two block rows only at b = 64";
+  EXPECT_THROW(rows_tiles_of(128, 2, 2, 4, 2), Error) << "bands of two block rows only at b = 64";
   const TileConfig band = choose_tiles(shape(32, 8, 1, 5));
   EXPECT_EQ(band.bm, 64) << "b ≤ 32: a band of 64 rows";
   EXPECT_EQ(band.bn, 256);
