@@ -340,15 +340,15 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   return t;
 }
 
-// The warp-specialized TMA kernel: warps_m consumer warpgroups plus one producer warpgroup; the
-// shared memory of DsdTmaPlan (the stages, 2 mbarriers per stage padded to 1024 bytes, and one
-// 64 × 64 staging tile of the output per consumer, two when swapped).
 // Block rows of a band of sdd_rows_kernel: the shape's band_rows, else one at b ≥ 64 and 64 / b at
 // b ≤ 32 (a band of 64 rows, X's box).
 std::int64_t band_rows_of(const TileConfig& t, std::int64_t b) {
   return t.band_rows > 0 ? t.band_rows : std::max<std::int64_t>(b, 64) / b;
 }
 
+// The warp-specialized TMA kernel: warps_m consumer warpgroups plus one producer warpgroup; the
+// shared memory of DsdTmaPlan (the stages, 2 mbarriers per stage padded to 1024 bytes, and one
+// 64 × 64 staging tile of the output per consumer, two when swapped).
 TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
   if (spec.op == Op::backward_weight) {
     // a stage holds 64 rows of N of X and dY (SddTmaPlan); warps_m consumers split the tile's rows
@@ -787,9 +787,6 @@ std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
   return units;
 }
 
-// Rows of a band of sdd_rows_kernel by default, in block rows.
-std::int64_t band_rows(std::int64_t b) { return band_rows_of(TileConfig{}, b); }
-
 // Fraction of the dW tiles' block slots (rows × cols blocks a tile) that hold a block of the layout:
 // the useful share of the tiled backward-weight kernel's tensor work.
 double tile_fill(const Layout& layout, std::int64_t rows, std::int64_t cols) {
@@ -932,7 +929,7 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
   TileConfig chosen;
   for (const auto& c : candidates) {
     const std::int64_t m = std::max(1, c.shape.row_blocks);
-    const std::int64_t units = band_units(layout, std::max(1, c.shape.band_rows), static_cast<int>(m));
+    const std::int64_t units = band_units(layout, band_rows_of(c.shape, spec.block), static_cast<int>(m));
     const double us = c.wave_us * sdd_waves(units, c.ctas);
     if (best == 0 || us < best) best = us, chosen = c.shape;
   }
@@ -968,7 +965,7 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
   const int b = spec.block;
   const double flops = 2.0 * 8192 * static_cast<double>(layout.blocks()) * b * b;
   auto at = [&](double tflops) { return tflops > 0 ? flops / (tflops * 1e6) : 1e30; };  // µs
-  auto waves_of = [&](int m) { return sdd_waves(band_units(layout, band_rows(b), m), kSms); };
+  auto waves_of = [&](int m) { return sdd_waves(band_units(layout, band_rows_of(TileConfig{}, b), m), kSms); };
   const double tiled128 = at(660.0 * tile_fill(layout, 128 / b, 128 / b)),
                tiled64 = at(335.0 * tile_fill(layout, 64 / b, 64 / b)),
                tiled_wide = at(790.0 * tile_fill(layout, 128 / b, 256 / b)), mma_sync = at(b == 32 ? 76.0 : 30.0);
