@@ -835,16 +835,15 @@ constexpr int kSddWarpStaging = 16 * 64 * 2;
 // copies). With 2 consumers the registers stay capped at 168 a thread (warps are allocated in fours).
 // - sdd_tma_kernel (b = 64, 128): a unit is one b × b block.
 // - sdd_tiled_kernel (b = 16, 32): an E × E tile of dW (E = 64 or 128; or 128 × 256, two consumers
-//   of 64 rows each) holding at least one block, computed whole, its blocks stored. An E-wide tile feeds the tensor
-//   cores where one narrow block cannot (wgmma's M is 64); the blocks a tile lacks cost tensor time, so the generator
-//   keeps this for layouts whose tiles are well filled.
+//   of 64 rows each) holding at least one block, computed whole, its blocks stored. An E-wide tile
+//   feeds the tensor cores where one narrow block cannot (wgmma's M is 64); the blocks a tile lacks
+//   cost tensor time, so the generator keeps this for layouts whose tiles are well filled.
 // - sdd_rows_kernel: up to kRowBlocks block columns of a band of dW's rows (b ≥ 64: one block row,
 //   or two at b = 64, computed whole; b ≤ 32: the 64 / b block rows of 64 features) that hold a
-//   block in the band. X's slice of the
-//   band is copied once per step for all of them (once per block with a unit per block), so at
-//   b ≥ 64 a step moves (1 + m) / 2m of the bytes per FLOP; at b ≤ 32 dY's boxes are b features
-//   wide, so a unit gathers the band's columns and computes only those (the tiled kernel computes
-//   every column of its tile).
+//   block in the band. X's slice of the band is copied once per step for all of them (once per
+//   block with a unit per block), so at b ≥ 64 a step moves (1 + m) / 2m of the bytes per FLOP; at
+//   b ≤ 32 dY's boxes are b features wide, so a unit gathers the band's columns and computes only
+//   those (the tiled kernel computes every column of its tile).
 // Shared memory: the stages, their mbarriers, and with Cfg::kStagedStore (store_sdd_staged) the
 // barriers padded to 1024 bytes and kSddWarpStaging (2 KB) per consumer warp.
 template <class Cfg, int ROWS, int COLS>

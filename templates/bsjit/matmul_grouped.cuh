@@ -166,6 +166,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         int* record = records + stage * Plan::kStageRecord;
         if (pwarp == 0) {
           if (lane == 0) {
+            // Derived for every kernel, though only kSkipEmpty's consumers read them: derived only
+            // there (the rest unchanged) the kernels without the skip ran 3.3-3.5% slower at b = 16
+            // d = 0.5, forward and backward-data (suite W, two rounds; twice, with the X copy moved
+            // first the other time); the rest within ±3%. Not explained.
             unsigned subs = 0;  // byte h: the sub-blocks holding one of consumer h's blocks
 #pragma unroll
             for (int h = 0; h < kConsumers; ++h)
