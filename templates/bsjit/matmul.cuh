@@ -529,17 +529,23 @@ __device__ __forceinline__ void swapped_wgmmas(float (&d)[R / 2], const unsigned
         smem_descriptor(bs + kk * 32, 16, kSwizzleAtomBytes));
 }
 
-// Stores a swapped consumer's accumulators: Yᵀ, 64 output features from feature0 × R rows from row_base
-// (rows at or past n are not stored), d[4i + 2h + e] being feature 16·warp + lane / 4 + 8h, row
-// 8i + 2·(lane % 4) + e. With accumulate, Y's old values are added in fp32 (rounded once). Pieces of
-// 64 rows × 64 features go through the consumer's two staging tiles (out_tile) in turn, `piece`
-// counting them over the CTA's life: stmatrix.trans writes rows of a tile from the transposed
-// fragments and one thread stores it by TMA. Before the barrier that hands a piece to the store,
-// that thread waits until the store before it has read the other tile, which the next piece fills.
+// A swapped consumer's output tile on its way out: Yᵀ, 64 output features from feature0 × R rows
+// from row_base (rows at or past n are not stored), rounded to 16-bit pairs. packed[j] holds
+// accumulators 2j and 2j + 1, d[4i + 2h + e] being feature 16·warp + lane / 4 + 8h, row
+// 8i + 2·(lane % 4) + e.
+template <int R>
+struct PackedFeatures {
+  unsigned packed[R / 4];
+  long long feature0;
+  int row_base;
+};
+
+// Rounds a swapped consumer's accumulators into `tile`; with accumulate, Y's
+// old values are added in fp32 first (rounded once).
 template <class Cfg, int R>
-__device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::T* __restrict__ out,
-                                               const TensorMap& map_out, unsigned char* out_tile, int& piece,
-                                               long long feature0, int row_base, int n, int accumulate, int consumer) {
+__device__ __forceinline__ void pack_features(float (&d)[R / 2], PackedFeatures<R>& tile,
+                                              const typename Cfg::T* __restrict__ out, long long feature0, int row_base,
+                                              int n, int accumulate) {
   using T = typename Cfg::T;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   if (accumulate) {
@@ -552,34 +558,88 @@ __device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::
       }
   }
 #pragma unroll
-  for (int p = 0; p < R / 64; ++p, ++piece) {
-    unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
+  for (int j = 0; j < R / 4; ++j) tile.packed[j] = pack_pair<T>(d[2 * j], d[2 * j + 1]);
+  tile.feature0 = feature0, tile.row_base = row_base;
+}
+
+// Stores piece P (rows 64P .. 64P + 63) of a packed tile through the consumer's two staging tiles
+// (out_tile), taken in turn, `piece` counting the pieces over the CTA's life: stmatrix.trans writes
+// the rows of a staging tile from the transposed fragments and one thread stores it by TMA. Before
+// the barrier that hands a piece to the store, that thread waits until the store before it has read
+// the other staging tile, which the next piece fills. P is a constant so that the packed registers
+// are indexed statically.
+template <int P, int R>
+__device__ __forceinline__ void store_feature_piece(const PackedFeatures<R>& tile, const TensorMap& map_out,
+                                                    unsigned char* out_tile, int& piece, int n, int consumer) {
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
 #pragma unroll
-    for (int i = 8 * p; i < 8 * p + 8; i += 2) {
-      // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
-      const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
-      const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
-                             pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
-      stmatrix_x4_trans(tile_p + swizzled_offset(row, chunk), r);
-    }
-    fence_proxy_async();
-    if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
-    consumer_barrier(consumer);
-    const int row0 = row_base + 64 * p;
-    if (threadIdx.x % 128 == 0 && row0 < n) {
-      tma_store_2d(map_out, tile_p, static_cast<int>(feature0), row0);
-      bulk_commit_group();
-    }
+  for (int i = 8 * P; i < 8 * P + 8; i += 2) {
+    // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
+    const int q = lane / 8, row = 8 * (i - 8 * P + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
+    const unsigned r[4] = {tile.packed[2 * i], tile.packed[2 * i + 1], tile.packed[2 * i + 2], tile.packed[2 * i + 3]};
+    stmatrix_x4_trans(tile_p + swizzled_offset(row, chunk), r);
   }
+  fence_proxy_async();
+  if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
+  consumer_barrier(consumer);
+  const int row0 = tile.row_base + 64 * P;
+  if (threadIdx.x % 128 == 0 && row0 < n) {
+    tma_store_2d(map_out, tile_p, static_cast<int>(tile.feature0), row0);
+    bulk_commit_group();
+  }
+  ++piece;
+}
+
+// Stores the pieces FIRST .. R / 64 - 1 of a packed tile.
+template <int FIRST, int R>
+__device__ __forceinline__ void store_feature_pieces(const PackedFeatures<R>& tile, const TensorMap& map_out,
+                                                     unsigned char* out_tile, int& piece, int n, int consumer) {
+  if constexpr (FIRST < R / 64) {
+    store_feature_piece<FIRST>(tile, map_out, out_tile, piece, n, consumer);
+    store_feature_pieces<FIRST + 1>(tile, map_out, out_tile, piece, n, consumer);
+  }
+}
+
+// Stores piece `p` (at run time; below R / 64) of a packed tile: store_feature_piece of that constant.
+template <int R>
+__device__ __forceinline__ void store_feature_piece_at(int p, const PackedFeatures<R>& tile, const TensorMap& map_out,
+                                                       unsigned char* out_tile, int& piece, int n, int consumer) {
+  static_assert(R / 64 <= 4, "at most 4 pieces");
+  switch (p) {
+    case 0:
+      store_feature_piece<0>(tile, map_out, out_tile, piece, n, consumer);
+      break;
+    case 1:
+      if constexpr (R / 64 > 1) store_feature_piece<1>(tile, map_out, out_tile, piece, n, consumer);
+      break;
+    case 2:
+      if constexpr (R / 64 > 2) store_feature_piece<2>(tile, map_out, out_tile, piece, n, consumer);
+      break;
+    default:
+      if constexpr (R / 64 > 3) store_feature_piece<3>(tile, map_out, out_tile, piece, n, consumer);
+      break;
+  }
+}
+
+// Stores a swapped consumer's accumulators at once (pack_features, then every piece).
+template <class Cfg, int R>
+__device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::T* __restrict__ out,
+                                               const TensorMap& map_out, unsigned char* out_tile, int& piece,
+                                               long long feature0, int row_base, int n, int accumulate, int consumer) {
+  PackedFeatures<R> tile;
+  pack_features<Cfg, R>(d, tile, out, feature0, row_base, n, accumulate);
+  store_feature_pieces<0>(tile, map_out, out_tile, piece, n, consumer);
 }
 
 // A consumer's walk over the `total` stages of one output tile of dsd_tma_kernel (LUT entries from
 // `begin`; `step` counts the CTA's stages over all its tiles): waits for each stage, scales a gated
 // W slice in place (all consumers together), issue(step) issues and commits the stage's wgmmas, and
-// the previous stage is freed once its wgmmas have finished. Returns with every wgmma finished.
-template <class Cfg, class Ring, class Issue>
+// the previous stage is freed once its wgmmas have finished. between(i) runs while stage i's wgmmas
+// are in flight (the swapped kernel stores the previous tile then). Returns with every wgmma finished.
+template <class Cfg, class Ring, class Issue, class Between>
 __device__ __forceinline__ void dsd_tma_stages(const Ring& ring, const float* __restrict__ gate, int begin, int total,
-                                               int& step, Issue issue) {
+                                               int& step, Issue issue, Between between) {
   using Plan = DsdWgmmaPlan<Cfg>;
   constexpr int kSlicesPerEntry = Cfg::kBlock / Plan::kSlice, S = Cfg::kStages, kConsumerThreads = Cfg::kWarpsM * 128;
   for (int i = 0; i < total; ++i, ++step) {
@@ -593,8 +653,10 @@ __device__ __forceinline__ void dsd_tma_stages(const Ring& ring, const float* __
         named_barrier_sync(1, kConsumerThreads);
       }
       issue(step);
+      between(i);
       wgmma_wait<1>();  // the previous stage's wgmmas have finished
     } else {
+      between(i);
       wgmma_wait<0>();
     }
     if (i > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);
@@ -638,8 +700,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
   const int stride = Cfg::kPersistent ? gridDim.x : tiles;
   ring.init(kConsumerThreads);
+  // Swapped at b = 128 (one or two consumers): a consumer stores a tile while it computes the next,
+  // a piece of 64 rows in each of the next tile's first stages, its accumulators rounded to 16 bits
+  // and held meanwhile (R / 4 registers more, so with two consumers they take 232 registers and the
+  // producer 40). Without any store (results wrong) b = 128 ran 8 / 11 / 18 / 25% faster at d = 0.5 /
+  // 0.25 / 0.1 / 0.05 (sweep, forward), so the epilogue was predicted to cost that much idle tensor
+  // time; deferred, it gained 1-3.6% (suite W and the sweep, A/B in one call, two rounds), and at
+  // b = 64 it lost 2-8% (tma2: -4 to -8% at d <= 0.25), so b = 64 stores at once. The deferred
+  // epilogue's parts, each removed in turn (d = 0.25 / 0.05, TFLOP/s): all 660 / 427, without the TMA
+  // stores 703 / 483, without the wait and barrier too 715 / 502, without the proxy fence too (only
+  // the stmatrix left) 725 / 537, nothing 769 / 600: the shared-memory writes and the global stores
+  // cost the tensor cores, not the consumer's waits (docs/PERFORMANCE.md, v27).
+  constexpr bool kDeferStore = Cfg::kSwapped && b == 128 && kConsumers <= 2;
 
   if (warpgroup == 0) {  // producer: warp 0 reads the LUT, lane 0 issues the copies
+    if constexpr (kDeferStore && kConsumers == 2) warpgroup_release_registers<40>();
     // The LUT is read 32 entries at a time, one per lane, and handed out by shuffles, and the next
     // tile's offsets are read a tile ahead. Read at each step (the compiler's choice, two entries
     // ahead), an entry cost the producer a load from L2, whose latency grows while the copies keep
@@ -687,9 +762,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
+  if constexpr (kDeferStore && kConsumers == 2) warpgroup_claim_registers<232>();
   const int consumer = warpgroup - 1;
   unsigned char* out_tile = reinterpret_cast<unsigned char*>(full) + DsdTmaPlan<Cfg>::kBarrierBytes +
                             consumer * DsdTmaPlan<Cfg>::kOutTileBytes;
+  // swapped: a consumer's rows (wgmma's N) and the tile it has yet to store (kDeferStore)
+  constexpr int kR = Cfg::kSwapped ? Cfg::kBM / (kConsumers / (b >= 64 ? b / 64 : 1)) : 64;
+  PackedFeatures<kR> pending;
+  bool has_pending = false;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 128) prefetch_tensormap(map_out);
   int step = 0, piece = 0;
@@ -706,9 +786,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
         wgmma_fence_registers(d[t]);
       }
-      dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
-        dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(s) + consumer * kRows * kRow, stage_b(s));
-      });
+      dsd_tma_stages<Cfg>(
+          ring, gate, begin, total, step,
+          [&](int s) { dsd_wgmma_stage<Cfg, kTiles>(d, stage_a(s) + consumer * kRows * kRow, stage_b(s)); },
+          [](int) {});
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
       // Accumulator d[t][4i + 2h + e]: row 16·warp + lane / 4 + 8h of m64 tile t, column 8i + 2·(lane % 4) + e.
@@ -760,22 +841,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // (R = 256) bytes of shared memory per cycle of the tensor cores against 128 (b = 64) or 96
       // (b = 128), which bounds the unswapped kernel.
       constexpr int F = b / 64, R = Cfg::kBM / (kConsumers / F);
+      static_assert(R == kR, "a consumer's rows");
       const int fslice = consumer % F, rows = consumer / F * R;
       float d[R / 2];
 #pragma unroll
       for (int i = 0; i < R / 2; ++i) d[i] = 0.0f;
       wgmma_fence_registers(d);
-      dsd_tma_stages<Cfg>(ring, gate, begin, total, step, [&](int s) {
-        // features fslice·64 .. of W's slice: 64 rows further on, whether those are features (backward-data:
-        // b rows of 64 reduction indices) or a group's reduction rows (forward: b / 64 groups of 64 × 64)
-        wgmma_fence();
-        swapped_wgmmas<Cfg, R>(d, stage_b(s) + fslice * 64 * kSwizzleRowBytes, stage_a(s) + rows * kSwizzleRowBytes);
-        wgmma_commit();
-      });
+      dsd_tma_stages<Cfg>(
+          ring, gate, begin, total, step,
+          [&](int s) {
+            // features fslice·64 .. of W's slice: 64 rows further on, whether those are features (backward-data:
+            // b rows of 64 reduction indices) or a group's reduction rows (forward: b / 64 groups of 64 × 64)
+            wgmma_fence();
+            swapped_wgmmas<Cfg, R>(d, stage_b(s) + fslice * 64 * kSwizzleRowBytes,
+                                   stage_a(s) + rows * kSwizzleRowBytes);
+            wgmma_commit();
+          },
+          [&](int i) {  // the previous tile's pieces, one per stage while its wgmmas run
+            if (kDeferStore && has_pending && i < R / 64)
+              store_feature_piece_at(i, pending, map_out, out_tile, piece, n, consumer);
+          });
       wgmma_fence_registers(d);
-      store_features<Cfg, R>(d, out, map_out, out_tile, piece, static_cast<long long>(col) * b + fslice * 64, m0 + rows,
-                             n, accumulate, consumer);
+      const long long feature0 = static_cast<long long>(col) * b + fslice * 64;
+      if constexpr (kDeferStore) {
+        if (has_pending) {  // the pieces this tile had no stage for
+#pragma unroll
+          for (int p = 0; p < R / 64; ++p)
+            if (p >= total) store_feature_piece_at(p, pending, map_out, out_tile, piece, n, consumer);
+        }
+        pack_features<Cfg, R>(d, pending, out, feature0, m0 + rows, n, accumulate);
+        has_pending = true;
+      } else {
+        store_features<Cfg, R>(d, out, map_out, out_tile, piece, feature0, m0 + rows, n, accumulate, consumer);
+      }
     }
+  }
+  if constexpr (kDeferStore) {
+    if (has_pending) store_feature_pieces<0>(pending, map_out, out_tile, piece, n, consumer);
   }
   if (lane == 0) bulk_wait_group<0>();  // shared memory outlives the stores
 }
