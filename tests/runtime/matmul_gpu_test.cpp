@@ -269,6 +269,42 @@ INSTANTIATE_TEST_SUITE_P(Ops, MatMulGpuHopper,
                          ::testing::Values(Op::forward, Op::backward_data, Op::backward_weight),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// The swapped TMA kernel (b = 128, the Hopper default for forward and backward-data) over several
+// tiles per CTA, where a consumer stores each tile while it computes its next (v27): 9 × 9 blocks at
+// N = 8300 make 33 row tiles × 9 output block columns = 297 tiles for the GPU's CTAs. Columns (and
+// rows, for backward-data) of 0, 1, 2 and 9 blocks give tiles of no stage, fewer stages than a
+// tile's 4 pieces, as many and more; the last row tile's last two pieces lie past N. Plain, and
+// gated (some gates 0) with accumulation.
+TEST(MatMulGpuHopperPersistent, SwappedTilesOverSeveralWavesMatchReference) {
+  std::mt19937_64 rng(4242);
+  const std::int64_t rows = 9, cols = 9;
+  std::vector<std::uint8_t> m(rows * cols);
+  for (auto& v : m) v = rng() % 10 < 4;
+  for (std::int64_t i = 0; i < rows; ++i)  // columns of 0, 1, 2 and 9 blocks
+    m[i * cols + 0] = 0, m[i * cols + 1] = i == 0, m[i * cols + 2] = i < 2, m[i * cols + 3] = 1;
+  for (std::int64_t j = 0; j < cols; ++j)  // rows of 1 and 2 blocks
+    m[8 * cols + j] = j == 3, m[7 * cols + j] = j == 3 || j == 4;
+  const Layout layout = Layout::from_dense(rows, cols, m);
+  std::vector<Shape> shapes;
+  std::uint64_t seed = 11000;
+  for (Op op : {Op::forward, Op::backward_data}) {
+    generator::MatMulSpec spec{op, 128, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    const generator::TileConfig t = generator::generate_matmul(layout, spec).tiles;
+    EXPECT_TRUE(t.tma && t.swapped && t.persistent && t.warps_m == 2 && t.bm == 256)
+        << "not the kernel this test is for: " << generator::tiles_tag(t);
+    spec.tiles = t;
+    shapes.push_back({layout, spec, seed});
+    seed += 2;
+  }
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (runtime::context_arch(runtime::current_context()) != "sm_90")
+    GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  compile_shapes(shapes);
+  for (const auto& s : shapes) check_shape(s, {{8300, false, false}, {8300, true, true}});
+}
+
 // Backward-weight's schedule on Hopper (SddSchedule) on layouts of 40-560 units of dW, larger than
 // the other tests': whole units in waves of the CTAs the GPU holds, the units left after the full
 // waves split along N into pieces whose partials the last piece adds (b = 128: 1 wave and a few
