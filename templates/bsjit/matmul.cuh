@@ -540,8 +540,8 @@ struct PackedFeatures {
   int row_base;
 };
 
-// Rounds a swapped consumer's accumulators into `tile`; with accumulate, Y's
-// old values are added in fp32 first (rounded once).
+// Rounds a swapped consumer's accumulators into `tile`; with accumulate, Y's old values are added in
+// fp32 first (rounded once).
 template <class Cfg, int R>
 __device__ __forceinline__ void pack_features(float (&d)[R / 2], PackedFeatures<R>& tile,
                                               const typename Cfg::T* __restrict__ out, long long feature0, int row_base,
@@ -840,8 +840,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // R = 128 or 256 instead of m64 nb k16 per 64 rows. Per FLOP that reads 96 (R = 128) or 80
       // (R = 256) bytes of shared memory per cycle of the tensor cores against 128 (b = 64) or 96
       // (b = 128), which bounds the unswapped kernel.
-      constexpr int F = b / 64, R = Cfg::kBM / (kConsumers / F);
-      static_assert(R == kR, "a consumer's rows");
+      constexpr int F = b / 64, R = kR;
       const int fslice = consumer % F, rows = consumer / F * R;
       float d[R / 2];
 #pragma unroll
