@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -112,27 +113,45 @@ TEST(Generator, TablesRebuildTheLayout) {
 }
 
 // The persistent TMA kernel's column order: CTA p of the 132 an H200 holds takes tiles p, p + 132,
-// ..., so with 32 output block columns it meets the positions of one class p mod 4. Columns 0, 4,
-// 8, ... holding 8 blocks and the others 1 would load CTAs 0, 4, 8, ... with 8 times the others'
-// work in order; the balanced order gives every class the same steps (two long columns each).
+// ..., so with 32 output block columns it meets the positions of one class p mod 4 (96 columns: 12
+// classes of 8). Columns 0, 3 and 5 of every 8 holding 8 blocks and the others 1 would load the
+// classes unevenly in order; the balanced order gives every class the same steps (three long
+// columns of its 8).
 TEST(Generator, PersistentColumnsBalancedOverTheCtas) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
-  for (std::int64_t c = 0; c < 32; ++c)
-    for (std::int64_t r = 0; r < (c % 4 == 0 ? 8 : 1); ++r) blocks.push_back({(c + 3 * r) % 32, c});
-  MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
-  spec.wgmma = true;
-  const auto g = generate_matmul(Layout::from_coords(32, 32, blocks), spec);
-  ASSERT_TRUE(g.tiles.persistent);
-  const auto offsets = table(g.source, "kLutOffsets"), columns = table(g.source, "kOutColumns");
-  std::vector<int> per_class(4, 0), long_columns(4, 0);
-  for (int j = 0; j < 32; ++j) {
-    const int entries = offsets[j + 1] - offsets[j];
-    EXPECT_EQ(entries, columns[j] % 4 == 0 ? 8 : 1) << "position " << j << " holds column " << columns[j];
-    per_class[j % 4] += entries;
-    long_columns[j % 4] += entries == 8;
+  const auto is_long = [](std::int64_t c) { return c % 8 == 0 || c % 8 == 3 || c % 8 == 5; };
+  for (int units : {32, 96}) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+    for (std::int64_t c = 0; c < units; ++c)
+      for (std::int64_t r = 0; r < (is_long(c) ? 8 : 1); ++r) blocks.push_back({(c + 3 * r) % 32, c});
+    MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    const auto g = generate_matmul(Layout::from_coords(32, units, blocks), spec);
+    ASSERT_TRUE(g.tiles.persistent);
+    const auto offsets = table(g.source, "kLutOffsets"), columns = table(g.source, "kOutColumns");
+    const int classes = std::gcd(132, units);
+    ASSERT_EQ(units / classes, 8);
+    std::vector<int> per_class(classes, 0), long_columns(classes, 0);
+    for (int j = 0; j < units; ++j) {
+      const int entries = offsets[j + 1] - offsets[j];
+      EXPECT_EQ(entries, is_long(columns[j]) ? 8 : 1) << "position " << j << " holds column " << columns[j];
+      per_class[j % classes] += entries;
+      long_columns[j % classes] += entries == 8;
+    }
+    EXPECT_EQ(per_class, (std::vector<int>(classes, 3 * 8 + 5)));
+    EXPECT_EQ(long_columns, (std::vector<int>(classes, 3)));
+    // Each CTA goes round its class's 8 positions from its own phase (with 96 columns, 3 positions
+    // on at each tile), so the cycle keeps its running work near the line: after i tiles no CTA is
+    // off i / 8 of the class's 29 steps by more than one long column (6.1 at most for 1, 8, 1, 8, 1,
+    // 1, 8, 1). Most steps first, a CTA meeting the three long columns first is off by 24 - 3 · 29 / 8.
+    for (int p = 0; p < 132; ++p) {
+      int sum = 0;
+      for (int i = 1; i < 8; ++i) {
+        const int j = (p + 132 * (i - 1)) % units;
+        sum += offsets[j + 1] - offsets[j];
+        EXPECT_LE(std::abs(sum - 29.0 * i / 8), 8.0) << units << " columns, CTA " << p << " after " << i << " tiles";
+      }
+    }
   }
-  EXPECT_EQ(per_class, (std::vector<int>(4, 2 * 8 + 6)));
-  EXPECT_EQ(long_columns, (std::vector<int>(4, 2)));
 }
 
 // The grouped kernel's tables (templates/bsjit/matmul_grouped.cuh): each group's steps are the
