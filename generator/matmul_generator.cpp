@@ -358,11 +358,13 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     // - b ≤ 32: E × E tiles of dW holding blocks (E = tile_edge; or 128 × 256, tile_cols), computed
     //   whole (sdd_tiled_kernel);
     // - row_blocks block columns of a band of rows (one block row at b ≥ 64, or two at b = 64
-    //   (band_rows); 64 / b at b ≤ 32): rows × row_blocks·b (sdd_rows_kernel).
+    //   (band_rows); 64 / b at b ≤ 32): rows × row_blocks·b (sdd_rows_kernel);
+    // - b = 128: col_blocks block rows (gathered) of one block column: col_blocks·b × b (sdd_cols_kernel).
     const int b = spec.block, edge = t.tile_edge > 0    ? t.tile_edge
                                      : t.row_blocks > 0 ? static_cast<int>(band_rows_of(t, b)) * b
+                                     : t.col_blocks > 0 ? t.col_blocks * b
                                                         : b;
-    const int cols = t.row_blocks > 0 ? t.row_blocks * b : t.tile_cols > 0 ? t.tile_cols : edge;
+    const int cols = t.row_blocks > 0 ? t.row_blocks * b : t.col_blocks > 0 ? b : t.tile_cols > 0 ? t.tile_cols : edge;
     const int along_rows = std::clamp(edge / 64, 1, std::max(t.warps_m, 1)), along_cols = t.warps_m / along_rows;
     const int width = along_cols > 0 ? cols / along_cols : 0, tiles = edge / along_rows / 64;
     t.tensor_cores = t.pipelined = t.wgmma = true;
@@ -374,10 +376,11 @@ TileConfig finish_tma(const MatMulSpec& spec, TileConfig t) {
     t.shared_bytes =
         t.stages * 64 * (edge + cols) * 2 + 1024 + (t.staged ? 1024 + t.warps_m * 4 * kWarpStaging : 2 * t.stages * 8);
     const bool kind_ok = t.tile_edge > 0 ? b <= 32 && (edge == 64 || edge == 128) && t.row_blocks == 0 &&
-                                               (cols == edge || (edge == 128 && cols == 256))
-                         : t.row_blocks > 0
-                             ? b >= 16 && t.row_blocks >= 2 && (t.band_rows == 0 || (b == 64 && t.band_rows == 2))
-                             : b == 64 || b == 128;
+                                               t.col_blocks == 0 && (cols == edge || (edge == 128 && cols == 256))
+                         : t.row_blocks > 0 ? b >= 16 && t.row_blocks >= 2 && t.col_blocks == 0 &&
+                                                  (t.band_rows == 0 || (b == 64 && t.band_rows == 2))
+                         : t.col_blocks > 0 ? b == 128 && t.col_blocks >= 2
+                                            : b == 64 || b == 128;
     // wgmma widths 64-256; accumulators: at most 128 per thread, and with more than 2 consumers
     // (≤ 128 registers per thread at 640 threads) at most 64
     const int accumulators = tiles * width / 2;
@@ -464,12 +467,14 @@ TileConfig finish_shape(const MatMulSpec& spec, const TileConfig& t) {
     throw Error(
         fmt::format("tile shape {} is not valid for {}: the staged epilogue is the TMA backward-weight kernels'",
                     tiles_tag(t), to_string(spec.op)));
-  if (t.row_blocks > 0 && spec.op != Op::backward_weight)
-    throw Error(fmt::format("tile shape {} is not valid for {}: row groups are backward-weight's", tiles_tag(t),
-                            to_string(spec.op)));
-  if ((t.paired && (t.columns > 0 || t.tile_edge > 0)) || (t.row_blocks > 0 && (t.paired || t.columns > 0)))
-    throw Error(fmt::format("tile shape {} is not valid: paired, grouped, tiled and row-grouped are different kernels",
-                            tiles_tag(t)));
+  if ((t.row_blocks > 0 || t.col_blocks > 0) && spec.op != Op::backward_weight)
+    throw Error(fmt::format("tile shape {} is not valid for {}: row and column groups are backward-weight's",
+                            tiles_tag(t), to_string(spec.op)));
+  if ((t.paired && (t.columns > 0 || t.tile_edge > 0)) ||
+      ((t.row_blocks > 0 || t.col_blocks > 0) && (t.paired || t.columns > 0)))
+    throw Error(
+        fmt::format("tile shape {} is not valid: paired, grouped, tiled, row- and column-grouped are different kernels",
+                    tiles_tag(t)));
   return t.paired        ? finish_paired(spec, t)
          : t.columns > 0 ? finish_grouped(spec, t)
          : t.tma       ? finish_tma(spec, t)
@@ -487,6 +492,12 @@ TileConfig rows_shape(int row_blocks, int warpgroups, int stages, int band_rows 
   TileConfig t;
   t.wgmma = t.tma = true, t.row_blocks = row_blocks, t.band_rows = band_rows, t.warps_m = warpgroups;
   t.stages = stages;
+  return t;
+}
+
+TileConfig cols_shape(int col_blocks, int warpgroups, int stages) {
+  TileConfig t;
+  t.wgmma = t.tma = true, t.col_blocks = col_blocks, t.warps_m = warpgroups, t.stages = stages;
   return t;
 }
 
@@ -550,6 +561,7 @@ std::string tiles_tag(const TileConfig& t) {
   if (t.row_blocks > 0)
     return fmt::format("rows{}{}-tma{}-s{}{}", t.row_blocks, t.band_rows > 0 ? fmt::format("x{}", t.band_rows) : "",
                        t.warps_m, t.stages, staged);
+  if (t.col_blocks > 0) return fmt::format("cols{}-tma{}-s{}{}", t.col_blocks, t.warps_m, t.stages, staged);
   if (t.wgmma)
     return fmt::format("{}{}-bm{}-s{}{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
                        t.swapped ? "-sw" : "", staged);
@@ -583,6 +595,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
     // b = 64: bands of two block rows × 4 block columns holding a block in either, on 2 consumers
     if (spec.wgmma && b == 64)
       for (int stages : {3, 4}) shapes.push_back(rows_shape(4, 2, stages, 2));
+    // b = 128: two blocks of a block column, a consumer each
+    if (spec.wgmma && b == 128)
+      for (int stages : {3, 4}) shapes.push_back(cols_shape(2, 2, stages));
     // b ≤ 32: a band of 64 rows × 256 or 512 gathered columns, on 1 or 2 consumers
     if (spec.wgmma && b <= 32)
       for (auto [cols, wg, stages] : {std::tuple{256, 1, 5}, {256, 2, 5}, {256, 2, 4}, {512, 2, 3}})
@@ -773,6 +788,25 @@ RowBands row_bands(const Layout& layout, std::int64_t per, int m) {
   return out;
 }
 
+// The units of sdd_cols_kernel: each block column's blocks (rows ascending) in groups of m, the
+// column's last group padded. columns: per unit, the block column, then m block rows (-1: an empty
+// slot); blocks: per unit, m block indices (-1: none).
+RowBands column_groups(const Layout& layout, int m) {
+  std::map<std::int64_t, std::vector<std::pair<std::int64_t, int>>> by_column;  // (row, block), rows ascending
+  for (std::int64_t i = 0; i < layout.blocks(); ++i)
+    by_column[layout.coords()[i].second].push_back({layout.coords()[i].first, static_cast<int>(i)});
+  RowBands out;
+  for (const auto& [column, blocks] : by_column)
+    for (std::size_t j = 0; j < blocks.size(); j += m, ++out.units) {
+      out.columns.push_back(static_cast<int>(column));
+      for (std::size_t s = j; s < j + m; ++s) {
+        out.columns.push_back(s < blocks.size() ? static_cast<int>(blocks[s].first) : -1);
+        out.blocks.push_back(s < blocks.size() ? blocks[s].second : -1);
+      }
+    }
+  return out;
+}
+
 // How many units row_bands(layout, per, m) makes, counted without its tables: each band's distinct
 // block columns in groups of m (what the kernel choices compare).
 std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
@@ -919,8 +953,9 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
   return blocks == 0 ? 0.0 : static_cast<double>(shared) / static_cast<double>(blocks);
 }
 
-// Backward-weight at b ≥ 64 on Hopper: one block per CTA (sdd_tma_kernel) or row groups of 2 or 4
-// blocks (sdd_rows_kernel), whichever one wave of CTAs (SddSchedule) is predicted to finish first.
+// Backward-weight at b ≥ 64 on Hopper: one block per CTA (sdd_tma_kernel), row groups of 2 or 4
+// blocks (sdd_rows_kernel) or, at b = 128, column pairs (sdd_cols_kernel), whichever one wave of CTAs
+// (SddSchedule) is predicted to finish first.
 // A kernel's units run in waves of P CTAs, each wave taking the time one CTA takes for a unit; the
 // units left after the full waves split along N into q pieces, which cost 1 / q of a wave and about
 // 0.3 of one more (pipeline fill, partials written, the last piece adding them alone). Measured on
@@ -935,6 +970,12 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
 // (half a wave). The model picks the fastest of each cell; on suite W's Bernoulli d = 0.5 layout its
 // pick of the pairs (3.4 waves) ran 4% under the single rows (4.4 waves of 70 µs), within the
 // model's error.
+// At b = 128, pairs of a block column's blocks (sdd_cols_kernel, cols2-tma2-s4: a consumer each,
+// dY's slice copied once for both) take 90 µs a wave: sweep on suite W's balanced layouts, whose
+// block columns of dW hold exactly d · 32 blocks each (so pairs of a column leave no slot empty,
+// where a row's pairs pad the odd rows): d = 0.5, 256 units, 2 waves, 771 TFLOP/s (tma1 678, rows2
+// 630 on 266 units); d = 0.25, 128 units, one wave, 748 (tma1 641 on 2 waves, rows2 512 on 134
+// units); d = 0.1 and 0.05 (64 and 32 units) 405 and 280 against tma1's 460 and 342.
 double sdd_waves(std::int64_t units, std::int64_t ctas) {
   const std::int64_t waves = units / ctas, left = units % ctas;
   const std::int64_t q = left == 0 ? 1 : std::clamp<std::int64_t>(ctas / left, 1, 8);
@@ -948,18 +989,21 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
     double wave_us;
     std::int64_t ctas;
   };
-  const std::vector<Candidate> candidates =
-      spec.block == 64
-          ? std::vector<Candidate>{{staged(tma_shape(64, 1, 4)), 52, 264},
-                                   {staged(rows_shape(2, 1, 6)), 41.5, 132},
-                                   {staged(rows_shape(4, 1, 4)), 70, 132},
-                                   {staged(rows_shape(4, 2, 4, 2)), 90, 132}}
-          : std::vector<Candidate>{{staged(tma_shape(128, 1, 4)), 53, 132}, {staged(rows_shape(2, 2, 4)), 94, 132}};
+  const std::vector<Candidate> candidates = spec.block == 64
+                                                ? std::vector<Candidate>{{staged(tma_shape(64, 1, 4)), 52, 264},
+                                                                         {staged(rows_shape(2, 1, 6)), 41.5, 132},
+                                                                         {staged(rows_shape(4, 1, 4)), 70, 132},
+                                                                         {staged(rows_shape(4, 2, 4, 2)), 90, 132}}
+                                                : std::vector<Candidate>{{staged(tma_shape(128, 1, 4)), 53, 132},
+                                                                         {staged(rows_shape(2, 2, 4)), 94, 132},
+                                                                         {staged(cols_shape(2, 2, 4)), 90, 132}};
   double best = 0;
   TileConfig chosen;
   for (const auto& c : candidates) {
     const std::int64_t m = std::max(1, c.shape.row_blocks);
-    const std::int64_t units = band_units(layout, band_rows_of(c.shape, spec.block), static_cast<int>(m));
+    const std::int64_t units = c.shape.col_blocks > 0
+                                   ? column_groups(layout, c.shape.col_blocks).units
+                                   : band_units(layout, band_rows_of(c.shape, spec.block), static_cast<int>(m));
     const double us = c.wave_us * sdd_waves(units, c.ctas);
     if (best == 0 || us < best) best = us, chosen = c.shape;
   }
@@ -1103,8 +1147,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
         tile_blocks.insert(tile_blocks.end(), slots.begin(), slots.end());
       }
       units = static_cast<std::int64_t>(tiles.size());
-    } else if (t.row_blocks > 0) {
-      RowBands bands = row_bands(layout, band_rows_of(t, b), t.row_blocks);
+    } else if (t.row_blocks > 0 || t.col_blocks > 0) {
+      RowBands bands =
+          t.row_blocks > 0 ? row_bands(layout, band_rows_of(t, b), t.row_blocks) : column_groups(layout, t.col_blocks);
       coords = std::move(bands.columns), tile_blocks = std::move(bands.blocks), units = bands.units;
     } else {
       coords.reserve(2 * layout.blocks());
@@ -1134,25 +1179,31 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
       if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * t.bm * t.bn + 1) * 4 * units;
     }
-    tables = t.row_blocks > 0
-                 ? fmt::format(
-                       "// Units of {0} block columns of a band of {1} block row(s): per unit the band, then its\n"
-                       "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
-                       "// column) (row-major; -1: none).\n"
-                       "__device__ const int kCoords[] = {{{2}}};\n"
-                       "__device__ const int kTileBlocks[] = {{{3}}};\n",
-                       t.row_blocks, band_rows_of(t, b), array_body(coords), array_body(tile_blocks))
-             : t.tile_edge > 0
-                 ? fmt::format(
-                       "// (tile row, tile column) of each {0} × {1} tile of dW holding a block, and the\n"
-                       "// block index of each block of the tile (row-major; -1: none).\n"
-                       "__device__ const int kCoords[] = {{{2}}};\n"
-                       "__device__ const int kTileBlocks[] = {{{3}}};\n",
-                       edge, t.bn, array_body(coords), array_body(tile_blocks))
-                 : fmt::format(
-                       "// (block row, block column) of each nonzero block of W, in block order.\n"
-                       "__device__ const int kCoords[] = {{{}}};\n",
-                       array_body(coords));
+    tables =
+        t.row_blocks > 0
+            ? fmt::format(
+                  "// Units of {0} block columns of a band of {1} block row(s): per unit the band, then its\n"
+                  "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
+                  "// column) (row-major; -1: none).\n"
+                  "__device__ const int kCoords[] = {{{2}}};\n"
+                  "__device__ const int kTileBlocks[] = {{{3}}};\n",
+                  t.row_blocks, band_rows_of(t, b), array_body(coords), array_body(tile_blocks))
+        : t.col_blocks > 0 ? fmt::format(
+                                 "// Units of {0} blocks of a block column: per unit the block column, then its block\n"
+                                 "// rows (-1: an empty slot), and the block index of each (-1: none).\n"
+                                 "__device__ const int kCoords[] = {{{1}}};\n"
+                                 "__device__ const int kTileBlocks[] = {{{2}}};\n",
+                                 t.col_blocks, array_body(coords), array_body(tile_blocks))
+        : t.tile_edge > 0 ? fmt::format(
+                                "// (tile row, tile column) of each {0} × {1} tile of dW holding a block, and the\n"
+                                "// block index of each block of the tile (row-major; -1: none).\n"
+                                "__device__ const int kCoords[] = {{{2}}};\n"
+                                "__device__ const int kTileBlocks[] = {{{3}}};\n",
+                                edge, t.bn, array_body(coords), array_body(tile_blocks))
+                          : fmt::format(
+                                "// (block row, block column) of each nonzero block of W, in block order.\n"
+                                "__device__ const int kCoords[] = {{{}}};\n",
+                                array_body(coords));
   } else {
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
@@ -1193,7 +1244,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     }
   }
 
-  const bool slots = t.tile_edge > 0 || t.row_blocks > 0;  // sdd tables of block slots per unit
+  const bool slots = t.tile_edge > 0 || t.row_blocks > 0 || t.col_blocks > 0;  // sdd tables of block slots per unit
   const char* accessors = sdd ? (slots ? "  __device__ static const int* coords() { return kCoords; }\n"
                                          "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
                                        : "  __device__ static const int* coords() { return kCoords; }\n")
@@ -1204,14 +1255,15 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                               : "  __device__ static const int* out_columns() { return kOutColumns; }\n"
                                 "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
                                 "  __device__ static const int* lut() { return kLut; }\n";
-  const char* kernel = t.paired          ? "dsd_paired_kernel"
-                       : t.columns > 0   ? "dsd_grouped_kernel"
-                       : t.tile_edge > 0 ? "sdd_tiled_kernel"
+  const char* kernel = t.paired           ? "dsd_paired_kernel"
+                       : t.columns > 0    ? "dsd_grouped_kernel"
+                       : t.tile_edge > 0  ? "sdd_tiled_kernel"
                        : t.row_blocks > 0 ? "sdd_rows_kernel"
-                       : t.tma           ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
-                       : t.wgmma     ? "dsd_wgmma_kernel"
-                       : t.pipelined ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
-                                     : (sdd ? "sdd_kernel" : "dsd_kernel");
+                       : t.col_blocks > 0 ? "sdd_cols_kernel"
+                       : t.tma            ? (sdd ? "sdd_tma_kernel" : "dsd_tma_kernel")
+                       : t.wgmma          ? "dsd_wgmma_kernel"
+                       : t.pipelined      ? (sdd ? "sdd_pipelined_kernel" : "dsd_pipelined_kernel")
+                                          : (sdd ? "sdd_kernel" : "dsd_kernel");
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
@@ -1283,20 +1335,23 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                                    "  static constexpr bool kStagedStore = {};\n",
                                                    g.grid_x, planes, t.staged)
                                      : std::string()),
-      fmt::arg("grouped",
-               t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
-               : t.columns > 0 ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
-                                             "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
-                                             t.columns, g.grid_x, sub_fill < 0.9, sub_fill)
-               : t.tile_edge > 0
-                   ? fmt::format("  static constexpr int kTileEdge = {}, kTileCols = {};  // dW tiles: rows, "
-                                 "features\n",
-                                 t.tile_edge, t.bn)
-               : t.row_blocks > 0
-                   ? fmt::format("  static constexpr int kRowBlocks = {}, kBandRows = {};  // block columns per unit "
-                                 "and block rows of a row band\n",
-                                 t.row_blocks, band_rows_of(t, b))
-                   : ""),
+      fmt::arg(
+          "grouped",
+          t.paired ? fmt::format("  static constexpr int kColumns = 2, kGroups = {};  // column pairs\n", g.grid_x)
+          : t.columns > 0   ? fmt::format("  static constexpr int kColumns = {}, kGroups = {};  // column groups\n"
+                                            "  static constexpr bool kSkipEmpty = {};  // sub-block fill {:.3f}\n",
+                                          t.columns, g.grid_x, sub_fill < 0.9, sub_fill)
+          : t.tile_edge > 0 ? fmt::format("  static constexpr int kTileEdge = {}, kTileCols = {};  // dW tiles: rows, "
+                                          "features\n",
+                                          t.tile_edge, t.bn)
+          : t.row_blocks > 0
+              ? fmt::format("  static constexpr int kRowBlocks = {}, kBandRows = {};  // block columns per unit "
+                            "and block rows of a row band\n",
+                            t.row_blocks, band_rows_of(t, b))
+          : t.col_blocks > 0
+              ? fmt::format("  static constexpr int kColBlocks = {};  // block rows per unit (of one block column)\n",
+                            t.col_blocks)
+              : ""),
       fmt::arg("smem_check", t.pipelined
                                  ? ""
                                  : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "

@@ -51,6 +51,10 @@ struct TileConfig {
   // Row-grouped at b = 64: block rows per band (2: a band of 128 rows on two consumers, the columns
   // holding a block in either row); 0: the default (one at b ≥ 64, 64 / b at b ≤ 32).
   int band_rows = 0;
+  // Column-grouped Hopper backward-weight at b = 128 (also tma and wgmma; sdd_cols_kernel): a unit
+  // is col_blocks blocks of one block column of dW, their rows gathered, computed together, dY's
+  // slice of the column copied once for all of them; 0 for every other kernel.
+  int col_blocks = 0;
   // Hopper backward-weight (tma): the epilogue stages each warp's rows in shared memory (2 KB per
   // consumer warp) and stores whole rows of dW's blocks by TMA (store_sdd_staged) instead of 4-byte
   // stores from registers.

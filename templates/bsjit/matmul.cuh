@@ -945,6 +945,10 @@ constexpr int kSddWarpStaging = 16 * 64 * 2;
 //   block with a unit per block), so at b ≥ 64 a step moves (1 + m) / 2m of the bytes per FLOP; at
 //   b ≤ 32 dY's boxes are b features wide, so a unit gathers the band's columns and computes only
 //   those (the tiled kernel computes every column of its tile).
+// - sdd_cols_kernel (b = 128): kColBlocks blocks of one block column of dW, their rows gathered, dY's
+//   slice of the column copied once per step for all of them: the row groups' saving along the
+//   other axis, for layouts whose block columns (not rows) hold even counts (suite W's balanced
+//   layouts hold exactly d · C / b blocks in every block row of Wᵀ, that is, every block column of dW).
 // Shared memory: the stages, their mbarriers, and with Cfg::kStagedStore (store_sdd_staged) the
 // barriers padded to 1024 bytes and kSddWarpStaging (2 KB) per consumer warp.
 template <class Cfg, int ROWS, int COLS>
@@ -1144,7 +1148,7 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
 }
 
 // The main loop of the Hopper backward-weight kernels over the CTA's items (SddSchedule). Units: the
-// kernel's units, with row_base(u) (X's first feature), column(u, j) (dY's first feature of box j,
+// kernel's units, with row(u, j) (X's first feature of box j, 64 features), column(u, j) (dY's first feature of box j,
 // Units::kBoxCols features; with Units::kGaps, < 0 where the unit leaves the box empty: not copied,
 // the product's columns there undefined and not written), block(u, r, c) (the dW block holding
 // element (r, c) of the tile, -1 for none) and put (DwWriter).
@@ -1191,12 +1195,13 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
     // theirs when they start.
     struct Coords {
       SddItem item;
-      int c_base, columns[kDyBoxes];
+      int rows[ROWS / 64], columns[kDyBoxes];
     };
     auto coords = [&](int it) {
       Coords c;
       c.item = units.gated(schedule.item(it));
-      c.c_base = units.row_base(c.item.unit);
+#pragma unroll
+      for (int j = 0; j < ROWS / 64; ++j) c.rows[j] = units.row(c.item.unit, j);
 #pragma unroll
       for (int j = 0; j < kDyBoxes; ++j) c.columns[j] = units.column(c.item.unit, j);
       return c;
@@ -1208,7 +1213,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
       const Coords cur = kAhead ? next : coords(it);
       if (kAhead && it + 1 < items) next = coords(it + 1);
       const SddItem& item = cur.item;
-      const int c_base = cur.c_base;
+      const int* rows = cur.rows;
       const int* columns = cur.columns;
       int boxes = 0;  // dY boxes copied per step
 #pragma unroll
@@ -1220,7 +1225,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
         const int n0 = k * kSlice;
 #pragma unroll
         for (int j = 0; j < ROWS / 64 || j < kDyBoxes; ++j) {
-          if (j < ROWS / 64) tma_load_2d(stage_a(i) + j * kBoxBytes, map_x, c_base + j * 64, n0, bar);
+          if (j < ROWS / 64) tma_load_2d(stage_a(i) + j * kBoxBytes, map_x, rows[j], n0, bar);
           if (j < kDyBoxes && (!Units::kGaps || columns[j] >= 0))
             tma_load_2d(stage_b(i) + j * kDyBoxBytes, map_dy, columns[j], n0, bar);
         }
@@ -1326,7 +1331,7 @@ struct DwWriter {
 template <class Cfg>
 struct BlockUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = false;
-  __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[2 * u] * Cfg::kBlock; }
+  __device__ __forceinline__ int row(int u, int box) const { return Cfg::coords()[2 * u] * Cfg::kBlock + box * 64; }
   __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * Cfg::kBlock + box * 64; }
   __device__ __forceinline__ int block(int u, int, int) const { return u; }
   __device__ __forceinline__ SddItem gated(const SddItem& item) const { return DwWriter<Cfg>::gated(item, &item.unit, 1); }
@@ -1339,7 +1344,7 @@ template <class Cfg>
 struct TileUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = false;
   static constexpr int E = Cfg::kTileEdge, EC = Cfg::kTileCols, kPerCol = E / Cfg::kBlock, kPerRow = EC / Cfg::kBlock;
-  __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[2 * u] * E; }
+  __device__ __forceinline__ int row(int u, int box) const { return Cfg::coords()[2 * u] * E + box * 64; }
   __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * EC + box * 64; }
   __device__ __forceinline__ int block(int u, int r, int c) const {
     return Cfg::tile_blocks()[(u * kPerCol + r / Cfg::kBlock) * kPerRow + c / Cfg::kBlock];
@@ -1358,7 +1363,7 @@ struct RowUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = true;
   static constexpr int b = Cfg::kBlock, M = Cfg::kRowBlocks, kPerBand = Cfg::kBandRows, kRows = kPerBand * b;
   static constexpr int kBoxCols = b < 64 ? b : 64, kBoxes = b / kBoxCols;  // dY's boxes per block column
-  __device__ __forceinline__ int row_base(int u) const { return Cfg::coords()[u * (M + 1)] * kRows; }
+  __device__ __forceinline__ int row(int u, int box) const { return Cfg::coords()[u * (M + 1)] * kRows + box * 64; }
   __device__ __forceinline__ int column(int u, int box) const {
     const int c = Cfg::coords()[u * (M + 1) + 1 + box / kBoxes];
     return c < 0 ? -1 : c * b + (box % kBoxes) * kBoxCols;
@@ -1368,6 +1373,26 @@ struct RowUnits : DwWriter<Cfg> {
   }
   __device__ __forceinline__ SddItem gated(const SddItem& item) const {
     return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * kPerBand * M, kPerBand * M);
+  }
+};
+
+// sdd_cols_kernel's units (b = 128): unit u is M = Cfg::kColBlocks blocks of one block column of dW,
+// its rows gathered (X's boxes from M block rows), dY's slice of the column copied once per step for
+// all of them. Cfg::coords(): per unit the block column, then the M block rows (-1: an empty slot,
+// whose boxes repeat the first block row's and whose rows are not stored); Cfg::tile_blocks(): per
+// unit the M block indices (-1: none).
+template <class Cfg>
+struct ColUnits : DwWriter<Cfg> {
+  static constexpr bool kGaps = true;  // (no dY box is left empty; the tables are read an item ahead)
+  static constexpr int b = Cfg::kBlock, M = Cfg::kColBlocks, kBoxes = b / 64;  // X's boxes per block row
+  __device__ __forceinline__ int row(int u, int box) const {
+    const int r = Cfg::coords()[u * (M + 1) + 1 + box / kBoxes];
+    return (r < 0 ? Cfg::coords()[u * (M + 1) + 1] : r) * b + (box % kBoxes) * 64;
+  }
+  __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[u * (M + 1)] * b + box * 64; }
+  __device__ __forceinline__ int block(int u, int r, int) const { return Cfg::tile_blocks()[u * M + r / b]; }
+  __device__ __forceinline__ SddItem gated(const SddItem& item) const {
+    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit * M, M);
   }
 };
 
@@ -1387,6 +1412,7 @@ BSJIT_SDD_TMA_KERNEL(sdd_tiled_kernel, TileUnits, Cfg::kTileEdge, Cfg::kTileCols
                      Cfg::kBlock == 16 || Cfg::kBlock == 32)
 BSJIT_SDD_TMA_KERNEL(sdd_rows_kernel, RowUnits, RowUnits<Cfg>::kRows, Cfg::kRowBlocks * Cfg::kBlock,
                      Cfg::kBlock == 16 || Cfg::kBlock == 32 || Cfg::kBlock == 64 || Cfg::kBlock == 128)
+BSJIT_SDD_TMA_KERNEL(sdd_cols_kernel, ColUnits, Cfg::kColBlocks* Cfg::kBlock, Cfg::kBlock, Cfg::kBlock == 128)
 #undef BSJIT_SDD_TMA_KERNEL
 
 }  // namespace kernels

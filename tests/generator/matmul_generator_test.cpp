@@ -536,6 +536,74 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
         }
 }
 
+// The column-grouped backward-weight kernel's tables (b = 128): a unit is a block column with up to
+// 2 of its blocks' rows, ascending, padded with -1 only in the column's last unit; the block index of
+// each slot is the layout's, and together the units hold every block once.
+TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    Layout layout = random_layout(1 + seed % 13 + seed % 5, 2 + seed % 11, seed);
+    MatMulSpec spec{Op::backward_weight, 128, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    TileConfig t;
+    t.wgmma = t.tma = true, t.col_blocks = 2, t.warps_m = 2, t.stages = 3;
+    spec.tiles = t;
+    const auto g = generate_matmul(layout, spec);
+    SCOPED_TRACE(fmt::format("seed {}", seed));
+    ASSERT_NE(g.name_expression.find("sdd_cols_kernel"), std::string::npos);
+    EXPECT_NE(g.source.find("kColBlocks = 2;"), std::string::npos);
+    const int units = static_cast<int>(g.grid_x);
+    const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+    ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * 3));
+    ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * 2));
+    std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
+    int previous_column = -1, previous_row = -1;
+    for (int u = 0; u < units; ++u) {
+      const int column = coords[u * 3];
+      EXPECT_GE(column, previous_column) << "units in column order";
+      if (column != previous_column) previous_row = -1;
+      previous_column = column;
+      ASSERT_GE(coords[u * 3 + 1], 0) << "a unit's first slot holds a block";
+      for (int s = 0; s < 2; ++s) {
+        const int row = coords[u * 3 + 1 + s], block = blocks[u * 2 + s];
+        if (row < 0) {
+          EXPECT_EQ(s, 1);
+          EXPECT_EQ(block, -1);
+          EXPECT_TRUE(u + 1 == units || coords[(u + 1) * 3] != column) << "only a column's last unit is short";
+          continue;
+        }
+        EXPECT_GT(row, previous_row) << "a column's rows ascending, each once";
+        previous_row = row;
+        EXPECT_EQ(block, layout.block_index(row, column));
+        rebuilt.push_back({row, column});
+      }
+    }
+    EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
+    EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
+    EXPECT_TRUE(g.persistent);
+    EXPECT_EQ(g.tiles.bm, 256);
+    EXPECT_EQ(g.tiles.bn, 128);
+    const std::int64_t planes = std::min<std::int64_t>(units * 8, 144);
+    EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * 256 * 128 + planes) * 4 : 0);
+  }
+  // valid only as two consumers of a block each (128 accumulators a thread), at b = 128, for
+  // backward-weight
+  auto shape = [](Op op, int b, int wg) {
+    MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    TileConfig t;
+    t.wgmma = t.tma = true, t.col_blocks = 2, t.warps_m = wg, t.stages = 4, t.staged = true;
+    spec.tiles = t;
+    return spec;
+  };
+  const TileConfig t = choose_tiles(shape(Op::backward_weight, 128, 2));
+  EXPECT_EQ(tiles_tag(t), "cols2-tma2-s4-st");
+  EXPECT_EQ(t.threads, 288);
+  EXPECT_EQ(t.shared_bytes, 4 * 64 * (256 + 128) * 2 + 1024 + 1024 + 2 * 4 * 16 * 64 * 2);
+  EXPECT_THROW(choose_tiles(shape(Op::backward_weight, 128, 1)), Error) << "256 accumulators a thread";
+  EXPECT_THROW(choose_tiles(shape(Op::backward_weight, 64, 2)), Error) << "b = 128 only";
+  EXPECT_THROW(choose_tiles(shape(Op::forward, 128, 2)), Error) << "backward-weight only";
+}
+
 // Backward-weight at b ≥ 64 on Hopper: the kernel predicted to finish first in waves (sdd_choice):
 // row groups of 4 for many blocks per row, of 2 for a few, a block per CTA where even pairs would
 // leave most of a wave idle.
@@ -559,6 +627,21 @@ TEST(Generator, BackwardWeightKernelByWaves) {
   EXPECT_EQ(few.grid_x, 64 * 2);
   EXPECT_EQ(tiles_tag(sparse.tiles), "tma1-bm128-s4-st");
   EXPECT_NE(sparse.name_expression.find("sdd_tma_kernel"), std::string::npos);
+  // b = 128, 8 blocks in every block column at random rows (suite W's balanced layout at d = 0.25):
+  // pairs of a column's blocks make exactly 128 units, one wave; pairs of a row's, with odd rows
+  // padded, more than 132, and single blocks 2 waves
+  std::mt19937_64 rng(8);
+  std::vector<std::uint8_t> even_columns(32 * 32, 0);
+  for (std::int64_t c = 0; c < 32; ++c) {
+    std::vector<std::int64_t> rows(32);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    for (int j = 0; j < 8; ++j) even_columns[rows[j] * 32 + c] = 1;
+  }
+  const auto by_columns = chosen(Layout::from_dense(32, 32, even_columns), 128);
+  EXPECT_EQ(tiles_tag(by_columns.tiles), "cols2-tma2-s4-st");
+  EXPECT_EQ(by_columns.grid_x, 128);
+  EXPECT_NE(by_columns.name_expression.find("sdd_cols_kernel"), std::string::npos);
   // b = 64, rows 2i and 2i + 1 holding the same 32 columns: bands of two block rows, units of 4
   // columns with a block in every slot (fewer waves than single rows)
   std::vector<std::uint8_t> twins(64 * 64, 0);
