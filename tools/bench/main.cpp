@@ -32,35 +32,13 @@
 #include "runtime/module.hpp"
 #include "runtime/parallel.hpp"
 #include "suite_a.hpp"
+#include "suite_layouts.hpp"
 
 namespace bsjit::bench {
 namespace {
 
 using tools::DeviceBuffer;
 using Clock = std::chrono::steady_clock;
-
-// --- layouts of suite W ----------------------------------------------------------------------
-
-// Every output block column k (a block row of Wᵀ) holds exactly round(d·rows) blocks at random
-// rows, so cuSPARSE Blocked-ELL needs no padding.
-Layout balanced_layout(std::int64_t rows, std::int64_t cols, double d, std::mt19937_64& rng) {
-  const std::int64_t per = std::max<std::int64_t>(1, std::llround(d * rows));
-  std::vector<std::pair<std::int64_t, std::int64_t>> coords;
-  std::vector<std::int64_t> perm(rows);
-  for (std::int64_t k = 0; k < cols; ++k) {
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (std::int64_t j = 0; j < per; ++j) coords.emplace_back(perm[j], k);
-  }
-  return Layout::from_coords(rows, cols, coords);
-}
-
-Layout bernoulli_layout(std::int64_t rows, std::int64_t cols, double d, std::mt19937_64& rng) {
-  std::bernoulli_distribution bern(d);
-  std::vector<std::uint8_t> m(rows * cols);
-  for (auto& v : m) v = bern(rng);
-  return Layout::from_dense(rows, cols, m);
-}
 
 // --- data ------------------------------------------------------------------------------------
 
@@ -227,9 +205,8 @@ Measured check_then_time(const Env& env, const std::function<void()>& call, Devi
   return {err, time_ms(call, env.stream, 3, env.reps)};
 }
 
-void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<int>& blocks,
-           const std::vector<double>& densities, const std::vector<std::string>& kinds, std::vector<Row>& rows,
-           bool small) {
+void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, const Grid& selected,
+           std::vector<Row>& rows, bool small) {
   const std::int64_t C = CK, K = CK;
   const double t_dense = cublas_dense_ms(N, C, K, Dense::bf16, env.stream, env.reps);
   fmt::print("cuBLAS dense bf16 N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", N, C, K, t_dense,
@@ -238,7 +215,7 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
   Operands o{DeviceBuffer(N * C * 2), DeviceBuffer(N * K * 2), DeviceBuffer(N * K * 2), DeviceBuffer(N * C * 2)};
   o.x.upload(x.bits);
   o.dy.upload(dy.bits);
-  // the cells' layouts: one random stream, in the order of the table
+  // the cells' layouts: those the whole table draws (table_layouts)
   struct Cell {
     std::string kind;
     int b;
@@ -246,14 +223,11 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const std::vector<in
     MatMul mm;
   };
   std::vector<Cell> cells;
-  std::mt19937_64 rng(42);
-  for (const auto& kind : kinds)
-    for (int b : blocks)
-      for (double d : densities)
-        cells.push_back(
-            {kind, b, d,
-             MatMul(kind == "balanced" ? balanced_layout(C / b, K / b, d, rng) : bernoulli_layout(C / b, K / b, d, rng),
-                    {b, DType::bf16, FeatureAxis::last, ""})});
+  const std::vector<Layout> layouts = table_layouts(C, table, selected);
+  for (const auto& kind : selected.kinds)
+    for (int b : selected.blocks)
+      for (double d : selected.densities)
+        cells.push_back({kind, b, d, MatMul(layouts[cells.size()], {b, DType::bf16, FeatureAxis::last, ""})});
   std::vector<const MatMul*> mms;
   for (const Cell& cell : cells) mms.push_back(&cell.mm);
   precompile_ops(mms);
@@ -624,9 +598,11 @@ int main(int argc, char** argv) {
   using namespace bsjit::bench;
   CLI::App app{"bsjit-bench: suites W, small and jit of BENCH.md, with cuBLAS, cuSPARSE and copy baselines"};
   std::vector<std::string> suites{"W", "small", "jit"};
-  std::vector<int> blocks{16, 32, 64, 128};
-  std::vector<double> densities{0.5, 0.25, 0.1, 0.05};
-  std::vector<std::string> kinds{"balanced", "bernoulli"};
+  const Grid kSuiteW{{"balanced", "bernoulli"}, {16, 32, 64, 128}, {0.5, 0.25, 0.1, 0.05}};
+  const Grid kSmallBatch{{"balanced"}, {32, 64}, {0.1}};
+  std::vector<int> blocks = kSuiteW.blocks;
+  std::vector<double> densities = kSuiteW.densities;
+  std::vector<std::string> kinds = kSuiteW.kinds;
   std::string json_path, csv_path;
   int reps = 20;
   app.add_option("-s,--suite", suites,
@@ -677,8 +653,10 @@ int main(int argc, char** argv) {
     std::vector<std::pair<std::string, double>> jit;
     std::vector<AttentionRow> attention_rows;
     for (const auto& s : suites) {
-      if (s == "W") run_w(env, 8192, 4096, blocks, densities, kinds, rows, false);
-      else if (s == "small") run_w(env, 64, 16384, {32, 64}, {0.1}, {"balanced"}, small_rows, true);
+      if (s == "W")
+        run_w(env, 8192, 4096, kSuiteW, {kinds, blocks, densities}, rows, false);
+      else if (s == "small")
+        run_w(env, 64, 16384, kSmallBatch, kSmallBatch, small_rows, true);
       else if (s == "jit") run_jit(env, jit);
       else if (s == "tf32")
         run_tf32(env, blocks, densities, tf32_rows);
