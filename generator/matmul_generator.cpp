@@ -863,10 +863,13 @@ constexpr std::int64_t kSms = 132;
 // is at the class's position p / g + i · P / g, mod units / g). Dealt most steps first, the long units sit
 // together, so the CTAs that start there fall behind the others, the wave spreads over more row
 // tiles than L2 holds, and X (dY) is read from DRAM again: Nsight Compute, swapped kernel at b = 128,
-// backward-data of the balanced layout at d = 0.05, 81.6 MB read (69 MB once), 74.1 MB with the
-// cycle smoothed (89.0 MB in plain order). Suite W, two rounds (A/B in one call): b = 128
-// backward-data d = 0.05 362-365 → 383-387 TFLOP/s (+6%), Bernoulli b = 64 forward d = 0.05 276-279
-// → 296-297 (+7%), Bernoulli b = 128 backward-data d = 0.1 +1.5-1.8%, the rest within noise.
+// backward-data of the sweep's balanced layout at d = 0.05, 81.6 MB read (69 MB once), 74.1 MB with the
+// cycle smoothed (89.0 MB in plain order). Suite W at b = 128, 64 and 32 on the layouts such a run
+// drew then (not the full table's), two rounds (A/B in one call): b = 128 backward-data d = 0.05
+// 362-365 → 383-387 TFLOP/s (+6%), Bernoulli b = 64 forward d = 0.05 276-279 → 296-297 (+7%),
+// Bernoulli b = 128 backward-data d = 0.1 +1.5-1.8%, the rest within noise. On the full table's
+// layouts, one run each (849d577 → 70b5640): b = 128 backward-data d = 0.05 385 → 382 (there the old
+// order was not behind), Bernoulli b = 64 forward d = 0.05 308 → 322, b = 128 370 → 381.
 // Only the TMA kernel's columns are smoothed: the paired kernel's backward-data at b = 64, d = 0.1
 // lost 3.5% with it (both layouts), and the grouped kernel's cells moved within noise.
 // order[position] = unit.
