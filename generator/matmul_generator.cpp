@@ -807,6 +807,15 @@ RowBands column_groups(const Layout& layout, int m) {
   return out;
 }
 
+// How many units column_groups(layout, m) makes, counted without its tables.
+std::int64_t column_units(const Layout& layout, int m) {
+  std::vector<std::int64_t> in_column(layout.cols(), 0);
+  for (auto [r, c] : layout.coords()) ++in_column[c];
+  std::int64_t units = 0;
+  for (std::int64_t n : in_column) units += (n + m - 1) / m;
+  return units;
+}
+
 // How many units row_bands(layout, per, m) makes, counted without its tables: each band's distinct
 // block columns in groups of m (what the kernel choices compare).
 std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
@@ -1005,7 +1014,7 @@ MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
   for (const auto& c : candidates) {
     const std::int64_t m = std::max(1, c.shape.row_blocks);
     const std::int64_t units = c.shape.col_blocks > 0
-                                   ? column_groups(layout, c.shape.col_blocks).units
+                                   ? column_units(layout, c.shape.col_blocks)
                                    : band_units(layout, band_rows_of(c.shape, spec.block), static_cast<int>(m));
     const double us = c.wave_us * sdd_waves(units, c.ctas);
     if (best == 0 || us < best) best = us, chosen = c.shape;
