@@ -591,35 +591,25 @@ __device__ __forceinline__ void store_feature_piece(const PackedFeatures<R>& til
   ++piece;
 }
 
-// Stores the pieces FIRST .. R / 64 - 1 of a packed tile.
-template <int FIRST, int R>
-__device__ __forceinline__ void store_feature_pieces(const PackedFeatures<R>& tile, const TensorMap& map_out,
-                                                     unsigned char* out_tile, int& piece, int n, int consumer) {
-  if constexpr (FIRST < R / 64) {
-    store_feature_piece<FIRST>(tile, map_out, out_tile, piece, n, consumer);
-    store_feature_pieces<FIRST + 1>(tile, map_out, out_tile, piece, n, consumer);
+// Stores piece `p` (at run time; below R / 64) of a packed tile: store_feature_piece of that constant.
+template <int P = 0, int R>
+__device__ __forceinline__ void store_feature_piece_at(int p, const PackedFeatures<R>& tile, const TensorMap& map_out,
+                                                       unsigned char* out_tile, int& piece, int n, int consumer) {
+  if constexpr (P < R / 64) {
+    if (p == P)
+      store_feature_piece<P>(tile, map_out, out_tile, piece, n, consumer);
+    else
+      store_feature_piece_at<P + 1>(p, tile, map_out, out_tile, piece, n, consumer);
   }
 }
 
-// Stores piece `p` (at run time; below R / 64) of a packed tile: store_feature_piece of that constant.
+// Stores the pieces `first` .. R / 64 - 1 of a packed tile.
 template <int R>
-__device__ __forceinline__ void store_feature_piece_at(int p, const PackedFeatures<R>& tile, const TensorMap& map_out,
-                                                       unsigned char* out_tile, int& piece, int n, int consumer) {
-  static_assert(R / 64 <= 4, "at most 4 pieces");
-  switch (p) {
-    case 0:
-      store_feature_piece<0>(tile, map_out, out_tile, piece, n, consumer);
-      break;
-    case 1:
-      if constexpr (R / 64 > 1) store_feature_piece<1>(tile, map_out, out_tile, piece, n, consumer);
-      break;
-    case 2:
-      if constexpr (R / 64 > 2) store_feature_piece<2>(tile, map_out, out_tile, piece, n, consumer);
-      break;
-    default:
-      if constexpr (R / 64 > 3) store_feature_piece<3>(tile, map_out, out_tile, piece, n, consumer);
-      break;
-  }
+__device__ __forceinline__ void store_feature_pieces(int first, const PackedFeatures<R>& tile, const TensorMap& map_out,
+                                                     unsigned char* out_tile, int& piece, int n, int consumer) {
+#pragma unroll
+  for (int p = 0; p < R / 64; ++p)
+    if (p >= first) store_feature_piece_at(p, tile, map_out, out_tile, piece, n, consumer);
 }
 
 // Stores a swapped consumer's accumulators at once (pack_features, then every piece).
@@ -629,7 +619,7 @@ __device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::
                                                long long feature0, int row_base, int n, int accumulate, int consumer) {
   PackedFeatures<R> tile;
   pack_features<Cfg, R>(d, tile, out, feature0, row_base, n, accumulate);
-  store_feature_pieces<0>(tile, map_out, out_tile, piece, n, consumer);
+  store_feature_pieces(0, tile, map_out, out_tile, piece, n, consumer);
 }
 
 // A consumer's walk over the `total` stages of one output tile of dsd_tma_kernel (LUT entries from
