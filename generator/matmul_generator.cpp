@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "bsjit/error.hpp"
+#include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit::generator {
 namespace {
@@ -989,9 +991,8 @@ double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out
 // 630 on 266 units); d = 0.25, 128 units, one wave, 748 (tma1 641 on 2 waves, rows2 512 on 134
 // units); d = 0.1 and 0.05 (64 and 32 units) 405 and 280 against tma1's 460 and 342.
 double sdd_waves(std::int64_t units, std::int64_t ctas) {
-  const std::int64_t waves = units / ctas, left = units % ctas;
-  const std::int64_t q = left == 0 ? 1 : std::clamp<std::int64_t>(ctas / left, 1, 8);
-  return static_cast<double>(waves) + (left == 0 ? 0.0 : q == 1 ? 1.0 : 1.0 / static_cast<double>(q) + 0.3);
+  const kernels::SddSchedule s(static_cast<int>(units), static_cast<int>(ctas), INT_MAX, 8192 / 64);
+  return s.waves + (s.left == 0 ? 0.0 : s.q == 1 ? 1.0 : 1.0 / s.q + 0.3);
 }
 
 MatMulSpec sdd_choice(const Layout& layout, const MatMulSpec& spec) {
@@ -1179,13 +1180,14 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // so the big b = 128 tile, which nearly fills an SM alone, is not split. The last split of each
     // block adds the partials in split order: deterministic.
     // The Hopper kernels (t.tma) instead run one wave of CTAs over their units (SddSchedule in
-    // templates/bsjit/matmul.cuh): whole units in waves, those left over from the last full wave split
-    // along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
-    // the workspace holds a partial per CTA of an H100 / H200 (144 SMs at most) and a counter each.
+    // templates/bsjit/sdd_schedule.cuh): whole units in waves, those left over from the last full wave
+    // split along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
+    // the workspace holds the partials the schedule needs on an H100 / H200 (144 SMs at most) and as
+    // many counters (one per leftover unit).
     const std::int64_t per_sm = t.pipelined ? ctas_per_sm(t) : 1;
     if (t.tma) {
       g.persistent = true;
-      planes = std::min<std::int64_t>(units * 8, 144 * per_sm);  // 8: SddSchedule::kMaxPieces
+      planes = sdd_planes(units, 144 * per_sm);
       if (units > 0) g.workspace_bytes = (planes * t.bm * t.bn + planes) * 4;
     } else if (t.pipelined && units > 0 && per_sm >= 4) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
@@ -1369,6 +1371,14 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                  : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
                                    "\"static shared memory is 48 KB\");\n"));
   return g;
+}
+
+std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas) {
+  int most = 0;
+  for (std::int64_t p = 1; p <= max_ctas && units > 0; ++p)
+    most =
+        std::max(most, kernels::SddSchedule(static_cast<int>(units), static_cast<int>(p), INT_MAX, INT_MAX).planes());
+  return most;
 }
 
 }  // namespace bsjit::generator

@@ -136,4 +136,8 @@ bool supported_block(int block);
 // well-filled tiles); g.tiles and g.label say what was generated.
 GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
 
+// Partial planes the Hopper backward-weight kernels' schedule (templates/bsjit/sdd_schedule.cuh)
+// needs for `units` units on any grid of up to max_ctas CTAs: its workspace.
+std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas);
+
 }  // namespace bsjit::generator

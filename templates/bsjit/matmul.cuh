@@ -27,6 +27,7 @@
 
 #include "bsjit/common.cuh"
 #include "bsjit/pipeline.cuh"
+#include "bsjit/sdd_schedule.cuh"
 #include "bsjit/tile.cuh"
 #include "bsjit/wgmma.cuh"
 
@@ -853,11 +854,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_fence_registers(d);
       const long long feature0 = static_cast<long long>(col) * b + fslice * 64;
       if constexpr (kDeferStore) {
-        if (has_pending) {  // the pieces this tile had no stage for
-#pragma unroll
-          for (int p = 0; p < R / 64; ++p)
-            if (p >= total) store_feature_piece_at(p, pending, map_out, out_tile, piece, n, consumer);
-        }
+        if (has_pending)  // the pieces this tile had no stage for
+          store_feature_pieces(total, pending, map_out, out_tile, piece, n, consumer);
         pack_features<Cfg, R>(d, pending, out, feature0, m0 + rows, n, accumulate);
         has_pending = true;
       } else {
@@ -866,7 +864,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   if constexpr (kDeferStore) {
-    if (has_pending) store_feature_pieces<0>(pending, map_out, out_tile, piece, n, consumer);
+    if (has_pending) store_feature_pieces(0, pending, map_out, out_tile, piece, n, consumer);
   }
   if (lane == 0) bulk_wait_group<0>();  // shared memory outlives the stores
 }
@@ -952,44 +950,6 @@ struct SddTmaPlan {
                                           ? kStagingOffset + Cfg::kWarpsM * 4 * kWarpStaging + kSwizzleAtomBytes
                                           : Cfg::kStages * kStageBytes + kSwizzleAtomBytes + kBarrierBytes;
   static_assert(kBarrierBytes <= kSwizzleAtomBytes, "the stages' mbarriers fit in the padding");
-};
-
-// One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.
-struct SddItem {
-  int unit, first, last, piece;
-};
-
-// How the units are spread over the gridDim.x = P CTAs (at most the GPU holds at once). Whole units
-// in waves: CTA p takes units p, p + P, ..., so a wave's CTAs walk N together and read the rows of X
-// and dY they share from L2. The units left after the full waves are split along N into q pieces
-// each, for the CTAs that would otherwise idle in the last wave (q = 1: taken whole); each piece
-// writes its fp32 partial and the last piece of a unit to finish adds them in piece order
-// (deterministic). Workspace: Cfg::kPlanes planes of R × C partials (piece j of leftover unit r at
-// r·q + j), then one arrival counter per leftover unit, which the last piece sets back to 0.
-template <class Cfg>
-struct SddSchedule {
-  static constexpr int kMaxPieces = 8;
-  int steps, waves, left, q;
-  __device__ __forceinline__ explicit SddSchedule(int n) {
-    const int P = gridDim.x;
-    steps = (n + 63) / 64;
-    waves = Cfg::kUnits / P;
-    left = Cfg::kUnits % P;
-    q = 1;
-    if (left > 0) q = min(min(kMaxPieces, P / left), min(steps, Cfg::kPlanes / left));
-    if (q < 1) q = 1;
-  }
-  __device__ __forceinline__ int items() const {
-    return waves + (static_cast<int>(blockIdx.x) < left * q ? 1 : 0);
-  }
-  __device__ __forceinline__ SddItem item(int i) const {
-    const int p = blockIdx.x;
-    if (i < waves) return {p + i * static_cast<int>(gridDim.x), 0, steps, -1};
-    const int unit = waves * gridDim.x + p % left;
-    if (q == 1) return {unit, 0, steps, -1};
-    const int chunk = (steps + q - 1) / q, first = min(steps, (p / left) * chunk);
-    return {unit, first, min(steps, first + chunk), p / left};
-  }
 };
 
 // The blocks a warp's pieces lie in (-1: none), for store_sdd_staged: piece s of the 64 columns p of
@@ -1086,13 +1046,13 @@ __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int r
 // plane at a time, so that a plane's loads are in flight together) and writing.
 template <class Cfg, int R, int C, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
-                                               const SddItem& item, const SddSchedule<Cfg>& schedule, float* workspace,
+                                               const SddItem& item, const SddSchedule& schedule, float* workspace,
                                                const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
                                                unsigned char* warp_staging) {
   constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
   constexpr long long kPlane = static_cast<long long>(R) * C;
   if (item.piece >= 0) {
-    const int leftover = item.unit - schedule.waves * gridDim.x;
+    const int leftover = schedule.leftover(item);
     float* planes = workspace + leftover * schedule.q * kPlane;
     float* mine = planes + item.piece * kPlane;
 #pragma unroll
@@ -1169,8 +1129,8 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   auto stage_b = [&](int i) { return ring.stage(i) + Plan::kOperandBytes; };
 
   ring.init(kConsumerThreads);
-  const SddSchedule<Cfg> schedule(n);
-  const int items = schedule.items();
+  const SddSchedule schedule(Cfg::kUnits, gridDim.x, Cfg::kPlanes, (n + 63) / 64);
+  const int items = schedule.items(blockIdx.x);
 
   if (threadIdx.x >= kConsumerThreads) {  // the producer warp
     if (threadIdx.x != kConsumerThreads) return;
@@ -1189,7 +1149,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
     };
     auto coords = [&](int it) {
       Coords c;
-      c.item = units.gated(schedule.item(it));
+      c.item = units.gated(schedule.item(blockIdx.x, it));
 #pragma unroll
       for (int j = 0; j < ROWS / 64; ++j) c.rows[j] = units.row(c.item.unit, j);
 #pragma unroll
@@ -1237,12 +1197,12 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   StagedBlocks<Cfg, kTiles, N> blocks, next_blocks;
   SddItem next_item{};
   if (kAhead && items > 0) {
-    next_item = units.gated(schedule.item(0));
+    next_item = units.gated(schedule.item(blockIdx.x, 0));
     if constexpr (Cfg::kStagedStore) next_blocks.load(units, next_item.unit, row0, col0);
   }
   int i = 0;
   for (int it = 0; it < items; ++it) {
-    const SddItem item = kAhead ? next_item : units.gated(schedule.item(it));
+    const SddItem item = kAhead ? next_item : units.gated(schedule.item(blockIdx.x, it));
     if constexpr (Cfg::kStagedStore) {
       if (kAhead)
         blocks = next_blocks;
@@ -1250,7 +1210,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
         blocks.load(units, item.unit, row0, col0);
     }
     if (kAhead && it + 1 < items) {
-      next_item = units.gated(schedule.item(it + 1));
+      next_item = units.gated(schedule.item(blockIdx.x, it + 1));
       if constexpr (Cfg::kStagedStore) next_blocks.load(units, next_item.unit, row0, col0);
     }
 #pragma unroll

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "bsjit/error.hpp"
+#include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit::generator {
 namespace {
@@ -110,6 +111,95 @@ TEST(Generator, TablesRebuildTheLayout) {
     for (std::int64_t b = 0; b < layout.blocks(); ++b)
       EXPECT_EQ(layout.block_coord(b), (std::pair<std::int64_t, std::int64_t>{coords[2 * b], coords[2 * b + 1]}));
   }
+}
+
+// Backward-weight's schedule on Hopper (SddSchedule, shared by the kernels and the generator): over
+// every CTA's items, each step of each unit runs exactly once; a split unit's pieces have distinct
+// indices below q, their planes and counters inside the workspace sdd_planes sizes; and the last
+// wave takes 1 / q of a unit.
+TEST(SddSchedule, EveryStepOnceInTheWorkspace) {
+  int pieced = 0;
+  for (int ctas : {7, 100, 132, 264})
+    for (int units = 1; units <= 3 * ctas + 5; units += units < 40 ? 1 : 7)
+      for (int steps : {1, 2, 5, 16, 65, 128}) {
+        SCOPED_TRACE(fmt::format("{} units on {} CTAs, {} steps", units, ctas, steps));
+        const int planes = static_cast<int>(sdd_planes(units, ctas));
+        const kernels::SddSchedule s(units, ctas, planes, steps);
+        std::vector<std::vector<int>> runs(units, std::vector<int>(steps, 0));
+        std::vector<std::set<int>> pieces(units);
+        int makespan = 0;
+        for (int p = 0; p < ctas; ++p) {
+          int work = 0;
+          for (int i = 0; i < s.items(p); ++i) {
+            const kernels::SddItem item = s.item(p, i);
+            ASSERT_GE(item.unit, 0);
+            ASSERT_LT(item.unit, units);
+            ASSERT_LE(0, item.first);
+            ASSERT_LE(item.first, item.last);
+            ASSERT_LE(item.last, steps);
+            for (int k = item.first; k < item.last; ++k) ++runs[item.unit][k];
+            work += item.last - item.first;
+            if (item.piece < 0) {
+              EXPECT_EQ(item.last - item.first, steps) << "a whole unit";
+              continue;
+            }
+            EXPECT_LT(item.piece, s.q);
+            EXPECT_TRUE(pieces[item.unit].insert(item.piece).second) << "a piece index once per unit";
+            const int leftover = s.leftover(item);
+            EXPECT_GE(leftover, 0);
+            EXPECT_LT(leftover, s.left);
+            EXPECT_LT(leftover * s.q + item.piece, planes) << "its plane in the workspace";
+            EXPECT_LT(leftover, planes) << "its counter in the workspace";
+          }
+          makespan = std::max(makespan, work);
+        }
+        for (int u = 0; u < units; ++u)
+          for (int k = 0; k < steps; ++k) ASSERT_EQ(runs[u][k], 1) << "unit " << u << " step " << k;
+        for (int u = 0; u < units; ++u) {
+          if (!pieces[u].empty()) {
+            EXPECT_EQ(static_cast<int>(pieces[u].size()), s.q) << "every piece of a split unit";
+          }
+        }
+        const int left = units % ctas;
+        if (left == 0) {
+          EXPECT_EQ(makespan, s.waves * steps);
+        } else if (s.q > 1) {
+          ++pieced;
+          EXPECT_EQ(s.q, std::min({kernels::SddSchedule::kMaxPieces, ctas / left, steps}));
+          EXPECT_EQ(makespan, s.waves * steps + (steps + s.q - 1) / s.q);
+        } else {
+          EXPECT_TRUE(2 * left > ctas || steps == 1);
+          EXPECT_EQ(makespan, (s.waves + 1) * steps);
+        }
+      }
+  EXPECT_GT(pieced, 100);
+  // Suite W's balanced b = 128 layouts at d = 0.1 and 0.05, N = 8192: 96 blocks on 132 CTAs whole
+  // (no workspace); 64 in halves
+  EXPECT_EQ(kernels::SddSchedule(96, 132, static_cast<int>(sdd_planes(96, 132)), 128).q, 1);
+  const kernels::SddSchedule halves(64, 132, static_cast<int>(sdd_planes(64, 132)), 128);
+  EXPECT_EQ(halves.q, 2);
+  EXPECT_EQ(halves.item(100, 0).first, 64);
+  // a workspace too small for the pieces: fewer
+  EXPECT_EQ(kernels::SddSchedule(64, 132, 64, 128).q, 1);
+  EXPECT_EQ(kernels::SddSchedule(20, 132, 100, 128).q, 5);
+}
+
+// The workspace is what the schedule needs on the largest grid that needs the most: every grid up
+// to max_ctas fits in it and one fills it.
+TEST(SddSchedule, WorkspaceIsTheMostAnyGridNeeds) {
+  for (int units : {1, 5, 64, 96, 100, 131, 133, 200, 1000}) {
+    const int planes = static_cast<int>(sdd_planes(units, 144));
+    int most = 0;
+    for (int p = 1; p <= 144; ++p) {
+      const kernels::SddSchedule s(units, p, planes, 8192 / 64);
+      const kernels::SddSchedule unlimited(units, p, 1 << 30, 1 << 30);
+      EXPECT_EQ(s.q, unlimited.q) << units << " units on " << p;
+      most = std::max(most, s.planes());
+    }
+    EXPECT_EQ(most, planes) << units << " units";
+  }
+  EXPECT_EQ(sdd_planes(64, 132), 128);  // P = 128 .. 132: halves of 64
+  EXPECT_EQ(sdd_planes(0, 132), 0);
 }
 
 // The persistent TMA kernel's column order: CTA p of the 132 an H200 holds takes tiles p, p + 132,
@@ -526,7 +616,7 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
           // holds at most, and a counter each
           EXPECT_TRUE(g.persistent);
           EXPECT_EQ(g.splits, 1);
-          const std::int64_t planes = std::min<std::int64_t>(units * 8, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
+          const std::int64_t planes = sdd_planes(units, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
           EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", units, planes)), std::string::npos);
           EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * per * b * m * b + planes) * 4 : 0);
           // dY's boxes: 64 features, or one block column at b ≤ 32 (swizzled over its 2b bytes)
@@ -582,7 +672,7 @@ TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
     EXPECT_TRUE(g.persistent);
     EXPECT_EQ(g.tiles.bm, 256);
     EXPECT_EQ(g.tiles.bn, 128);
-    const std::int64_t planes = std::min<std::int64_t>(units * 8, 144);
+    const std::int64_t planes = sdd_planes(units, 144);
     EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * 256 * 128 + planes) * 4 : 0);
   }
   // valid only as two consumers of a block each (128 accumulators a thread), at b = 128, for

@@ -20,6 +20,7 @@
 #include "runtime/kernel_registry.hpp"
 #include "runtime/module.hpp"
 #include "runtime/parallel.hpp"
+#include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit {
 namespace {
@@ -308,33 +309,50 @@ TEST(MatMulGpuHopperPersistent, SwappedTilesOverSeveralWavesMatchReference) {
 // Backward-weight's schedule on Hopper (SddSchedule) on layouts of 40-560 units of dW, larger than
 // the other tests': whole units in waves of the CTAs the GPU holds, the units left after the full
 // waves split along N into pieces whose partials the last piece adds (b = 128: 1 wave and a few
-// units left, each in 8 pieces). Every backward-weight TMA shape (a block, a tile or a row band per
-// unit), N = 4099 and 1000 (partial steps), gated and accumulating.
+// units left, each in 8 pieces; 100 blocks: halves on an H200's 132 CTAs where pairs of blocks
+// make units). Every backward-weight TMA shape (a block, a tile or a row band per unit), N = 4099
+// and 1000 (partial steps), gated and accumulating.
 TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
   std::vector<Shape> shapes;
-  for (int b : {32, 64, 128}) {
-    std::mt19937_64 rng(700 + b);
-    const std::int64_t rows = 2048 / b, cols = rows + 3;
-    std::vector<std::uint8_t> m(rows * cols);
-    for (auto& v : m) v = rng() % 100 < (b == 128 ? 45 : 12);
-    const Layout layout = Layout::from_dense(rows, cols, m);
-    generator::MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
-    spec.wgmma = true;
-    std::uint64_t seed = 9000 + b;
-    for (const auto& t : generator::tile_candidates(spec)) {
-      if (!t.tma || t.stages != (t.row_blocks > 0 ? 4 : t.tile_edge > 0 ? 4 : 3)) continue;
-      spec.tiles = t;
-      shapes.push_back({layout, spec, seed});
-      seed += 2;
+  int split = 0;
+  for (int b : {32, 64, 128})
+    for (int fixed : {0, b == 128 ? 100 : 200}) {  // blocks: Bernoulli (0) or exactly that many
+      std::mt19937_64 rng(700 + b + fixed);
+      const std::int64_t rows = 2048 / b, cols = rows + 3;
+      std::vector<std::uint8_t> m(rows * cols);
+      if (fixed == 0) {
+        for (auto& v : m) v = rng() % 100 < (b == 128 ? 45 : 12);
+      } else {
+        for (int placed = 0; placed < fixed;) {
+          auto& v = m[rng() % m.size()];
+          if (v == 0) v = 1, ++placed;
+        }
+      }
+      const Layout layout = Layout::from_dense(rows, cols, m);
+      generator::MatMulSpec spec{Op::backward_weight, b, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      std::uint64_t seed = 9000 + b + fixed;
+      for (const auto& t : generator::tile_candidates(spec)) {
+        const int stages = fixed > 0 || t.row_blocks > 0 || t.tile_edge > 0 ? 4 : 3;  // fixed: the defaults' s4
+        if (!t.tma || t.stages != stages) continue;
+        spec.tiles = t;
+        shapes.push_back({layout, spec, seed});
+        seed += 2;
+        // split on an H200 (132 SMs, as many CTAs as fit in 227 KB of shared memory each)
+        const auto g = generator::generate_matmul(layout, spec);
+        const int ctas = 132 * std::clamp(227 * 1024 / static_cast<int>(g.shared_bytes), 1, 2048 / g.tiles.threads);
+        const int planes = static_cast<int>(generator::sdd_planes(g.grid_x, ctas));
+        split += kernels::SddSchedule(static_cast<int>(g.grid_x), ctas, planes, 1000 / 64 + 1).q > 1;
+      }
     }
-  }
   compile_shapes(shapes);
   for (const auto& s : shapes) check_shape(s, {{4099, false, false}, {1000, true, true}});
   EXPECT_GT(shapes.size(), 8u);
-  std::printf("GPU matmul: %zu backward-weight shapes checked on larger layouts\n", shapes.size());
+  EXPECT_GE(split, 8) << "shapes whose units split (on 132 SMs)";
+  std::printf("GPU matmul: %zu backward-weight shapes checked on larger layouts, %d split\n", shapes.size(), split);
 }
 
 // fp32 as TF32 (opt-in): every op at b = 16-128 on the mma.sync kernels for 4-byte tiles (both batch

@@ -1,0 +1,64 @@
+// How the Hopper backward-weight kernels spread their units of dW over a wave of CTAs. Plain C++,
+// compiled into the kernels (NVRTC) and into the generator, which sizes the workspace and predicts
+// each candidate's time from the same schedule.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define BSJIT_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define BSJIT_HOST_DEVICE inline
+#endif
+
+namespace bsjit {
+namespace kernels {
+
+// One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.
+struct SddItem {
+  int unit, first, last, piece;
+};
+
+// `units` units over `ctas` CTAs (at most the GPU holds at once), `steps` steps each. Whole units in
+// waves: CTA p takes units p, p + P, ..., so a wave's CTAs walk N together and read the rows of X
+// and dY they share from L2. The L units left after the full waves are split along N into q pieces
+// each (q = P / L, at most kMaxPieces; q = 1: taken whole), for the CTAs that would otherwise idle in
+// the last wave; each piece writes its fp32 partial and the last piece of a unit to finish adds them
+// in piece order (deterministic). Workspace: `planes` planes of partials (piece j of leftover unit r
+// at r·q + j), then one arrival counter per leftover unit, which the last piece sets back to 0.
+// Not split where P < 2L. There a head of each leftover unit (m / (m + 1) of its steps, on its own
+// CTA) and its tail (on one of the other P - L CTAs, m = ceil(L / (P - L)) tails each) would cut the
+// last wave to m / (m + 1) of a unit, and were slower: with 96 units of b = 128 on 132 CTAs at
+// d = 0.1 the tails walk the end of N apart from the heads and read 23 MB more from DRAM (132 → 155
+// MB, Nsight Compute), while L2 already ran at 83% of its peak with 96 CTAs. Suite W, TFLOP/s:
+// balanced b = 128 d = 0.1 447-462 → 408-415, Bernoulli 531 → 415, balanced b = 64 d = 0.05 255 → 209
+// (docs/PERFORMANCE.md, 2026-12-01).
+struct SddSchedule {
+  static constexpr int kMaxPieces = 8;
+  int ctas, steps, waves, left, q;
+
+  BSJIT_HOST_DEVICE SddSchedule(int units, int ctas_, int planes, int steps_)
+      : ctas(ctas_), steps(steps_), waves(units / ctas_), left(units % ctas_), q(1) {
+    if (left == 0) return;
+    q = min_of(min_of(kMaxPieces, ctas / left), min_of(steps, planes / left));
+    if (q < 1) q = 1;
+  }
+  // Partial planes the split uses.
+  BSJIT_HOST_DEVICE int planes() const { return q > 1 ? left * q : 0; }
+  // Items of CTA p.
+  BSJIT_HOST_DEVICE int items(int p) const { return waves + (p < left * q ? 1 : 0); }
+  // Item i of CTA p.
+  BSJIT_HOST_DEVICE SddItem item(int p, int i) const {
+    if (i < waves) return {p + i * ctas, 0, steps, -1};
+    const int unit = waves * ctas + p % left;
+    if (q == 1) return {unit, 0, steps, -1};
+    const int chunk = (steps + q - 1) / q, first = min_of(steps, (p / left) * chunk);
+    return {unit, first, min_of(steps, first + chunk), p / left};
+  }
+  // The leftover index of a piece's unit (its planes and counter).
+  BSJIT_HOST_DEVICE int leftover(const SddItem& item) const { return item.unit - waves * ctas; }
+
+ private:
+  BSJIT_HOST_DEVICE static int min_of(int a, int b) { return a < b ? a : b; }
+};
+
+}  // namespace kernels
+}  // namespace bsjit
