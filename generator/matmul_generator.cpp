@@ -1182,17 +1182,25 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // The Hopper kernels (t.tma) instead run one wave of CTAs over their units (SddSchedule in
     // templates/bsjit/sdd_schedule.cuh): whole units in waves, those left over from the last full wave
     // split along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
-    // the workspace holds the partials the schedule needs on an H100 / H200 (144 SMs at most) and as
-    // many counters (one per leftover unit).
+    // the workspace holds the partials the schedule needs on an H100 / H200 (144 SMs at most).
+    // Either kind's workspace: kernels::kSplitCounters arrival counters (one per leftover unit, or
+    // per split block), then the partials (templates/bsjit/sdd_schedule.cuh).
     const std::int64_t per_sm = t.pipelined ? ctas_per_sm(t) : 1;
+    std::int64_t counters = 0;
     if (t.tma) {
       g.persistent = true;
       planes = sdd_planes(units, 144 * per_sm);
-      if (units > 0) g.workspace_bytes = (planes * t.bm * t.bn + planes) * 4;
+      counters = 144 * per_sm;  // leftover units: fewer than the CTAs
+      if (planes > 0) g.workspace_bytes = (kernels::kSplitCounters + planes * t.bm * t.bn) * 4;
     } else if (t.pipelined && units > 0 && per_sm >= 4) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
-      if (g.splits > 1) g.workspace_bytes = (static_cast<std::int64_t>(g.splits) * t.bm * t.bn + 1) * 4 * units;
+      counters = units;
+      if (g.splits > 1)
+        g.workspace_bytes = (kernels::kSplitCounters + static_cast<std::int64_t>(g.splits) * t.bm * t.bn * units) * 4;
     }
+    if (g.workspace_bytes > 0 && counters > kernels::kSplitCounters)
+      throw Error(
+          fmt::format("internal: {} split counters needed, the workspace holds {}", counters, kernels::kSplitCounters));
     tables =
         t.row_blocks > 0
             ? fmt::format(

@@ -51,20 +51,15 @@ struct MatMul::Impl {
     std::shared_ptr<const runtime::PreparedKernel> prepared;
   };
   std::mutex mutex;  // guards launchables and workspaces
-  // Split-N scratch per (context, stream, kernel): launches on one stream run in order, so one
-  // kernel's launches can share it; kernels cannot, as each expects its arrival counters (at its own
-  // offset) to be 0 where another writes partials.
-  std::map<std::tuple<CUcontext, CUstream, std::string>, std::unique_ptr<runtime::DeviceMemory>> workspaces;
+  // The split kernels' workspace of each (context, stream) this object launched on, shared with
+  // every other kernel and MatMul there (runtime::SplitWorkspaces); held here so that it lives as
+  // long as this object may launch with it.
+  std::map<std::pair<CUcontext, CUstream>, std::shared_ptr<runtime::DeviceMemory>> workspaces;
 
   float* workspace(CUcontext ctx, CUstream stream, const runtime::PreparedKernel& kernel) {
-    const std::int64_t bytes = kernel.generated.workspace_bytes;
+    auto w = runtime::SplitWorkspaces::global().get(ctx, stream, kernel.generated.workspace_bytes);
     std::lock_guard lock(mutex);
-    auto& w = workspaces[{ctx, stream, kernel.key}];
-    if (!w || static_cast<std::int64_t>(w->bytes) < bytes) {
-      if (w) BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));  // the old one may still be in use
-      w = std::make_unique<runtime::DeviceMemory>(bytes);
-      BSJIT_CU(runtime::driver().cuMemsetD8(w->ptr, 0, bytes));  // arrival counters start at 0
-    }
+    workspaces[{ctx, stream}] = w;
     return static_cast<float*>(w->get());
   }
 

@@ -9,6 +9,7 @@
 
 #include "bsjit/error.hpp"
 #include "driver.hpp"
+#include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit::runtime {
 namespace {
@@ -141,6 +142,37 @@ DeviceMemory::~DeviceMemory() {
   if (prev != ctx) d.cuCtxSetCurrent(ctx);
   d.cuMemFree(ptr);
   if (prev != ctx) d.cuCtxSetCurrent(prev);
+}
+
+SplitWorkspaces& SplitWorkspaces::global() {
+  static auto* pool = new SplitWorkspaces;  // never destroyed: holders may outlive static destruction
+  return *pool;
+}
+
+std::shared_ptr<DeviceMemory> SplitWorkspaces::get(CUcontext ctx, CUstream stream, std::size_t bytes) {
+  const Driver& d = driver();
+  std::lock_guard lock(mutex_);
+  if (live_.count({ctx, stream}) == 0)  // a new stream: forget those whose workspaces are gone
+    std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
+  std::weak_ptr<DeviceMemory>& slot = live_[{ctx, stream}];
+  std::shared_ptr<DeviceMemory> w = slot.lock();
+  if (w && w->bytes >= bytes) return w;
+  if (w) BSJIT_CU(d.cuStreamSynchronize(stream));  // launches queued there may still use the old one
+  constexpr std::size_t kCounterBytes = sizeof(unsigned) * kernels::kSplitCounters;
+  auto fresh = std::make_shared<DeviceMemory>(std::max(bytes, kCounterBytes));
+  // on the stream itself, so that its launches find the counters at 0 also where it does not wait
+  // for the legacy default stream
+  BSJIT_CU(d.cuMemsetD32Async(fresh->ptr, 0, kernels::kSplitCounters, stream));
+  slot = fresh;
+  return fresh;
+}
+
+std::size_t SplitWorkspaces::held_bytes(CUcontext ctx, CUstream stream) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find({ctx, stream});
+  if (it == live_.end()) return 0;
+  const std::shared_ptr<DeviceMemory> w = it->second.lock();
+  return w ? w->bytes : 0;
 }
 
 }  // namespace bsjit::runtime

@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "bsjit/types.hpp"
 #include "cache/kernel_cache.hpp"
@@ -74,6 +77,26 @@ struct DeviceMemory {
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   void* get() const { return reinterpret_cast<void*>(ptr); }
+};
+
+// The workspace of the backward-weight kernels that split along N (templates/bsjit/sdd_schedule.cuh:
+// the arrival counters, then the partials): one per context and stream, shared by every kernel and
+// every MatMul launching there, since launches on a stream run in order and each kernel leaves the
+// counters at 0. So a model's memory for it is its largest kernel's, not the sum over its layers
+// (suite W's backward-weight kernels need up to 16.5 MB each). Holders keep theirs alive; a larger request replaces the
+// stream's workspace, once the stream has finished with the old one, and the old one's holders move to the new one at
+// their next request.
+class SplitWorkspaces {
+ public:
+  static SplitWorkspaces& global();
+  // At least `bytes` for launches on `stream` in ctx (the current context), its counters at 0.
+  std::shared_ptr<DeviceMemory> get(CUcontext ctx, CUstream stream, std::size_t bytes);
+  // The size of the stream's workspace while someone holds it, else 0 (tests, diagnostics).
+  std::size_t held_bytes(CUcontext ctx, CUstream stream);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<CUcontext, CUstream>, std::weak_ptr<DeviceMemory>> live_;
 };
 
 }  // namespace bsjit::runtime

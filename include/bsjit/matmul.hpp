@@ -58,6 +58,11 @@ class MatMul {
                const OpOptions& op = {}) const;
   void backward_data(const void* dy, const void* w, void* dx, std::int64_t n, Stream stream = nullptr,
                      const OpOptions& op = {}) const;
+  // Where the layout's blocks do not fill the GPU, backward_weight splits N across CTAs and adds
+  // their fp32 partials in a device workspace. One workspace serves every MatMul launching on the
+  // same stream (of the same context): allocated on first use, grown to the largest kernel's need
+  // (after that stream's queued work; up to 16.5 MB on the benchmark's shapes), freed with the last
+  // MatMul that used it.
   void backward_weight(const void* x, const void* dy, void* dw, std::int64_t n, Stream stream = nullptr,
                        const OpOptions& op = {}) const;
 

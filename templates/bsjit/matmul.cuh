@@ -182,8 +182,8 @@ struct EpilogueOf {
 // barriers).
 // Split over N (Cfg::kSplits CTAs per tile, blockIdx.y = split): each split writes its fp32
 // partial; the last split of the tile to finish adds them in split order (deterministic) and
-// writes. workspace: [kSplits][tiles][E][E] partials, then one arrival counter per tile, which the
-// last split sets back to 0 for the next launch.
+// writes. workspace: one arrival counter per tile (of the kSplitCounters), which the last split sets
+// back to 0 for the next launch, then [kSplits][tiles][E][E] partials.
 template <class Cfg, int E, class ForEach, class Write>
 __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int tile, float* workspace) {
   if (Cfg::kSplits == 1) {
@@ -191,7 +191,9 @@ __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int
     return;
   }
   const long long plane = static_cast<long long>(gridDim.x) * E * E;
-  float* mine = workspace + blockIdx.y * plane + static_cast<long long>(tile) * E * E;
+  unsigned* counters = reinterpret_cast<unsigned*>(workspace);
+  float* partials = workspace + kSplitCounters;
+  float* mine = partials + blockIdx.y * plane + static_cast<long long>(tile) * E * E;
   for_each([&](int r, int c, float v0, float v1) {
     mine[r * E + c] = v0;
     mine[r * E + c + 1] = v1;
@@ -199,12 +201,11 @@ __device__ __forceinline__ void store_dw_tile(ForEach for_each, Write write, int
   __threadfence();
   __syncthreads();
   __shared__ int last;
-  unsigned* counters = reinterpret_cast<unsigned*>(workspace + Cfg::kSplits * plane);
   if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1u) == Cfg::kSplits - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* base = workspace + static_cast<long long>(tile) * E * E;
+  const float* base = partials + static_cast<long long>(tile) * E * E;
   for_each([&](int r, int c, float, float) {
     float v0 = 0.0f, v1 = 0.0f;
 #pragma unroll 1
@@ -1055,7 +1056,8 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
   constexpr long long kPlane = static_cast<long long>(R) * C;
   if (item.piece >= 0) {
     const int leftover = schedule.leftover(item);
-    float* planes = workspace + leftover * schedule.q * kPlane;
+    unsigned* counter = reinterpret_cast<unsigned*>(workspace) + leftover;
+    float* planes = workspace + kSplitCounters + leftover * schedule.q * kPlane;
     float* mine = planes + item.piece * kPlane;
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
@@ -1065,7 +1067,6 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
     __threadfence();
     named_barrier_sync(1, kConsumerThreads);
     __shared__ int last;
-    unsigned* counter = reinterpret_cast<unsigned*>(workspace + Cfg::kPlanes * kPlane) + leftover;
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(schedule.q - 1);
     named_barrier_sync(1, kConsumerThreads);
     if (!last) return;

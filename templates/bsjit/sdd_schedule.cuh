@@ -12,6 +12,14 @@
 namespace bsjit {
 namespace kernels {
 
+// The workspace of the backward-weight kernels that split along N (SddSchedule's pieces here, and
+// the mma.sync kernel's splits): kSplitCounters arrival counters (unsigned), then the fp32 partial
+// planes. Every kernel finds its counters at the same place and leaves those it used at 0, so one
+// workspace serves every kernel launched in turn on a stream: the runtime keeps one per context and
+// stream, sized for the largest (before, one per kernel each placed its counters after its own
+// planes, where another kernel's partials lay). The generator checks that a kernel's counters fit.
+constexpr int kSplitCounters = 4096;
+
 // One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.
 struct SddItem {
   int unit, first, last, piece;
@@ -22,8 +30,9 @@ struct SddItem {
 // and dY they share from L2. The L units left after the full waves are split along N into q pieces
 // each (q = P / L, at most kMaxPieces; q = 1: taken whole), for the CTAs that would otherwise idle in
 // the last wave; each piece writes its fp32 partial and the last piece of a unit to finish adds them
-// in piece order (deterministic). Workspace: `planes` planes of partials (piece j of leftover unit r
-// at r·q + j), then one arrival counter per leftover unit, which the last piece sets back to 0.
+// in piece order (deterministic). Workspace: one arrival counter per leftover unit (the first L of
+// the kSplitCounters), which the last piece sets back to 0, then `planes` planes of partials (piece j
+// of leftover unit r at r·q + j).
 // Not split where P < 2L. There a head of each leftover unit (m / (m + 1) of its steps, on its own
 // CTA) and its tail (on one of the other P - L CTAs, m = ceil(L / (P - L)) tails each) would cut the
 // last wave to m / (m + 1) of a unit, and were slower: with 96 units of b = 128 on 132 CTAs at

@@ -612,13 +612,13 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
           EXPECT_LE(padded_units, (layout.rows() + per - 1) / per);
           EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
           EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), rebuilt), layout);
-          // one wave of CTAs over the units (SddSchedule): a partial plane per CTA an H100 / H200
-          // holds at most, and a counter each
+          // one wave of CTAs over the units (SddSchedule): the split counters, then a partial plane
+          // per CTA an H100 / H200 holds at most
           EXPECT_TRUE(g.persistent);
           EXPECT_EQ(g.splits, 1);
           const std::int64_t planes = sdd_planes(units, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
           EXPECT_NE(g.source.find(fmt::format("kUnits = {}, kPlanes = {};", units, planes)), std::string::npos);
-          EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * per * b * m * b + planes) * 4 : 0);
+          EXPECT_EQ(g.workspace_bytes, planes > 0 ? (kernels::kSplitCounters + planes * per * b * m * b) * 4 : 0);
           // dY's boxes: 64 features, or one block column at b ≤ 32 (swizzled over its 2b bytes)
           ASSERT_EQ(g.tensor_maps.size(), 2u);
           EXPECT_EQ(g.tensor_maps[1].box_inner, std::min(b, 64));
@@ -673,7 +673,7 @@ TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
     EXPECT_EQ(g.tiles.bm, 256);
     EXPECT_EQ(g.tiles.bn, 128);
     const std::int64_t planes = sdd_planes(units, 144);
-    EXPECT_EQ(g.workspace_bytes, units > 0 ? (planes * 256 * 128 + planes) * 4 : 0);
+    EXPECT_EQ(g.workspace_bytes, planes > 0 ? (kernels::kSplitCounters + planes * 256 * 128) * 4 : 0);
   }
   // valid only as two consumers of a block each (128 accumulators a thread), at b = 128, for
   // backward-weight
@@ -1188,7 +1188,7 @@ TEST(Generator, BackwardWeightSplitsFewBlocks) {
   const MatMulSpec dw{Op::backward_weight, 64, DType::bf16, FeatureAxis::last};
   auto few = generate_matmul(Layout::from_coords(8, 8, {{0, 0}, {3, 5}, {7, 7}}), dw);
   EXPECT_EQ(few.splits, 8);
-  EXPECT_EQ(few.workspace_bytes, (8LL * 64 * 64 + 1) * 4 * 3);
+  EXPECT_EQ(few.workspace_bytes, (kernels::kSplitCounters + 8LL * 64 * 64 * 3) * 4);
   EXPECT_NE(few.source.find("kSplits = 8"), std::string::npos);
   // never more CTAs than one wave holds: 132 SMs × CTAs per SM at this shared memory
   const std::int64_t per_sm = std::min<std::int64_t>(227 * 1024 / few.tiles.shared_bytes, 2048 / few.tiles.threads);

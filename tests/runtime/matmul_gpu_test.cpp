@@ -355,6 +355,51 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
   std::printf("GPU matmul: %zu backward-weight shapes checked on larger layouts, %d split\n", shapes.size(), split);
 }
 
+// The backward-weight kernels that split along N share one workspace per context and stream
+// (runtime::SplitWorkspaces), each finding its arrival counters at 0 where the kernel before it left
+// them: three layouts of few blocks (so that each splits) at b = 32, 64 and 128, run in turn on the
+// default stream three times, every run against the reference; the stream's workspace is then the
+// largest kernel's, and it is freed with the last MatMul holding it.
+TEST(MatMulGpuWorkspace, SplitKernelsShareOneWorkspacePerStream) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  CUcontext ctx = runtime::current_context();
+  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(ctx));
+  struct Case {
+    int block;
+    Layout layout;
+  };
+  const std::vector<Case> cases = {
+      {64, Layout::from_coords(8, 8, {{0, 0}, {3, 5}, {7, 7}})},
+      {128, Layout::from_coords(6, 6, {{0, 1}, {2, 2}, {4, 0}, {5, 5}, {1, 4}})},
+      {32, Layout::from_coords(16, 16, {{0, 0}, {1, 9}, {5, 5}, {9, 2}, {15, 15}, {12, 3}})}};
+  const std::int64_t n = 1000;
+  std::int64_t largest = 0;
+  int split = 0;
+  {
+    std::vector<std::unique_ptr<MatMul>> mms;
+    for (const auto& c : cases) {
+      generator::MatMulSpec spec{Op::backward_weight, c.block, DType::bf16, FeatureAxis::last};
+      spec.wgmma = generator::has_wgmma(arch);
+      const auto g = generator::generate_matmul(c.layout, generator::variants(spec)[0]);
+      largest = std::max(largest, g.workspace_bytes);
+      split += g.workspace_bytes > 0;
+      mms.push_back(std::make_unique<MatMul>(c.layout, MatMulOptions{c.block, DType::bf16, FeatureAxis::last}));
+    }
+    ASSERT_GE(split, 2) << "kernels that split on this GPU's target (" << arch << ")";
+    std::uint64_t seed = 13000;
+    for (int round = 0; round < 3; ++round)
+      for (std::size_t i = 0; i < mms.size(); ++i) {
+        auto r = check::run_and_check(*mms[i], Op::backward_weight, {n, round == 2, round == 1, seed++});
+        SCOPED_TRACE(fmt::format("b{} round {}", cases[i].block, round));
+        EXPECT_EQ(r.unwritten, 0);
+        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+      }
+    EXPECT_EQ(runtime::SplitWorkspaces::global().held_bytes(ctx, nullptr), static_cast<std::size_t>(largest));
+  }
+  EXPECT_EQ(runtime::SplitWorkspaces::global().held_bytes(ctx, nullptr), 0u) << "freed with the last holder";
+}
+
 // fp32 as TF32 (opt-in): every op at b = 16-128 on the mma.sync kernels for 4-byte tiles (both batch
 // variants: n = 77 runs the small-batch one), against the double-precision reference, within the
 // 16-bit tolerance (TF32 keeps 10 mantissa bits, as fp16 does); above exact fp32's errors, so the
