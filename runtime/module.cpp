@@ -152,8 +152,6 @@ SplitWorkspaces& SplitWorkspaces::global() {
 std::shared_ptr<DeviceMemory> SplitWorkspaces::get(CUcontext ctx, CUstream stream, std::size_t bytes) {
   const Driver& d = driver();
   std::lock_guard lock(mutex_);
-  if (live_.count({ctx, stream}) == 0)  // a new stream: forget those whose workspaces are gone
-    std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
   std::weak_ptr<DeviceMemory>& slot = live_[{ctx, stream}];
   std::shared_ptr<DeviceMemory> w = slot.lock();
   if (w && w->bytes >= bytes) return w;
