@@ -9,7 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <tuple>
+#include <utility>
 
 #include "bsjit/error.hpp"
 #include "generator/matmul_generator.hpp"

@@ -83,9 +83,9 @@ struct DeviceMemory {
 // the arrival counters, then the partials): one per context and stream, shared by every kernel and
 // every MatMul launching there, since launches on a stream run in order and each kernel leaves the
 // counters at 0. So a model's memory for it is its largest kernel's, not the sum over its layers
-// (suite W's backward-weight kernels need up to 16.5 MB each). Holders keep theirs alive; a larger request replaces the
-// stream's workspace, once the stream has finished with the old one, and the old one's holders move to the new one at
-// their next request.
+// (suite W's backward-weight kernels need up to 16.5 MB each). Holders keep theirs alive; a
+// larger request replaces the stream's workspace, once the stream has finished with the old one,
+// and the old one's holders move to the new one at their next request.
 class SplitWorkspaces {
  public:
   static SplitWorkspaces& global();
