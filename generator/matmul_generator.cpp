@@ -1186,21 +1186,23 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // Either kind's workspace: kernels::kSplitCounters arrival counters (one per leftover unit, or
     // per split block), then the partials (templates/bsjit/sdd_schedule.cuh).
     const std::int64_t per_sm = t.pipelined ? ctas_per_sm(t) : 1;
-    std::int64_t counters = 0;
+    std::int64_t counters = 0, partials = 0;  // partials: fp32 values, 0 where the kernel does not split
     if (t.tma) {
       g.persistent = true;
       planes = sdd_planes(units, 144 * per_sm);
       counters = 144 * per_sm;  // leftover units: fewer than the CTAs
-      if (planes > 0) g.workspace_bytes = (kernels::kSplitCounters + planes * t.bm * t.bn) * 4;
+      partials = planes * t.bm * t.bn;
     } else if (t.pipelined && units > 0 && per_sm >= 4) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(kSms * per_sm / units, 1, 8));
       counters = units;
-      if (g.splits > 1)
-        g.workspace_bytes = (kernels::kSplitCounters + static_cast<std::int64_t>(g.splits) * t.bm * t.bn * units) * 4;
+      if (g.splits > 1) partials = static_cast<std::int64_t>(g.splits) * t.bm * t.bn * units;
     }
-    if (g.workspace_bytes > 0 && counters > kernels::kSplitCounters)
-      throw Error(
-          fmt::format("internal: {} split counters needed, the workspace holds {}", counters, kernels::kSplitCounters));
+    if (partials > 0) {
+      if (counters > kernels::kSplitCounters)
+        throw Error(fmt::format("internal: {} split counters needed, the workspace holds {}", counters,
+                                kernels::kSplitCounters));
+      g.workspace_bytes = (kernels::kSplitCounters + partials) * 4;
+    }
     tables =
         t.row_blocks > 0
             ? fmt::format(

@@ -152,8 +152,9 @@ SplitWorkspaces& SplitWorkspaces::global() {
 std::shared_ptr<DeviceMemory> SplitWorkspaces::get(CUcontext ctx, CUstream stream, std::size_t bytes) {
   const Driver& d = driver();
   std::lock_guard lock(mutex_);
-  std::weak_ptr<DeviceMemory>& slot = live_[{ctx, stream}];
-  std::shared_ptr<DeviceMemory> w = slot.lock();
+  const std::pair key{ctx, stream};
+  std::shared_ptr<DeviceMemory> w;
+  if (auto it = live_.find(key); it != live_.end()) w = it->second.lock();
   if (w && w->bytes >= bytes) return w;
   if (w) BSJIT_CU(d.cuStreamSynchronize(stream));  // launches queued there may still use the old one
   constexpr std::size_t kCounterBytes = sizeof(unsigned) * kernels::kSplitCounters;
@@ -161,7 +162,10 @@ std::shared_ptr<DeviceMemory> SplitWorkspaces::get(CUcontext ctx, CUstream strea
   // on the stream itself, so that its launches find the counters at 0 also where it does not wait
   // for the legacy default stream
   BSJIT_CU(d.cuMemsetD32Async(fresh->ptr, 0, kernels::kSplitCounters, stream));
-  slot = fresh;
+  // only when allocating, off the launch path: forget the streams whose workspace is gone (a
+  // destroyed stream's handle may be reused by a new one, which then starts afresh as it should)
+  std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
+  live_[key] = fresh;
   return fresh;
 }
 
