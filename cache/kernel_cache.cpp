@@ -1,10 +1,12 @@
-// On-disk entry, format version 3 (changing any of it requires bumping kFormatVersion):
+// On-disk entry, format version 4 (changing any of it requires bumping kFormatVersion):
 //   8 bytes   magic "BSJITKC\0"
 //   4 bytes   format version, little-endian uint32
 //   4 bytes   header length H, little-endian uint32
 //   H bytes   JSON header: key, label, arch, layout_hash, lowered_name, options, shared_bytes,
-//             cubin_size, cubin_xxh64 (hex)
+//             cubin_size, cubin_xxh64 (hex), tables ([[name, values], ...]: each table's symbol
+//             and number of values), tables_xxh64 (hex, of the table bytes)
 //   cubin_size bytes of cubin
+//   the tables' values, table after table, each a little-endian int32
 // Tuning records (<label>-<arch>-<key prefix>.tune) are JSON: {"key": ..., "tiles": {...}}.
 // File name: <label>-<arch>-<first 16 key digits>.bsjit. Entries are written to a unique temporary
 // file in the same directory, fsync'ed and renamed into place, so a reader sees nothing or a whole
@@ -53,8 +55,15 @@ std::uint32_t get_u32(const std::string& s, std::size_t at) {
   return v;
 }
 
-std::string checksum(const std::vector<char>& data) {
-  return fmt::format("{:016x}", XXH3_64bits(data.data(), data.size()));
+std::string checksum(const char* data, std::size_t size) { return fmt::format("{:016x}", XXH3_64bits(data, size)); }
+std::string checksum(const std::vector<char>& data) { return checksum(data.data(), data.size()); }
+
+// The tables' values as the entry stores them.
+std::string table_bytes(const generator::DeviceTables& tables) {
+  std::string out;
+  for (const auto& t : tables)
+    for (int v : t.values) put_u32(out, static_cast<std::uint32_t>(v));
+  return out;
 }
 
 std::string read_all(const fs::path& p, bool* ok) {
@@ -114,9 +123,11 @@ struct FileLock {
 
 // --- key and format --------------------------------------------------------------------------
 
-KeyInputs key_inputs(const std::string& source, const std::string& arch) {
+KeyInputs key_inputs(const std::string& source, const generator::DeviceTables& tables, const std::string& arch) {
   static const std::string nvrtc = runtime::nvrtc_version();
-  return {source, generator::templates_hash(), arch, runtime::compile_options(arch), nvrtc, kFormatVersion};
+  return {source,        generator::tables_digest(tables), generator::templates_hash(),
+          arch,          runtime::compile_options(arch),   nvrtc,
+          kFormatVersion};
 }
 
 std::string make_key(const KeyInputs& in) {
@@ -130,6 +141,7 @@ std::string make_key(const KeyInputs& in) {
   for (const auto& o : in.options) add(o);
   add(in.nvrtc_version);
   add(in.source);
+  add(in.tables_digest);
   XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
@@ -145,12 +157,17 @@ std::string KernelCache::serialize(const Request& r, const runtime::CompiledKern
   h["shared_bytes"] = k.shared_bytes;
   h["cubin_size"] = k.cubin.size();
   h["cubin_xxh64"] = checksum(k.cubin);
+  const std::string values = table_bytes(k.tables);
+  h["tables"] = nlohmann::json::array();
+  for (const auto& t : k.tables) h["tables"].push_back({t.name, t.values.size()});
+  h["tables_xxh64"] = checksum(values.data(), values.size());
   std::string header = h.dump();
   std::string out(kMagic, sizeof kMagic);
   put_u32(out, kFormatVersion);
   put_u32(out, static_cast<std::uint32_t>(header.size()));
   out += header;
   out.append(k.cubin.data(), k.cubin.size());
+  out += values;
   return out;
 }
 
@@ -180,13 +197,32 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     e.cubin_size = h.at("cubin_size").get<std::uint64_t>();
     e.cubin_xxh64 = h.at("cubin_xxh64").get<std::string>();
     e.shared_bytes = h.at("shared_bytes").get<int>();
+    e.tables = h.at("tables").get<std::vector<std::pair<std::string, std::uint64_t>>>();
+    e.tables_xxh64 = h.at("tables_xxh64").get<std::string>();
     if (header) *header = e;
     if (!expected_key.empty() && e.key != expected_key) return fail("foreign: the entry holds another key");
-    if (bytes.size() != 16 + header_size + e.cubin_size)
-      return fail(fmt::format("truncated or padded: {} bytes, header says {}", bytes.size(), 16 + header_size + e.cubin_size));
+    std::uint64_t values = 0;
+    for (const auto& [name, count] : e.tables) {
+      if (count > (bytes.size() / 4)) return fail(fmt::format("malformed header: table {} of {} values", name, count));
+      values += count;
+    }
+    const std::uint64_t cubin_at = 16 + static_cast<std::uint64_t>(header_size), tables_at = cubin_at + e.cubin_size;
+    if (e.cubin_size > bytes.size() || values > bytes.size() / 4 || bytes.size() != tables_at + 4 * values)
+      return fail(fmt::format("truncated or padded: {} bytes, header says {}", bytes.size(),
+                              cubin_at + e.cubin_size + 4 * values));
     auto k = std::make_shared<runtime::CompiledKernel>();
-    k->cubin.assign(bytes.begin() + 16 + header_size, bytes.end());
+    k->cubin.assign(bytes.begin() + static_cast<std::ptrdiff_t>(cubin_at),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(tables_at));
     if (checksum(k->cubin) != e.cubin_xxh64) return fail("corrupt: cubin checksum mismatch");
+    if (checksum(bytes.data() + tables_at, 4 * values) != e.tables_xxh64)
+      return fail("corrupt: tables checksum mismatch");
+    std::size_t at = tables_at;
+    for (const auto& [name, count] : e.tables) {
+      auto& t = k->tables.emplace_back();
+      t.name = name;
+      t.values.resize(count);
+      for (auto& v : t.values) v = static_cast<int>(get_u32(bytes, at)), at += 4;
+    }
     k->lowered_name = e.lowered_name;
     k->arch = e.arch;
     k->options = e.options;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "bsjit/cache.hpp"
@@ -18,19 +19,20 @@ namespace bsjit::cache {
 
 // Version of the on-disk entry format (kernel_cache.cpp) and of what goes into the key. Changing
 // either requires bumping it; the golden files in tests/data catch a forgotten bump.
-constexpr int kFormatVersion = 3;
+constexpr int kFormatVersion = 4;
 
-// Everything that shapes the binary.
+// Everything that shapes the binary and what is loaded with it.
 struct KeyInputs {
-  std::string source;          // generated source; holds the layout's tables
+  std::string source;          // generated source; declares the layout's tables
+  std::string tables_digest;   // their values (generator::tables_digest)
   std::string templates_hash;  // the embedded templates it includes
   std::string arch;            // exact target, "a" suffix included
   std::vector<std::string> options;
   std::string nvrtc_version;
   int format_version = kFormatVersion;
 };
-// The inputs for source compiled for arch by this build of bsjit with this NVRTC.
-KeyInputs key_inputs(const std::string& source, const std::string& arch);
+// The inputs for source with its tables compiled for arch by this build of bsjit with this NVRTC.
+KeyInputs key_inputs(const std::string& source, const generator::DeviceTables& tables, const std::string& arch);
 // 32 hex digits: XXH3-128 of the inputs.
 std::string make_key(const KeyInputs& inputs);
 
@@ -40,6 +42,8 @@ struct EntryHeader {
   std::vector<std::string> options;
   std::uint64_t cubin_size = 0;
   std::string cubin_xxh64;
+  std::vector<std::pair<std::string, std::uint64_t>> tables;  // name and number of values of each
+  std::string tables_xxh64;
   int shared_bytes = 0;
 };
 

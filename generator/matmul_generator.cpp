@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bsjit/error.hpp"
+#include "device_tables.hpp"
 #include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit::generator {
@@ -42,19 +43,6 @@ void choose_thread_tile(TileConfig& t) {
   throw Error(fmt::format("internal: no thread tile for BM={} BN={} threads={}", t.bm, t.bn, t.threads));
 }
 
-// Emits values as a C array body, 16 per line.
-std::string array_body(const std::vector<int>& values) {
-  if (values.empty()) return "0";  // C++ has no empty arrays; never read when the table is empty
-  std::string out;
-  out.reserve(values.size() * 6);
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (i % 16 == 0) out += "\n   ";
-    fmt::format_to(std::back_inserter(out), " {},", values[i]);
-  }
-  out += "\n";
-  return out;
-}
-
 // Tables of the grouped and paired kernels (templates/bsjit/matmul_grouped.cuh says what each
 // holds). per_out[j] lists output block column j's (input block, W block index) pairs; order lists
 // the columns as they are grouped, `columns` at a time (-1: none), the first half of a group the
@@ -65,7 +53,8 @@ std::string array_body(const std::vector<int>& values) {
 // same order). Sets grid_x to the number of groups and sub_fill to the fraction of the sub-blocks
 // that a consumer computes (those of the steps of its classes) where one of its slots holds a block.
 std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, const std::vector<int>& order,
-                           int columns, int sub, int consumers, std::int64_t& grid_x, double& sub_fill) {
+                           int columns, int sub, int consumers, std::int64_t& grid_x, double& sub_fill,
+                           DeviceTables& tables) {
   const int record = 2 + sub * columns, positions = static_cast<int>(order.size());
   const int groups = (positions + columns - 1) / columns, per = columns / consumers;
   std::vector<int> group_steps, steps, group_columns;
@@ -107,16 +96,17 @@ std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& 
   group_steps.push_back(static_cast<int>(steps.size()) / record);
   grid_x = groups;
   sub_fill = computed > 0 ? static_cast<double>(filled) / static_cast<double>(computed) : 1.0;
-  return fmt::format(
+  std::string text = fmt::format(
       "// Groups of {} output block columns. Group g's steps: kGroupSteps[3g] up to kGroupSteps[3g + 3], in\n"
       "// classes from kGroupSteps[3g + k] (blocks of both consumers, of the first only, of the second\n"
       "// only). Step s is kSteps[s·{} ...]: chunk of 64 reduction indices, pattern (bit j·{} + c: sub-block\n"
       "// j of column c holds a block), the W block of each slot. kGroupColumns: the output block column\n"
-      "// of each column of each group (-1: none).\n"
-      "__device__ const int kGroupSteps[] = {{{}}};\n"
-      "__device__ const int kSteps[] = {{{}}};\n"
-      "__device__ const int kGroupColumns[] = {{{}}};\n",
-      columns, record, columns, array_body(group_steps), array_body(steps), array_body(group_columns));
+      "// of each column of each group (-1: none).\n",
+      columns, record, columns);
+  text += add_table(tables, "kGroupSteps", std::move(group_steps));
+  text += add_table(tables, "kSteps", std::move(steps));
+  text += add_table(tables, "kGroupColumns", std::move(group_columns));
+  return text;
 }
 
 // Output block columns in pairs for the paired kernel: in column order, each column not yet paired
@@ -1206,28 +1196,22 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     tables =
         t.row_blocks > 0
             ? fmt::format(
-                  "// Units of {0} block columns of a band of {1} block row(s): per unit the band, then its\n"
+                  "// Units of {} block columns of a band of {} block row(s): per unit the band, then its\n"
                   "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
-                  "// column) (row-major; -1: none).\n"
-                  "__device__ const int kCoords[] = {{{2}}};\n"
-                  "__device__ const int kTileBlocks[] = {{{3}}};\n",
-                  t.row_blocks, band_rows_of(t, b), array_body(coords), array_body(tile_blocks))
+                  "// column) (row-major; -1: none).\n",
+                  t.row_blocks, band_rows_of(t, b))
         : t.col_blocks > 0 ? fmt::format(
-                                 "// Units of {0} blocks of a block column: per unit the block column, then its block\n"
-                                 "// rows (-1: an empty slot), and the block index of each (-1: none).\n"
-                                 "__device__ const int kCoords[] = {{{1}}};\n"
-                                 "__device__ const int kTileBlocks[] = {{{2}}};\n",
-                                 t.col_blocks, array_body(coords), array_body(tile_blocks))
+                                 "// Units of {} blocks of a block column: per unit the block column, then its block\n"
+                                 "// rows (-1: an empty slot), and the block index of each (-1: none).\n",
+                                 t.col_blocks)
         : t.tile_edge > 0 ? fmt::format(
-                                "// (tile row, tile column) of each {0} × {1} tile of dW holding a block, and the\n"
-                                "// block index of each block of the tile (row-major; -1: none).\n"
-                                "__device__ const int kCoords[] = {{{2}}};\n"
-                                "__device__ const int kTileBlocks[] = {{{3}}};\n",
-                                edge, t.bn, array_body(coords), array_body(tile_blocks))
-                          : fmt::format(
-                                "// (block row, block column) of each nonzero block of W, in block order.\n"
-                                "__device__ const int kCoords[] = {{{}}};\n",
-                                array_body(coords));
+                                "// (tile row, tile column) of each {} × {} tile of dW holding a block, and "
+                                "the\n// block index of each block of the tile (row-major; -1: none).\n",
+                                edge, t.bn)
+                          : std::string("// (block row, block column) of each nonzero block of W, in block order.\n");
+    tables += add_table(g.tables, "kCoords", std::move(coords));
+    if (t.row_blocks > 0 || t.col_blocks > 0 || t.tile_edge > 0)
+      tables += add_table(g.tables, "kTileBlocks", std::move(tile_blocks));
   } else {
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
@@ -1236,12 +1220,12 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     g.rows_per_cta = t.bm;
     if (t.paired) {
       tables = grouped_tables(per_out, balanced_groups(per_out, pair_columns(per_out), 2, 1, resident_ctas(t)), 2, 1, 2,
-                              g.grid_x, sub_fill);
+                              g.grid_x, sub_fill, g.tables);
     } else if (t.columns > 0) {
       const int sub = static_cast<int>(64 / b);
       tables = grouped_tables(
           per_out, balanced_groups(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub, resident_ctas(t)),
-          t.columns, sub, t.warps_m, g.grid_x, sub_fill);
+          t.columns, sub, t.warps_m, g.grid_x, sub_fill, g.tables);
     } else {
       // the persistent TMA kernel takes the columns in a balanced order (balanced_order), the
       // others in order
@@ -1258,13 +1242,12 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
         offsets.push_back(static_cast<int>(lut.size() / 2));
       }
       g.grid_x = out_blocks;
-      tables = fmt::format(
+      tables =
           "// The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..\n"
-          "// kLutOffsets[j+1] of kLut, each a pair (input block, W block index).\n"
-          "__device__ const int kOutColumns[] = {{{}}};\n"
-          "__device__ const int kLutOffsets[] = {{{}}};\n"
-          "__device__ const int kLut[] = {{{}}};\n",
-          array_body(order), array_body(offsets), array_body(lut));
+          "// kLutOffsets[j+1] of kLut, each a pair (input block, W block index).\n";
+      tables += add_table(g.tables, "kOutColumns", std::move(order));
+      tables += add_table(g.tables, "kLutOffsets", std::move(offsets));
+      tables += add_table(g.tables, "kLut", std::move(lut));
     }
   }
 

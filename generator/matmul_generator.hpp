@@ -1,5 +1,6 @@
-// Turns (layout, op, block size, dtype, feature axis) into CUDA source: the layout's lookup tables
-// and the tile configuration as constants, instantiating a kernel template from templates/.
+// Turns (layout, op, block size, dtype, feature axis) into CUDA source: the tile configuration as
+// constants, instantiating a kernel template from templates/, and the layout's lookup tables,
+// declared in the source and filled when the module is loaded (device_tables.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "bsjit/layout.hpp"
 #include "bsjit/types.hpp"
+#include "device_tables.hpp"
 
 namespace bsjit::generator {
 
@@ -119,6 +121,8 @@ struct GeneratedSource {
   // (rows_per_cta = 0): grid x = the CTAs the GPU holds, over grid_x units of dW (SddSchedule).
   bool persistent = false;
   DType dtype = DType::f32;
+  // The layout's tables, which the source declares and runtime::load fills (device_tables.hpp).
+  DeviceTables tables;
 };
 
 // Whether kernels for arch may use wgmma: "sm_90a" (the arch-specific Hopper target).

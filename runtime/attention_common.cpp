@@ -50,7 +50,7 @@ cache::KernelCache::Compiled cached_kernel(const std::string& source, const std:
                                            int shared_bytes, const std::string& arch, const std::string& masks_hash,
                                            cache::OnMiss on_miss, bool* now) {
   check_arch(arch);
-  const std::string key = cache::make_key(cache::key_inputs(source + "\n// kernel: " + name, arch));
+  const std::string key = cache::make_key(cache::key_inputs(source + "\n// kernel: " + name, {}, arch));
   cache::Request request{key, label, arch, masks_hash, [&] {
                            auto k = compile(source, name, label, arch);
                            k.shared_bytes = shared_bytes;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "generator/device_tables.hpp"
 #include "generator/matmul_generator.hpp"
 
 namespace bsjit::runtime {
@@ -15,6 +16,9 @@ struct CompiledKernel {
   std::vector<std::string> options;
   std::string log;
   int shared_bytes = 0;  // dynamic shared memory the kernel is launched with (set by the generator's plan)
+  // The layout's tables, copied into the module by load() (generator/device_tables.hpp); the cubin
+  // holds them empty.
+  generator::DeviceTables tables;
 };
 
 // "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...: throws Error for anything NVRTC cannot target

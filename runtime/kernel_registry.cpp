@@ -26,6 +26,7 @@ cache::Request cache_request(const generator::GeneratedSource& g, const std::str
   return {key, g.label, arch, layout_hash, [&g, arch] {
             auto k = compile(g.source, g.name_expression, g.label, arch);
             k.shared_bytes = g.shared_bytes;
+            k.tables = g.tables;
             return k;
           }};
 }
@@ -45,7 +46,7 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   check_arch(id.arch);
   auto p = std::make_shared<PreparedKernel>();
   p->generated = generator::generate_matmul(layout, id.spec);
-  p->key = cache::make_key(cache::key_inputs(p->generated.source, id.arch));
+  p->key = cache::make_key(cache::key_inputs(p->generated.source, p->generated.tables, id.arch));
   const cache::Request request = cache_request(p->generated, p->key, id.arch, id.layout_hash);
   p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
   slot->prepared = p;

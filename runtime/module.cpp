@@ -54,22 +54,59 @@ std::string context_arch(CUcontext ctx) {
   return fmt::format("sm_{}{}", major, minor);
 }
 
+namespace {
+
+// Copies kernel's tables into the module's arrays, on a stream of its own that does not wait for
+// (or hold up) the work queued on the context's other streams, and waits for the copies: the
+// module's first launch, on any stream, then reads the values. Returns the first failure, with
+// *what saying which step failed.
+CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule module, std::string* what) {
+  if (kernel.tables.empty()) return CUDA_SUCCESS;
+  CUstream stream = nullptr;
+  CUresult r = d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  for (std::size_t i = 0; r == CUDA_SUCCESS && i < kernel.tables.size(); ++i) {
+    const auto& t = kernel.tables[i];
+    CUdeviceptr ptr = 0;
+    std::size_t bytes = 0;
+    r = d.cuModuleGetGlobal(&ptr, &bytes, module, t.name.c_str());
+    if (r != CUDA_SUCCESS) {
+      *what = fmt::format("table {} not found in the module", t.name);
+    } else if (bytes != generator::device_bytes(t)) {
+      *what = fmt::format("table {} holds {} bytes in the module, the entry {} values", t.name, bytes, t.values.size());
+      r = CUDA_ERROR_INVALID_IMAGE;
+    } else if (!t.values.empty()) {
+      r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), t.values.size() * sizeof(int), stream);
+    }
+  }
+  if (stream) {
+    const CUresult s = d.cuStreamSynchronize(stream);
+    if (r == CUDA_SUCCESS) r = s;
+    d.cuStreamDestroy(stream);
+  }
+  return r;
+}
+
+}  // namespace
+
 LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
   const Driver& d = driver();
   CUcontext prev = nullptr;
   BSJIT_CU(d.cuCtxGetCurrent(&prev));
   if (prev != ctx) BSJIT_CU(d.cuCtxSetCurrent(ctx));
   LoadedKernel k;
+  std::string what;
   CUresult r = d.cuModuleLoadData(&k.module, kernel.cubin.data());
   if (r == CUDA_SUCCESS) r = d.cuModuleGetFunction(&k.function, k.module, kernel.lowered_name.c_str());
   if (r == CUDA_SUCCESS && kernel.shared_bytes > 48 * 1024)  // above 48 KB needs an explicit opt-in
     r = d.cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel.shared_bytes);
+  if (r == CUDA_SUCCESS) r = fill_tables(d, kernel, k.module, &what);
+  if (r != CUDA_SUCCESS && k.module) d.cuModuleUnload(k.module);
   if (prev != ctx) d.cuCtxSetCurrent(prev);
   if (r != CUDA_SUCCESS) {
     const char* name = "unknown";
     d.cuGetErrorName(r, &name);
-    throw Error(fmt::format("bsjit: cannot load kernel {} built for {} into the current context: {}{}",
-                            kernel.lowered_name, kernel.arch, name,
+    throw Error(fmt::format("bsjit: cannot load kernel {} built for {} into the current context: {}{}{}",
+                            kernel.lowered_name, kernel.arch, what.empty() ? "" : what + ": ", name,
                             r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE
                                 ? "; the kernel's target architecture does not match this device"
                                 : ""));
@@ -77,10 +114,15 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
   return k;
 }
 
+std::array<void*, 10> kernel_params(KernelArgs& k) {
+  return {&k.a, &k.b, &k.out, &k.gate, &k.n, &k.accumulate, &k.workspace, &k.maps[0], &k.maps[1], &k.maps[2]};
+}
+
 void launch(CUfunction function, const LaunchShape& s, CUstream stream, KernelArgs& k) {
   const Driver& d = driver();
-  void* args[] = {&k.a, &k.b, &k.out, &k.gate, &k.n, &k.accumulate, &k.workspace, &k.maps[0], &k.maps[1], &k.maps[2]};
-  BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, s.shared_bytes, stream, args, nullptr));
+  auto params = kernel_params(k);
+  BSJIT_CU(d.cuLaunchKernel(function, s.grid_x, s.grid_y, 1, s.threads, 1, 1, s.shared_bytes, stream, params.data(),
+                            nullptr));
   if (sync_launches()) BSJIT_CU(d.cuStreamSynchronize(stream));
 }
 

@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -48,6 +49,9 @@ struct KernelArgs {
   // that takes fewer ignores the rest).
   CUtensorMap maps[3] = {};
 };
+
+// cuLaunchKernel's parameter array for args: pointers into args, in the kernels' order.
+std::array<void*, 10> kernel_params(KernelArgs& args);
 
 void launch(CUfunction function, const LaunchShape& shape, CUstream stream, KernelArgs& args);
 

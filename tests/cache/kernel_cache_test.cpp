@@ -48,6 +48,7 @@ runtime::CompiledKernel fake_kernel(const std::string& tag) {
   k.arch = "sm_90";
   k.options = runtime::compile_options("sm_90");
   k.shared_bytes = 50000;
+  k.tables = {{"kOffsets", {0, 2, -1}}, {"kEmpty", {}}, {"kLut", {7, 1 << 30, -123456}}};
   return k;
 }
 
@@ -73,13 +74,21 @@ std::string read(const fs::path& p) {
 }
 
 TEST(CacheKey, ChangesWithEveryInput) {
-  const KeyInputs base = key_inputs("source", "sm_90");
+  const generator::DeviceTables tables = {{"kLut", {1, 2, 3}}, {"kOffsets", {0, 3}}};
+  const KeyInputs base = key_inputs("source", tables, "sm_90");
   EXPECT_EQ(base.format_version, kFormatVersion);
   EXPECT_FALSE(base.templates_hash.empty());
   EXPECT_FALSE(base.nvrtc_version.empty());
   const std::string k = make_key(base);
   EXPECT_EQ(k.size(), 32u);
-  EXPECT_EQ(k, make_key(key_inputs("source", "sm_90")));
+  EXPECT_EQ(k, make_key(key_inputs("source", tables, "sm_90")));
+  // the tables' values, names and boundaries are all part of the key
+  auto value = tables, name = tables, boundary = tables;
+  value[0].values[2] = 4;
+  name[1].name = "kOffset";
+  boundary[0].values.push_back(0), boundary[1].values.erase(boundary[1].values.begin());
+  for (const auto& other : {value, name, boundary, generator::DeviceTables{}})
+    EXPECT_NE(make_key(key_inputs("source", other, "sm_90")), k);
   std::vector<KeyInputs> changed(7, base);
   changed[0].source += " ";
   changed[1].templates_hash[0] ^= 1;
@@ -110,6 +119,11 @@ TEST(CacheFormat, HeaderRoundTrip) {
   EXPECT_EQ(back->arch, k.arch);
   EXPECT_EQ(back->options, k.options);
   EXPECT_EQ(back->shared_bytes, k.shared_bytes);
+  ASSERT_EQ(back->tables.size(), k.tables.size());
+  for (std::size_t i = 0; i < k.tables.size(); ++i) {
+    EXPECT_EQ(back->tables[i].name, k.tables[i].name);
+    EXPECT_EQ(back->tables[i].values, k.tables[i].values);
+  }
   EXPECT_EQ(h.label, "forward-bf16-b32-last");
   EXPECT_EQ(h.layout_hash, "0123");
   EXPECT_EQ(h.cubin_size, 300u);
@@ -119,15 +133,21 @@ TEST(CacheFormat, RejectsDamagedEntries) {
   std::atomic<int> n{0};
   const std::string good = KernelCache::serialize(request("key1", &n), fake_kernel("a"));
   std::string flipped = good, bad_magic = good, bad_version = good, bad_header = good;
-  flipped[flipped.size() - 10] ^= 0x40;  // inside the cubin
+  flipped[flipped.size() - 40] ^= 0x40;  // inside the cubin
+  std::string flipped_table = good;
+  flipped_table[flipped_table.size() - 5] ^= 0x01;  // in kLut's second value
   bad_magic[0] = 'X';
   bad_version[8] = 1;
   bad_header[17] = '#';
-  const std::pair<const char*, std::string> cases[] = {
-      {"empty", ""},          {"truncated header", good.substr(0, 20)},
-      {"truncated cubin", good.substr(0, good.size() - 1)}, {"extra bytes", good + "z"},
-      {"flipped byte", flipped}, {"wrong magic", bad_magic},
-      {"stale version", bad_version}, {"malformed header", bad_header}};
+  const std::pair<const char*, std::string> cases[] = {{"empty", ""},
+                                                       {"truncated header", good.substr(0, 20)},
+                                                       {"truncated cubin", good.substr(0, good.size() - 1)},
+                                                       {"extra bytes", good + "z"},
+                                                       {"flipped byte", flipped},
+                                                       {"flipped table byte", flipped_table},
+                                                       {"wrong magic", bad_magic},
+                                                       {"stale version", bad_version},
+                                                       {"malformed header", bad_header}};
   for (const auto& [what, bytes] : cases) {
     std::string why;
     EXPECT_FALSE(KernelCache::deserialize(bytes, "key1", &why)) << what;
@@ -147,6 +167,7 @@ TEST(CacheFormat, MatchesGoldenFile) {
   k.arch = "sm_90a";
   k.options = {"--gpu-architecture=sm_90a", "-std=c++17"};
   k.shared_bytes = 75776;
+  k.tables = {{"kLutOffsets", {0, 2}}, {"kLut", {0, 0, 2, -1}}};
   Request r{"0123456789abcdef0123456789abcdef", "forward-bf16-b32-last", "sm_90a", "ffeeddccbbaa99887766554433221100", {}};
   const std::string bytes = KernelCache::serialize(r, k);
   const fs::path golden = fs::path(BSJIT_TEST_DATA) / ("cache_entry_v" + std::to_string(kFormatVersion) + ".bin");

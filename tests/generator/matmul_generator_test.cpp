@@ -19,19 +19,17 @@
 namespace bsjit::generator {
 namespace {
 
-// The numbers inside `name[] = { ... }` of generated source.
-std::vector<int> table(const std::string& source, const std::string& name) {
-  std::smatch m;
-  std::regex re(name + R"(\[\] = \{([^}]*)\})");
-  if (!std::regex_search(source, m, re)) return {};
-  std::vector<int> out;
-  std::stringstream ss(m[1].str());
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    auto b = item.find_first_not_of(" \n");
-    if (b != std::string::npos) out.push_back(std::stoi(item.substr(b)));
+// The values of g's table `name`, which its source must declare, sized to hold them.
+std::vector<int> table(const GeneratedSource& g, const std::string& name) {
+  for (const auto& t : g.tables) {
+    if (t.name != name) continue;
+    const std::string declaration =
+        fmt::format("extern \"C\" __device__ int {}[{}];", name, std::max<std::size_t>(t.values.size(), 1));
+    EXPECT_NE(g.source.find(declaration), std::string::npos) << "no " << declaration << " in\n" << g.source;
+    return t.values;
   }
-  return out;
+  ADD_FAILURE() << "no table " << name << " in " << g.label;
+  return {};
 }
 
 Layout random_layout(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
@@ -51,21 +49,24 @@ TEST(Generator, Snapshots) {
   const bool update = std::getenv("BSJIT_UPDATE_SNAPSHOTS") != nullptr;
   for (const auto& spec : specs) {
     auto g = generate_matmul(layout, spec);
+    // the source, then the tables' values that the loader copies in
+    std::string snapshot = g.source + "\n// Tables:\n";
+    for (const auto& t : g.tables) snapshot += fmt::format("// {}: {}\n", t.name, fmt::join(t.values, ", "));
     auto path = std::filesystem::path(BSJIT_SNAPSHOTS) / (g.label + ".cu");
     if (update) {
-      std::ofstream(path) << g.source;
+      std::ofstream(path) << snapshot;
       continue;
     }
     std::ifstream in(path);
     ASSERT_TRUE(in) << "missing snapshot " << path << "; run with BSJIT_UPDATE_SNAPSHOTS=1 to create it";
     std::stringstream want;
     want << in.rdbuf();
-    EXPECT_EQ(g.source, want.str()) << "generated source for " << g.label << " changed; if intended, rerun with "
-                                    << "BSJIT_UPDATE_SNAPSHOTS=1 and review the diff";
+    EXPECT_EQ(snapshot, want.str()) << "generated source or tables for " << g.label << " changed; if intended, "
+                                    << "rerun with BSJIT_UPDATE_SNAPSHOTS=1 and review the diff";
   }
 }
 
-// The lookup tables, read back out of the generated source, describe exactly the layout.
+// The lookup tables, which the generated source declares, describe exactly the layout.
 TEST(Generator, TablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     Layout layout = random_layout(1 + seed % 7, 1 + seed % 5 + seed % 3, seed);
@@ -76,8 +77,8 @@ TEST(Generator, TablesRebuildTheLayout) {
       spec.wgmma = hopper;
       auto g = generate_matmul(layout, spec);
       ASSERT_EQ(g.tiles.persistent, hopper);
-      auto offsets = table(g.source, "kLutOffsets"), lut = table(g.source, "kLut");
-      auto columns = table(g.source, "kOutColumns");
+      auto offsets = table(g, "kLutOffsets"), lut = table(g, "kLut");
+      auto columns = table(g, "kOutColumns");
       const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
       ASSERT_EQ(static_cast<std::int64_t>(offsets.size()), out_blocks + 1);
       ASSERT_EQ(static_cast<std::int64_t>(columns.size()), out_blocks);
@@ -105,7 +106,7 @@ TEST(Generator, TablesRebuildTheLayout) {
       EXPECT_EQ(Layout::from_coords(layout.rows(), layout.cols(), coords), layout) << "seed " << seed;
     }
     auto g = generate_matmul(layout, {Op::backward_weight, 16, DType::bf16, FeatureAxis::last});
-    auto coords = table(g.source, "kCoords");
+    auto coords = table(g, "kCoords");
     ASSERT_EQ(static_cast<std::int64_t>(coords.size()), 2 * std::max<std::int64_t>(layout.blocks(), 0) +
                                                              (layout.blocks() == 0 ? 1 : 0));
     for (std::int64_t b = 0; b < layout.blocks(); ++b)
@@ -217,7 +218,7 @@ TEST(Generator, PersistentColumnsBalancedOverTheCtas) {
     spec.wgmma = true;
     const auto g = generate_matmul(Layout::from_coords(32, units, blocks), spec);
     ASSERT_TRUE(g.tiles.persistent);
-    const auto offsets = table(g.source, "kLutOffsets"), columns = table(g.source, "kOutColumns");
+    const auto offsets = table(g, "kLutOffsets"), columns = table(g, "kOutColumns");
     const int classes = std::gcd(132, units);
     ASSERT_EQ(units / classes, 8);
     std::vector<int> per_class(classes, 0), long_columns(classes, 0);
@@ -264,8 +265,8 @@ TEST(Generator, GroupedTablesRebuildTheLayout) {
           const int sub = 64 / b, columns = warpgroups * sub, per = sub, record = 2 + sub * columns;
           SCOPED_TRACE(fmt::format("seed {} {} b{} columns {}", seed, to_string(op), b, columns));
           ASSERT_EQ(g.tiles.columns, columns);
-          auto bounds = table(g.source, "kGroupSteps"), steps = table(g.source, "kSteps");
-          auto group_columns = table(g.source, "kGroupColumns");
+          auto bounds = table(g, "kGroupSteps"), steps = table(g, "kSteps");
+          auto group_columns = table(g, "kGroupColumns");
           const std::int64_t out_blocks = op == Op::forward ? layout.cols() : layout.rows();
           const int groups = static_cast<int>((out_blocks + columns - 1) / columns);
           ASSERT_EQ(g.grid_x, groups);
@@ -353,8 +354,8 @@ TEST(Generator, PairedTablesRebuildTheLayout) {
       SCOPED_TRACE(fmt::format("seed {} {}", seed, to_string(op)));
       EXPECT_NE(g.name_expression.find("dsd_paired_kernel"), std::string::npos);
       EXPECT_EQ(tiles_tag(g.tiles), "pair2-bm256-s4");
-      auto bounds = table(g.source, "kGroupSteps"), steps = table(g.source, "kSteps");
-      auto pair_columns = table(g.source, "kGroupColumns");
+      auto bounds = table(g, "kGroupSteps"), steps = table(g, "kSteps");
+      auto pair_columns = table(g, "kGroupColumns");
       const bool fwd = op == Op::forward;
       const std::int64_t out_blocks = fwd ? layout.cols() : layout.rows();
       const int pairs = static_cast<int>((out_blocks + 1) / 2);
@@ -427,9 +428,9 @@ TEST(Generator, PairsColumnsThatShareInputBlocks) {
   t.paired = true, t.bm = 128, t.warps_m = 1, t.stages = 6;
   spec.tiles = t;
   auto g = generate_matmul(layout, spec);
-  EXPECT_EQ(table(g.source, "kGroupColumns"), (std::vector<int>{0, 3, 1, 5, 2, 4}));
-  EXPECT_EQ(table(g.source, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4, 6, 6, 6}));
-  const auto steps = table(g.source, "kSteps");
+  EXPECT_EQ(table(g, "kGroupColumns"), (std::vector<int>{0, 3, 1, 5, 2, 4}));
+  EXPECT_EQ(table(g, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4, 6, 6, 6}));
+  const auto steps = table(g, "kSteps");
   for (std::size_t s = 0; s < steps.size() / 4; ++s) EXPECT_EQ(steps[4 * s + 1], 3);
 }
 
@@ -507,8 +508,8 @@ TEST(Generator, GroupsColumnsThatShareChunks) {
   spec.wgmma = true;
   const auto g = generate_matmul(Layout::from_dense(8, 8, m), spec);
   ASSERT_GT(g.tiles.columns, 0);
-  EXPECT_EQ(table(g.source, "kGroupColumns"), (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
-  EXPECT_EQ(table(g.source, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4}));
+  EXPECT_EQ(table(g, "kGroupColumns"), (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
+  EXPECT_EQ(table(g, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4}));
 }
 
 // The tiled backward-weight kernel's tables: the tiles holding a block (64 × 64, 128 × 128, and 128
@@ -531,7 +532,7 @@ TEST(Generator, TiledTablesRebuildTheLayout) {
         const auto g = generate_matmul(layout, spec);
         SCOPED_TRACE(fmt::format("seed {} b{} {} x {}", seed, b, shape.edge, shape.cols));
         ASSERT_NE(g.name_expression.find("sdd_tiled_kernel"), std::string::npos);
-        const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+        const auto coords = table(g, "kCoords"), blocks = table(g, "kTileBlocks");
         const int per = shape.edge / b, per_col = (shape.cols > 0 ? shape.cols : shape.edge) / b;
         const int slots = per * per_col, tiles = static_cast<int>(g.grid_x);
         ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, tiles * slots));
@@ -573,7 +574,7 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
           ASSERT_NE(g.name_expression.find("sdd_rows_kernel"), std::string::npos);
           const int units = static_cast<int>(g.grid_x), per = pairs > 0 ? pairs : std::max(b, 64) / b;
           EXPECT_NE(g.source.find(fmt::format("kRowBlocks = {}, kBandRows = {};", m, per)), std::string::npos);
-          const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+          const auto coords = table(g, "kCoords"), blocks = table(g, "kTileBlocks");
           ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * (m + 1)));
           ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * per * m));
           std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
@@ -642,7 +643,7 @@ TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
     ASSERT_NE(g.name_expression.find("sdd_cols_kernel"), std::string::npos);
     EXPECT_NE(g.source.find("kColBlocks = 2;"), std::string::npos);
     const int units = static_cast<int>(g.grid_x);
-    const auto coords = table(g.source, "kCoords"), blocks = table(g.source, "kTileBlocks");
+    const auto coords = table(g, "kCoords"), blocks = table(g, "kTileBlocks");
     ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * 3));
     ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * 2));
     std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;

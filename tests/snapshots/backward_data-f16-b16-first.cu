@@ -6,15 +6,9 @@ namespace bsjit_generated {
 
 // The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..
 // kLutOffsets[j+1] of kLut, each a pair (input block, W block index).
-__device__ const int kOutColumns[] = {
-    0, 1, 2,
-};
-__device__ const int kLutOffsets[] = {
-    0, 2, 4, 6,
-};
-__device__ const int kLut[] = {
-    0, 0, 2, 1, 2, 2, 3, 3, 0, 4, 3, 5,
-};
+extern "C" __device__ int kOutColumns[3];  // 3 values, filled when loaded
+extern "C" __device__ int kLutOffsets[4];  // 4 values, filled when loaded
+extern "C" __device__ int kLut[12];  // 12 values, filled when loaded
 
 struct Config {
   using T = bsjit::kernels::half_t;
@@ -38,3 +32,8 @@ struct Config {
 static_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "static shared memory is 48 KB");
 
 }  // namespace bsjit_generated
+
+// Tables:
+// kOutColumns: 0, 1, 2
+// kLutOffsets: 0, 2, 4, 6
+// kLut: 0, 0, 2, 1, 2, 2, 3, 3, 0, 4, 3, 5

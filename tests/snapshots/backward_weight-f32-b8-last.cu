@@ -5,9 +5,7 @@
 namespace bsjit_generated {
 
 // (block row, block column) of each nonzero block of W, in block order.
-__device__ const int kCoords[] = {
-    0, 0, 0, 2, 1, 2, 1, 3, 2, 0, 2, 3,
-};
+extern "C" __device__ int kCoords[12];  // 12 values, filled when loaded
 
 struct Config {
   using T = float;
@@ -29,3 +27,6 @@ struct Config {
 static_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "static shared memory is 48 KB");
 
 }  // namespace bsjit_generated
+
+// Tables:
+// kCoords: 0, 0, 0, 2, 1, 2, 1, 3, 2, 0, 2, 3

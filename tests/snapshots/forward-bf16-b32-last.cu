@@ -6,15 +6,9 @@ namespace bsjit_generated {
 
 // The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..
 // kLutOffsets[j+1] of kLut, each a pair (input block, W block index).
-__device__ const int kOutColumns[] = {
-    0, 1, 2, 3,
-};
-__device__ const int kLutOffsets[] = {
-    0, 2, 2, 4, 6,
-};
-__device__ const int kLut[] = {
-    0, 0, 2, 4, 0, 1, 1, 2, 1, 3, 2, 5,
-};
+extern "C" __device__ int kOutColumns[4];  // 4 values, filled when loaded
+extern "C" __device__ int kLutOffsets[5];  // 5 values, filled when loaded
+extern "C" __device__ int kLut[12];  // 12 values, filled when loaded
 
 struct Config {
   using T = bsjit::kernels::bfloat16_t;
@@ -36,3 +30,8 @@ struct Config {
 };
 
 }  // namespace bsjit_generated
+
+// Tables:
+// kOutColumns: 0, 1, 2, 3
+// kLutOffsets: 0, 2, 2, 4, 6
+// kLut: 0, 0, 2, 4, 0, 1, 1, 2, 1, 3, 2, 5

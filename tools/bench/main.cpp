@@ -521,7 +521,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   runtime::KernelId id{L.hash().hex(), {Op::forward, 32, DType::bf16, FeatureAxis::last},
                        runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()))};
   auto g = generator::generate_matmul(L, id.spec);
-  auto key = cache::make_key(cache::key_inputs(g.source, id.arch));
+  auto key = cache::make_key(cache::key_inputs(g.source, g.tables, id.arch));
   const cache::Request req = runtime::cache_request(g, key, id.arch, id.layout_hash);
   CacheConfig cfg;
   cfg.directory = dir;
@@ -576,11 +576,10 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
     runtime::KernelArgs args{xa, wa, ya, nullptr, 1, 0, nullptr};
     runtime::launch_prepared(*p, f, Op::forward, 1, env.stream, args);  // encodes the tensor maps, if any, once
     const auto shape = runtime::launch_shape(*p, Op::forward, 1);
-    void* raw_args[] = {&args.a, &args.b, &args.out, &args.gate, &args.n, &args.accumulate, &args.workspace,
-                        &args.maps[0], &args.maps[1]};
+    auto raw_args = runtime::kernel_params(args);
     double bare = measure([&] {
       BSJIT_CU(runtime::driver().cuLaunchKernel(f, shape.grid_x, shape.grid_y, 1, shape.threads, 1, 1,
-                                                shape.shared_bytes, env.stream, raw_args, nullptr));
+                                                shape.shared_bytes, env.stream, raw_args.data(), nullptr));
     });
     double op = measure([&] { mm.forward(xa, wa, ya, 1, env.stream); });
     const std::string label = p->generated.label;

@@ -1,0 +1,41 @@
+#include "device_tables.hpp"
+
+#include <fmt/format.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace bsjit::generator {
+
+std::string declare(const DeviceTable& table) {
+  // extern "C": the loader finds the symbol by its plain name (cuModuleGetGlobal). Not const:
+  // the values arrive after loading, so the compiler must not fold the (zero) initial contents.
+  return fmt::format("extern \"C\" __device__ int {}[{}];  // {} values, filled when loaded\n", table.name,
+                     std::max<std::size_t>(table.values.size(), 1), table.values.size());
+}
+
+std::string add_table(DeviceTables& tables, std::string name, std::vector<int> values) {
+  tables.push_back({std::move(name), std::move(values)});
+  return declare(tables.back());
+}
+
+std::string tables_digest(const DeviceTables& tables) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  for (const auto& t : tables) {
+    // length-prefixed, so that no two different lists of tables give the same bytes
+    const std::string head = fmt::format("{}:{};{};", t.name.size(), t.name, t.values.size());
+    XXH3_128bits_update(state, head.data(), head.size());
+    XXH3_128bits_update(state, t.values.data(), t.values.size() * sizeof(int));
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+std::size_t device_bytes(const DeviceTable& table) {
+  return std::max<std::size_t>(table.values.size(), 1) * sizeof(int);
+}
+
+}  // namespace bsjit::generator

@@ -1,0 +1,34 @@
+// A layout's lookup tables as the generated source declares them and the loader fills them.
+//
+// The source declares each table as an uninitialized device array with C linkage, sized but
+// empty; its values travel beside the cubin (runtime::CompiledKernel, the cache entry) and
+// runtime::load copies them into every module it loads. Written into the source as initializers
+// instead, a 65536-block layout's tables cost NVVM and ptxas 0.35-0.5 s of a 0.8-1.3 s compile and
+// made its cubin 8-17× larger (docs/PERFORMANCE.md, "Where a cold compile's time goes").
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace bsjit::generator {
+
+struct DeviceTable {
+  std::string name;         // the array's symbol in the module: "kLut"
+  std::vector<int> values;  // may be empty (the array then holds one unread element)
+};
+using DeviceTables = std::vector<DeviceTable>;
+
+// `extern "C" __device__ int kLut[12];`: table's declaration in generated source, with a line
+// saying how many entries it holds.
+std::string declare(const DeviceTable& table);
+
+// Appends table to tables and returns its declaration.
+std::string add_table(DeviceTables& tables, std::string name, std::vector<int> values);
+
+// 32 hex digits: XXH3-128 of every table's name and values (part of a kernel's cache key).
+std::string tables_digest(const DeviceTables& tables);
+
+// The table's bytes in the module (a multiple of 4, at least 4).
+std::size_t device_bytes(const DeviceTable& table);
+
+}  // namespace bsjit::generator
