@@ -146,6 +146,12 @@ std::string make_key(const KeyInputs& in) {
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
 
+std::string code_key(const std::string& source, const std::string& arch) {
+  auto in = key_inputs(source, {}, arch);
+  in.tables_digest.clear();  // no tables' digest is empty: a code key is never an entry's key
+  return make_key(in);
+}
+
 std::string KernelCache::serialize(const Request& r, const runtime::CompiledKernel& k) {
   nlohmann::json h;
   h["key"] = r.key;
@@ -300,7 +306,7 @@ std::filesystem::path KernelCache::entry_path(const Request& r) const {
 }
 
 CacheStats KernelCache::stats() const {
-  return {memory_hits_.load(), disk_hits_.load(), compiles_.load(), bad_entries_.load()};
+  return {memory_hits_.load(), disk_hits_.load(), compiles_.load(), shared_compiles_.load(), bad_entries_.load()};
 }
 
 // --- lookup ----------------------------------------------------------------------------------
@@ -429,24 +435,24 @@ void KernelCache::store_tuning(const std::string& key, const std::string& stem, 
   write_atomically(dir / fmt::format("{}-{}{}", stem, key.substr(0, 16), kTuneExt), json);
 }
 
+template <class S>
+std::shared_ptr<S> KernelCache::slot_in(std::unordered_map<std::string, std::shared_ptr<S>>& slots,
+                                        const std::string& key) {
+  std::lock_guard lock(mutex_);
+  auto& s = slots[key];
+  if (!s) s = std::make_shared<S>();
+  return s;
+}
+
 KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* compiled_now) {
   if (compiled_now) *compiled_now = false;
-  std::shared_ptr<Slot> slot;
-  {
-    std::lock_guard lock(mutex_);
-    auto& s = slots_[r.key];
-    if (!s) s = std::make_shared<Slot>();
-    slot = s;
-  }
+  auto slot = slot_in(slots_, r.key);
   std::lock_guard slot_lock(slot->mutex);  // only this key waits; other keys proceed
   if (slot->kernel) {
     ++memory_hits_;
     return slot->kernel;
   }
-  if (auto k = load_from_layers(r, false)) {
-    ++disk_hits_;
-    return slot->kernel = k;
-  }
+  if (auto k = load_from_layers(r, false)) return slot->kernel = loaded(r, k);
   if (on_miss == OnMiss::fail) {  // strict mode: proves a deployment's cache is complete
     auto c = config();
     std::vector<std::string> dirs;
@@ -460,26 +466,48 @@ KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* c
   std::unique_ptr<FileLock> lock;
   if (auto path = entry_path(r); !path.empty()) {
     lock = std::make_unique<FileLock>(path.replace_extension(kLockExt));
-    if (auto k = load_from_layers(r, true)) {  // quiet: a bad entry was reported above already
-      ++disk_hits_;
-      return slot->kernel = k;
-    }
+    if (auto k = load_from_layers(r, true))  // quiet: a bad entry was reported above already
+      return slot->kernel = loaded(r, k);
   }
-  auto k = std::make_shared<runtime::CompiledKernel>(r.compile());
-  ++compiles_;
+  auto k = build(r);
   if (compiled_now) *compiled_now = true;
   store(r, *k);
   return slot->kernel = k;
 }
 
-void KernelCache::insert(const std::string& key, Compiled kernel) {
-  std::shared_ptr<Slot> slot;
-  {
-    std::lock_guard lock(mutex_);
-    auto& s = slots_[key];
-    if (!s) s = std::make_shared<Slot>();
-    slot = s;
+KernelCache::Compiled KernelCache::loaded(const Request& r, Compiled k) {
+  ++disk_hits_;
+  if (!r.code_key.empty()) {
+    auto slot = slot_in(code_slots_, r.code_key);
+    std::lock_guard code_lock(slot->mutex);
+    if (slot->kernel.expired()) slot->kernel = k;
   }
+  return k;
+}
+
+std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
+  auto compile = [&] {
+    auto k = std::make_shared<runtime::CompiledKernel>(r.compile());
+    ++compiles_;
+    k->tables = r.tables;
+    return k;
+  };
+  if (r.code_key.empty()) return compile();
+  auto slot = slot_in(code_slots_, r.code_key);
+  std::lock_guard code_lock(slot->mutex);  // taken after the entry's slot lock, never before
+  if (auto code = slot->kernel.lock()) {
+    auto k = std::make_shared<runtime::CompiledKernel>(*code);
+    ++shared_compiles_;
+    k->tables = r.tables;
+    return k;
+  }
+  auto k = compile();
+  slot->kernel = k;
+  return k;
+}
+
+void KernelCache::insert(const std::string& key, Compiled kernel) {
+  auto slot = slot_in(slots_, key);
   std::lock_guard slot_lock(slot->mutex);
   if (!slot->kernel) slot->kernel = std::move(kernel);
 }

@@ -35,6 +35,8 @@ struct KeyInputs {
 KeyInputs key_inputs(const std::string& source, const generator::DeviceTables& tables, const std::string& arch);
 // 32 hex digits: XXH3-128 of the inputs.
 std::string make_key(const KeyInputs& inputs);
+// The key of what NVRTC makes of source for arch: make_key without the tables' values.
+std::string code_key(const std::string& source, const std::string& arch);
 
 // The header of an entry: what the file says it holds.
 struct EntryHeader {
@@ -52,7 +54,12 @@ struct Request {
   std::string label;        // "forward-bf16-b32-last": for file names and messages
   std::string arch;
   std::string layout_hash;  // for `bsjit cache list`
-  std::function<runtime::CompiledKernel()> compile;
+  std::function<runtime::CompiledKernel()> compile;  // NVRTC on the source: the code, without tables
+  // The layout's values, stored with the code (generator::GeneratedSource::tables).
+  generator::DeviceTables tables;
+  // The key of the code alone (code_key): requests of one code key share one compile in a
+  // process, as layouts of one shape do. Empty: no sharing.
+  std::string code_key;
 };
 
 enum class OnMiss { compile, fail };
@@ -70,7 +77,9 @@ class KernelCache {
   // stored in memory and in the writable directory). Threads asking for one key wait for a single
   // compile; different keys compile in parallel; processes sharing a directory take a lock file
   // per key and look again before compiling. With OnMiss::fail (or strict mode) a kernel in no
-  // cache is an Error. *compiled_now tells whether this call compiled it.
+  // cache is an Error. A miss whose code key this process has compiled already (for another
+  // layout of the shape) takes that code with the request's tables instead of compiling.
+  // *compiled_now tells whether this call made a new entry.
   Compiled get(const Request& request, OnMiss on_miss = OnMiss::compile, bool* compiled_now = nullptr);
 
   // Tuning records: small JSON documents stored beside the kernels (<stem>-<key>.tune), searched in
@@ -103,6 +112,19 @@ class KernelCache {
     std::mutex mutex;  // held while this key is looked up on disk or compiled
     Compiled kernel;
   };
+  struct CodeSlot {
+    std::mutex mutex;  // held while this code is compiled
+    // An entry holding the code: the cubin is not kept twice, and the memory layer keeps the
+    // entry (and so the code) for the process's life.
+    std::weak_ptr<const runtime::CompiledKernel> kernel;
+  };
+  // The slot of key in slots (a new one the first time).
+  template <class S>
+  std::shared_ptr<S> slot_in(std::unordered_map<std::string, std::shared_ptr<S>>& slots, const std::string& key);
+  // A disk hit for request: counted, and its code offered to later misses of its code key.
+  Compiled loaded(const Request& request, Compiled kernel);
+  // The request's code with its tables: from an entry of the same code key, else compiled.
+  std::shared_ptr<runtime::CompiledKernel> build(const Request& request);
   // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).
   Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
   Compiled load_from_layers(const Request& request, bool quiet);
@@ -113,11 +135,12 @@ class KernelCache {
 
   mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
+  std::unordered_map<std::string, std::shared_ptr<CodeSlot>> code_slots_;  // by code key
   std::unordered_map<std::string, std::string> tunings_;  // key → record, once found or stored
   CacheConfig config_;
   bool writable_ = false;                         // the writable directory exists, is trusted and writable
   std::vector<std::filesystem::path> readable_;  // trusted layers, writable first
-  std::atomic<std::int64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, bad_entries_{0};
+  std::atomic<std::int64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, shared_compiles_{0}, bad_entries_{0};
 };
 
 }  // namespace bsjit::cache

@@ -5,14 +5,16 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <bit>
 
 namespace bsjit::generator {
+
+std::size_t capacity(const DeviceTable& table) { return std::bit_ceil(std::max<std::size_t>(table.values.size(), 64)); }
 
 std::string declare(const DeviceTable& table) {
   // extern "C": the loader finds the symbol by its plain name (cuModuleGetGlobal). Not const:
   // the values arrive after loading, so the compiler must not fold the (zero) initial contents.
-  return fmt::format("extern \"C\" __device__ int {}[{}];  // {} values, filled when loaded\n", table.name,
-                     std::max<std::size_t>(table.values.size(), 1), table.values.size());
+  return fmt::format("extern \"C\" __device__ int {}[{}];  // filled when loaded\n", table.name, capacity(table));
 }
 
 std::string add_table(DeviceTables& tables, std::string name, std::vector<int> values) {
@@ -34,8 +36,6 @@ std::string tables_digest(const DeviceTables& tables) {
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
 
-std::size_t device_bytes(const DeviceTable& table) {
-  return std::max<std::size_t>(table.values.size(), 1) * sizeof(int);
-}
+std::size_t device_bytes(const DeviceTable& table) { return capacity(table) * sizeof(int); }
 
 }  // namespace bsjit::generator

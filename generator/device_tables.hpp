@@ -5,8 +5,12 @@
 // runtime::load copies them into every module it loads. Written into the source as initializers
 // instead, a 65536-block layout's tables cost NVVM and ptxas 0.35-0.5 s of a 0.8-1.3 s compile and
 // made its cubin 8-17× larger (docs/PERFORMANCE.md, "Where a cold compile's time goes").
+// The arrays are declared with a capacity, not their length (the next power of two, at least
+// 64), so the sources of layouts of one shape whose tables are of similar sizes are identical,
+// and one compile serves them all (cache::code_key).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -14,12 +18,16 @@ namespace bsjit::generator {
 
 struct DeviceTable {
   std::string name;         // the array's symbol in the module: "kLut"
-  std::vector<int> values;  // may be empty (the array then holds one unread element)
+  std::vector<int> values;  // may be empty; the array's elements past them are never read
+  bool operator==(const DeviceTable&) const = default;
 };
 using DeviceTables = std::vector<DeviceTable>;
 
-// `extern "C" __device__ int kLut[12];`: table's declaration in generated source, with a line
-// saying how many entries it holds.
+// The number of elements table's array is declared with: its length rounded up to a power of two,
+// at least 64.
+std::size_t capacity(const DeviceTable& table);
+
+// `extern "C" __device__ int kLut[64];`: table's declaration in generated source.
 std::string declare(const DeviceTable& table);
 
 // Appends table to tables and returns its declaration.
@@ -28,7 +36,7 @@ std::string add_table(DeviceTables& tables, std::string name, std::vector<int> v
 // 32 hex digits: XXH3-128 of every table's name and values (part of a kernel's cache key).
 std::string tables_digest(const DeviceTables& tables);
 
-// The table's bytes in the module (a multiple of 4, at least 4).
+// The table's bytes in the module: capacity × 4.
 std::size_t device_bytes(const DeviceTable& table);
 
 }  // namespace bsjit::generator

@@ -23,12 +23,17 @@ namespace bsjit::runtime {
 cache::Request cache_request(const generator::GeneratedSource& g, const std::string& key, const std::string& arch,
                              const std::string& layout_hash) {
   // g is captured by reference: the request lives no longer than the call it is made for
-  return {key, g.label, arch, layout_hash, [&g, arch] {
+  return {key,
+          g.label,
+          arch,
+          layout_hash,
+          [&g, arch] {
             auto k = compile(g.source, g.name_expression, g.label, arch);
             k.shared_bytes = g.shared_bytes;
-            k.tables = g.tables;
             return k;
-          }};
+          },
+          g.tables,
+          cache::code_key(g.source, arch)};
 }
 
 std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layout, const KernelId& id,

@@ -72,7 +72,8 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
     if (r != CUDA_SUCCESS) {
       *what = fmt::format("table {} not found in the module", t.name);
     } else if (bytes != generator::device_bytes(t)) {
-      *what = fmt::format("table {} holds {} bytes in the module, the entry {} values", t.name, bytes, t.values.size());
+      *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, bytes,
+                          generator::device_bytes(t), t.values.size());
       r = CUDA_ERROR_INVALID_IMAGE;
     } else if (!t.values.empty()) {
       r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), t.values.size() * sizeof(int), stream);

@@ -61,8 +61,11 @@ Request request(const std::string& key, std::atomic<int>* compiles, const std::s
   r.layout_hash = "0123";
   r.compile = [compiles, tag] {
     ++*compiles;
-    return fake_kernel(tag);
+    auto k = fake_kernel(tag);
+    k.tables.clear();  // the code alone: the cache adds the request's tables
+    return k;
   };
+  r.tables = fake_kernel(tag).tables;
   return r;
 }
 
@@ -343,6 +346,83 @@ TEST(KernelCache, ConcurrentRequestsForOneKeyCompileOnce) {
   EXPECT_EQ(cache.stats().memory_hits, 8 * 4 - 4);
 }
 
+TEST(CacheKey, CodeKeyIgnoresTheTablesOnly) {
+  const std::string k = code_key("source", "sm_90");
+  EXPECT_EQ(k.size(), 32u);
+  EXPECT_EQ(k, code_key("source", "sm_90"));
+  EXPECT_NE(k, code_key("source ", "sm_90"));
+  EXPECT_NE(k, code_key("source", "sm_90a"));
+  for (const auto& tables : {generator::DeviceTables{}, generator::DeviceTables{{"kLut", {}}}})
+    EXPECT_NE(k, make_key(key_inputs("source", tables, "sm_90"))) << "a code key is never an entry's key";
+}
+
+// Requests for layouts of one shape: one code key, each its own key and tables.
+Request layout_request(int layout, std::atomic<int>* compiles) {
+  auto r = request("key-layout-" + std::to_string(layout), compiles, "shape");
+  r.code_key = "code-of-the-shape";
+  r.layout_hash = std::to_string(layout);
+  r.tables = {{"kLut", {layout, layout + 1}}, {"kOffsets", {0, 2}}};
+  return r;
+}
+
+TEST(KernelCache, LayoutsOfOneShapeShareOneCompile) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  {
+    KernelCache cache(config_for(dir.path));
+    bool now = false;
+    auto a = cache.get(layout_request(1, &compiles));
+    auto b = cache.get(layout_request(2, &compiles), OnMiss::compile, &now);
+    EXPECT_TRUE(now) << "a new entry, though not compiled";
+    EXPECT_EQ(compiles, 1);
+    EXPECT_EQ(cache.stats().compiles, 1);
+    EXPECT_EQ(cache.stats().shared_compiles, 1);
+    EXPECT_NE(a, b);
+    EXPECT_EQ(a->cubin, b->cubin);
+    EXPECT_EQ(a->lowered_name, b->lowered_name);
+    EXPECT_EQ(a->tables[0].values, (std::vector<int>{1, 2}));
+    EXPECT_EQ(b->tables[0].values, (std::vector<int>{2, 3}));
+    // another code key compiles
+    auto other = layout_request(3, &compiles);
+    other.code_key = "code-of-another-shape";
+    cache.get(other);
+    EXPECT_EQ(compiles, 2);
+  }
+  // A new process: the second layout's entry is on disk with its own tables; a layout not on disk
+  // takes the code of the entry read from disk.
+  KernelCache fresh(config_for(dir.path));
+  EXPECT_EQ(fresh.get(layout_request(2, &compiles))->tables[0].values, (std::vector<int>{2, 3}));
+  auto c = fresh.get(layout_request(4, &compiles));
+  EXPECT_EQ(c->tables[0].values, (std::vector<int>{4, 5}));
+  EXPECT_EQ(compiles, 2);
+  EXPECT_EQ(fresh.stats().disk_hits, 1);
+  EXPECT_EQ(fresh.stats().shared_compiles, 1);
+  EXPECT_EQ(fresh.stats().compiles, 0);
+  std::string why;
+  auto stored = KernelCache::deserialize(read(fresh.entry_path(layout_request(4, &compiles))), "key-layout-4", &why);
+  ASSERT_TRUE(stored) << why;
+  EXPECT_EQ(stored->tables[0].values, (std::vector<int>{4, 5}));
+}
+
+TEST(KernelCache, ConcurrentLayoutsOfOneShapeCompileOnce) {
+  KernelCache cache(config_for({}));
+  std::atomic<int> compiles{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      auto r = layout_request(t, &compiles);
+      auto inner = r.compile;
+      r.compile = [inner] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return inner();
+      };
+      EXPECT_EQ(cache.get(r)->tables[0].values, (std::vector<int>{t, t + 1}));
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(compiles.load(), 1);
+  EXPECT_EQ(cache.stats().shared_compiles, 7);
+}
+
 TEST(KernelCache, TuningRecordsPersistAcrossProcessesAndLayers) {
   TempDir shipped, local;
   const std::string key = "0123456789abcdef0123456789abcdef";
@@ -446,12 +526,12 @@ TEST(CacheStress, EightProcessesFourThreadsOverlappingKeys) {
   for (int p = 0; p < 8; ++p) {
     EXPECT_EQ(codes[p], 0) << outs[p];
     int n = -1;
-    EXPECT_EQ(std::sscanf(outs[p].c_str(), "compiles %d", &n), 1) << outs[p];
-    EXPECT_LE(n, 12) << "a kernel compiled twice in one process";
+    EXPECT_EQ(std::sscanf(outs[p].c_str(), "built %d", &n), 1) << outs[p];
+    EXPECT_LE(n, 12) << "a kernel built twice in one process";
     total += n;
   }
   // 3 layouts × (forward: 2 variants, backward-weight: 2)
-  EXPECT_EQ(total, 12) << "the lock file makes every kernel compile once across all processes";
+  EXPECT_EQ(total, 12) << "the lock file makes every kernel build once across all processes";
   auto list = list_cache(dir.path);
   EXPECT_EQ(list.size(), 12u);
   for (const auto& e : list) EXPECT_TRUE(e.valid) << e.path << ": " << e.problem;

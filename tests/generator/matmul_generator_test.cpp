@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -23,8 +24,8 @@ namespace {
 std::vector<int> table(const GeneratedSource& g, const std::string& name) {
   for (const auto& t : g.tables) {
     if (t.name != name) continue;
-    const std::string declaration =
-        fmt::format("extern \"C\" __device__ int {}[{}];", name, std::max<std::size_t>(t.values.size(), 1));
+    EXPECT_GE(capacity(t), t.values.size());
+    const std::string declaration = fmt::format("extern \"C\" __device__ int {}[{}];", name, capacity(t));
     EXPECT_NE(g.source.find(declaration), std::string::npos) << "no " << declaration << " in\n" << g.source;
     return t.values;
   }
@@ -1217,15 +1218,52 @@ TEST(Generator, SourceNamesWhatItIs) {
   auto g = generate_matmul(layout, {Op::backward_data, 64, DType::f16, FeatureAxis::first});
   EXPECT_EQ(g.label, "backward_data-f16-b64-first");
   EXPECT_EQ(g.name_expression, "bsjit::kernels::dsd_kernel<bsjit_generated::Config>");
-  EXPECT_NE(g.source.find(layout.hash().hex()), std::string::npos);
+  EXPECT_EQ(g.source.find(layout.hash().hex()), std::string::npos) << "the layout is in the tables only";
   EXPECT_NE(g.source.find("kTransW = true"), std::string::npos);
   EXPECT_NE(g.source.find("kFeatureLast = false"), std::string::npos);
   EXPECT_NE(g.source.find("using T = bsjit::kernels::half_t"), std::string::npos);
   EXPECT_EQ(g.in_features, 128);
   EXPECT_EQ(g.out_features, 128);
-  // Different layouts give different source, so different cache keys.
+  // Another layout of the shape: the same source (one compile), other tables (another cache key).
   auto h = generate_matmul(Layout::from_dense(2, 2, {1, 1, 0, 1}), {Op::backward_data, 64, DType::f16, FeatureAxis::first});
-  EXPECT_NE(g.source, h.source);
+  EXPECT_EQ(g.source, h.source);
+  EXPECT_NE(tables_digest(g.tables), tables_digest(h.tables));
+  // Another shape: another source.
+  auto wide = generate_matmul(Layout::from_dense(2, 3, {1, 0, 0, 0, 1, 1}),
+                              {Op::backward_data, 64, DType::f16, FeatureAxis::first});
+  EXPECT_NE(g.source, wide.source);
+}
+
+TEST(DeviceTables, CapacityIsAPowerOfTwoOfAtLeast64) {
+  const std::pair<std::size_t, std::size_t> cases[] = {{0, 64},      {1, 64},      {64, 64},    {65, 128},
+                                                       {3950, 4096}, {4096, 4096}, {4097, 8192}};
+  for (auto [n, want] : cases) {
+    const DeviceTable t{"kLut", std::vector<int>(n, 1)};
+    EXPECT_EQ(capacity(t), want) << n;
+    EXPECT_EQ(device_bytes(t), 4 * want) << n;
+  }
+}
+
+// Layouts of one shape and block count whose blocks sit elsewhere (columns permuted): every
+// Hopper kernel at b = 64 and 128 has one source for them all, so one compile serves them.
+TEST(Generator, LayoutsOfOneShapeShareTheSource) {
+  Layout a = random_layout(32, 32, 3);
+  std::vector<int> perm(32);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(4));
+  std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+  for (const auto& [r, c] : a.coords()) moved.push_back({r, perm[c]});
+  Layout b = Layout::from_coords(32, 32, moved);
+  ASSERT_NE(a.hash().hex(), b.hash().hex());
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int block : {64, 128}) {
+      MatMulSpec spec{op, block, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      spec.tiles = choose_tiles(spec);
+      const auto ga = generate_matmul(a, spec), gb = generate_matmul(b, spec);
+      EXPECT_EQ(ga.source, gb.source) << ga.label;
+      EXPECT_NE(tables_digest(ga.tables), tables_digest(gb.tables)) << ga.label;
+    }
 }
 
 }  // namespace

@@ -92,6 +92,18 @@ TEST(MatMulApi, ShapesAndPrecompileWithoutGpu) {
   EXPECT_THROW(mm.precompile(Op::forward, "sm_61"), Error);
 }
 
+TEST(MatMulApi, LayoutsOfOneShapeCompileOnce) {
+  set_cache_directory({});
+  MatMul a(Layout::from_coords(4, 4, {{0, 0}, {1, 2}, {3, 3}}), {64, DType::bf16, FeatureAxis::last, ""}),
+      b(Layout::from_coords(4, 4, {{0, 1}, {2, 2}, {3, 0}}), {64, DType::bf16, FeatureAxis::last, ""});
+  EXPECT_EQ(a.generated_source(Op::forward), b.generated_source(Op::forward));
+  auto before = cache_stats();
+  EXPECT_TRUE(a.precompile(Op::forward, "sm_90a"));
+  EXPECT_TRUE(b.precompile(Op::forward, "sm_90a"));        // its own entry, from a's code
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 2);  // the kernel and its small-batch variant
+  EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 2);
+}
+
 // A tuning record (what MatMul::autotune stores on a GPU machine) changes the kernel that
 // precompile builds and that later calls use; a record that does not fit is ignored.
 TEST(MatMulApi, TuningRecordsChooseTheTileShape) {

@@ -400,6 +400,41 @@ TEST(MatMulGpuWorkspace, SplitKernelsShareOneWorkspacePerStream) {
   EXPECT_EQ(runtime::SplitWorkspaces::global().held_bytes(ctx, nullptr), 0u) << "freed with the last holder";
 }
 
+// Layouts of one shape whose kernels have one source (columns permuted) share one compile, and each
+// loads its own module with its own tables: run interleaved, each matches its own reference.
+TEST(MatMulGpuSharedCode, LayoutsOfOneShapeRunWithTheirOwnTables) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
+  int shared = 0;
+  std::uint64_t seed = 15000;
+  for (int b : {64, 128}) {
+    const Layout a = random_layout(b, 40 + b);
+    std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+    for (const auto& [r, c] : a.coords()) moved.push_back({r, (c + 1) % a.cols()});
+    const Layout moved_layout = Layout::from_coords(a.rows(), a.cols(), moved);
+    ASSERT_NE(a.hash().hex(), moved_layout.hash().hex());
+    const MatMulOptions o{b, DType::bf16, FeatureAxis::last, ""};
+    MatMul ma(a, o), mb(moved_layout, o);
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+      const auto before = cache_stats();
+      const bool one_source = ma.generated_source(op) == mb.generated_source(op);
+      ma.precompile(op, arch), mb.precompile(op, arch);
+      if (one_source) {
+        EXPECT_GT(cache_stats().shared_compiles, before.shared_compiles) << to_string(op) << " b" << b;
+        ++shared;
+      }
+      for (MatMul* mm : {&ma, &mb, &ma}) {
+        auto r = check::run_and_check(*mm, op, {333, false, false, seed++});
+        SCOPED_TRACE(fmt::format("{} b{} layout {}", to_string(op), b, mm == &ma ? "a" : "b"));
+        EXPECT_EQ(r.unwritten, 0);
+        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+      }
+    }
+  }
+  EXPECT_GE(shared, 2) << "kernels of one source among the 6";
+}
+
 // fp32 as TF32 (opt-in): every op at b = 16-128 on the mma.sync kernels for 4-byte tiles (both batch
 // variants: n = 77 runs the small-batch one), against the double-precision reference, within the
 // 16-bit tolerance (TF32 keeps 10 mantissa bits, as fp16 does); above exact fp32's errors, so the
