@@ -137,6 +137,13 @@ Expanded expand(const Manifest& m) {
   return e;
 }
 
+// r's kernels built since before (cache_stats() when the call began).
+void count_builds(DeployReport& r, const CacheStats& before) {
+  const CacheStats now = cache_stats();
+  r.nvrtc_runs = now.compiles - before.compiles;
+  r.shared_code = now.shared_compiles - before.shared_compiles;
+}
+
 void count(DeployReport& r, const KernelOutcome& k) {
   switch (k.status) {
     case KernelOutcome::Status::compiled: ++r.compiled; break;
@@ -275,6 +282,7 @@ std::size_t Manifest::kernel_count() const {
 
 DeployReport precompile(const Manifest& manifest, const PrecompileOptions& options) {
   const auto start = Clock::now();
+  const CacheStats before = cache_stats();
   Expanded e = expand(manifest);
   const std::size_t total = e.items.size() + e.attention.size();
   std::vector<KernelOutcome> outcomes(total);
@@ -309,12 +317,14 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
   });
   DeployReport r;
   for (const auto& o : outcomes) count(r, o);
+  count_builds(r, before);
   r.seconds = ms_since(start) / 1000;
   return r;
 }
 
 DeployReport warmup(const Manifest& manifest, bool strict) {
   const auto start = Clock::now();
+  const CacheStats before = cache_stats();
   auto devices = visible_devices();
   Expanded e = expand(manifest);
   const auto on_miss = strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss();
@@ -365,6 +375,7 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
       count(r, o);
     }
   }
+  count_builds(r, before);
   r.seconds = ms_since(start) / 1000;
   return r;
 }

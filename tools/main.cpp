@@ -90,6 +90,9 @@ int report(const DeployReport& r, const char* what, bool verbose) {
   }
   fmt::print("{}: {} compiled, {} already cached, {} loaded, {} failed, {:.1f} s, cache {}\n", what, r.compiled, r.cached,
              r.loaded, r.failed, r.seconds, cache_directory().empty() ? "(memory only)" : cache_directory().string());
+  if (r.nvrtc_runs + r.shared_code > 0)
+    fmt::print("kernels built: {} by NVRTC, {} from the code of another layout of the same shape\n", r.nvrtc_runs,
+               r.shared_code);
   return r.failed ? 1 : 0;
 }
 

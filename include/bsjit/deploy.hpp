@@ -69,6 +69,9 @@ struct KernelOutcome {
 struct DeployReport {
   std::vector<KernelOutcome> kernels;
   std::int64_t compiled = 0, cached = 0, loaded = 0, failed = 0;
+  // Kernels this process built during the call (an item has one or two): compiled by NVRTC, and
+  // made from the code of another layout of the same shape, with no NVRTC run (docs/CACHE.md).
+  std::int64_t nvrtc_runs = 0, shared_code = 0;
   double seconds = 0;
 };
 

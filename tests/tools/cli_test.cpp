@@ -55,12 +55,33 @@ TEST(Cli, PrecompileIntoDirectoryThenFindsItCached) {
   auto r = sh(args);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("8 compiled, 0 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kernels built: 12 by NVRTC, 0 from the code of another layout"), std::string::npos)
+      << r.output;
   int entries = 0;
   for (auto& e : fs::directory_iterator(dir.path)) entries += e.path().extension() == ".bsjit";
   EXPECT_EQ(entries, 12) << "8 kernels; the bf16 ones have a small-batch variant too";
   r = sh(args);  // a second process finds them all
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("0 compiled, 8 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
+}
+
+// Two layouts of one shape (the second the first with its block columns rotated): the second's
+// kernels are built from the first's code, and both are entries of their own.
+TEST(Cli, PrecompileSharesTheCodeOfLayoutsOfOneShape) {
+  TempDir dir;
+  std::ofstream(dir.path / "a.json") << R"({"rows": 4, "cols": 4, "blocks": [[0, 0], [1, 2], [2, 1], [3, 3]]})";
+  std::ofstream(dir.path / "b.json") << R"({"rows": 4, "cols": 4, "blocks": [[0, 1], [1, 3], [2, 2], [3, 0]]})";
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " precompile -l " + (dir.path / "a.json").string() + " -l " + (dir.path / "b.json").string() +
+              " -o forward -b 64 -t bf16 -a sm_90a");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 compiled, 0 already cached"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kernels built: 2 by NVRTC, 2 from the code of another layout"), std::string::npos)
+      << "each layout's kernel and its small-batch variant: " << r.output;
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir.path / "c")) entries += e.path().extension() == ".bsjit";
+  EXPECT_EQ(entries, 4);
+  EXPECT_EQ(sh(cache + " cache verify").status, 0);
 }
 
 // TF32 (opt-in) from the command line and from a manifest: the fp32 kernels in both forms when the
