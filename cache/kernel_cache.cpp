@@ -2,7 +2,7 @@
 //   8 bytes   magic "BSJITKC\0"
 //   4 bytes   format version, little-endian uint32
 //   4 bytes   header length H, little-endian uint32
-//   H bytes   JSON header: key, label, arch, layout_hash, lowered_name, options, shared_bytes,
+//   H bytes   JSON header: key, label, arch, layout_hash, code_key, lowered_name, options, shared_bytes,
 //             cubin_size, cubin_xxh64 (hex), tables ([[name, values], ...]: each table's symbol
 //             and number of values), tables_xxh64 (hex, of the table bytes)
 //   cubin_size bytes of cubin
@@ -72,6 +72,23 @@ std::string read_all(const fs::path& p, bool* ok) {
   ss << in.rdbuf();
   *ok = static_cast<bool>(in) || in.eof();
   return ss.str();
+}
+
+// The key and code key in the header of the entry at p (empty when it has none or is no entry),
+// read without the cubin and tables.
+std::pair<std::string, std::string> keys_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char head[16];
+  if (!in.read(head, sizeof head) || std::memcmp(head, kMagic, sizeof kMagic) != 0) return {};
+  const std::string prefix(head, sizeof head);
+  if (get_u32(prefix, 8) != static_cast<std::uint32_t>(kFormatVersion)) return {};
+  std::string header(get_u32(prefix, 12), '\0');
+  if (header.size() > (1u << 20) || !in.read(header.data(), static_cast<std::streamsize>(header.size()))) return {};
+  const nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
+  auto field = [&h](const char* name) {
+    return h.is_object() && h.contains(name) && h[name].is_string() ? h[name].get<std::string>() : std::string();
+  };
+  return {field("key"), field("code_key")};
 }
 
 bool env_flag(const char* name) {
@@ -158,6 +175,7 @@ std::string KernelCache::serialize(const Request& r, const runtime::CompiledKern
   h["label"] = r.label;
   h["arch"] = k.arch;
   h["layout_hash"] = r.layout_hash;
+  h["code_key"] = r.code_key;
   h["lowered_name"] = k.lowered_name;
   h["options"] = k.options;
   h["shared_bytes"] = k.shared_bytes;
@@ -198,6 +216,7 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     e.label = h.at("label").get<std::string>();
     e.arch = h.at("arch").get<std::string>();
     e.layout_hash = h.at("layout_hash").get<std::string>();
+    e.code_key = h.at("code_key").get<std::string>();
     e.lowered_name = h.at("lowered_name").get<std::string>();
     e.options = h.at("options").get<std::vector<std::string>>();
     e.cubin_size = h.at("cubin_size").get<std::uint64_t>();
@@ -355,6 +374,28 @@ KernelCache::Compiled KernelCache::load_from_layers(const Request& r, bool quiet
   return nullptr;
 }
 
+KernelCache::Compiled KernelCache::code_from_layers(const Request& r) {
+  std::vector<fs::path> layers;
+  {
+    std::lock_guard lock(mutex_);
+    layers = readable_;
+  }
+  // Entries of one code key have one label and arch, the start of their file names.
+  const std::string prefix = fmt::format("{}-{}-", r.label, r.arch);
+  for (const auto& dir : layers) {
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const fs::path& path = it->path();
+      if (!is_entry(path) || !path.filename().string().starts_with(prefix)) continue;
+      const auto [key, code_key] = keys_of(path);
+      // read whole, verified and trusted as any entry (load_from)
+      if (code_key == r.code_key)
+        if (auto k = load_from(path, key, false, true)) return k;
+    }
+  }
+  return nullptr;
+}
+
 bool KernelCache::write_atomically(const fs::path& path, const std::string& bytes) {
   std::random_device rd;
   fs::path tmp = path;
@@ -477,12 +518,15 @@ KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* c
 
 KernelCache::Compiled KernelCache::loaded(const Request& r, Compiled k) {
   ++disk_hits_;
-  if (!r.code_key.empty()) {
-    auto slot = slot_in(code_slots_, r.code_key);
-    std::lock_guard code_lock(slot->mutex);
-    if (slot->kernel.expired()) slot->kernel = k;
-  }
+  offer_code(r.code_key, k);
   return k;
+}
+
+void KernelCache::offer_code(const std::string& code_key, const Compiled& k) {
+  if (code_key.empty()) return;
+  auto slot = slot_in(code_slots_, code_key);
+  std::lock_guard code_lock(slot->mutex);
+  if (!slot->kernel) slot->kernel = k;
 }
 
 std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
@@ -495,7 +539,8 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
   if (r.code_key.empty()) return compile();
   auto slot = slot_in(code_slots_, r.code_key);
   std::lock_guard code_lock(slot->mutex);  // taken after the entry's slot lock, never before
-  if (auto code = slot->kernel.lock()) {
+  if (!slot->kernel) slot->kernel = code_from_layers(r);
+  if (const auto& code = slot->kernel) {
     auto k = std::make_shared<runtime::CompiledKernel>(*code);
     ++shared_compiles_;
     k->tables = r.tables;
@@ -506,10 +551,11 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
   return k;
 }
 
-void KernelCache::insert(const std::string& key, Compiled kernel) {
+void KernelCache::insert(const std::string& key, Compiled kernel, const std::string& code_key) {
   auto slot = slot_in(slots_, key);
   std::lock_guard slot_lock(slot->mutex);
   if (!slot->kernel) slot->kernel = std::move(kernel);
+  offer_code(code_key, slot->kernel);
 }
 
 KernelCache& KernelCache::global() {

@@ -41,6 +41,7 @@ std::string code_key(const std::string& source, const std::string& arch);
 // The header of an entry: what the file says it holds.
 struct EntryHeader {
   std::string key, label, arch, layout_hash, lowered_name;
+  std::string code_key;  // Request::code_key: entries of one code key hold the same cubin
   std::vector<std::string> options;
   std::uint64_t cubin_size = 0;
   std::string cubin_xxh64;
@@ -57,8 +58,8 @@ struct Request {
   std::function<runtime::CompiledKernel()> compile;  // NVRTC on the source: the code, without tables
   // The layout's values, stored with the code (generator::GeneratedSource::tables).
   generator::DeviceTables tables;
-  // The key of the code alone (code_key): requests of one code key share one compile in a
-  // process, as layouts of one shape do. Empty: no sharing.
+  // The key of the code alone (code_key): requests of one code key share one compile, in a
+  // process or through an entry on disk, as layouts of one shape do. Empty: no sharing.
   std::string code_key;
 };
 
@@ -77,9 +78,9 @@ class KernelCache {
   // stored in memory and in the writable directory). Threads asking for one key wait for a single
   // compile; different keys compile in parallel; processes sharing a directory take a lock file
   // per key and look again before compiling. With OnMiss::fail (or strict mode) a kernel in no
-  // cache is an Error. A miss whose code key this process has compiled already (for another
-  // layout of the shape) takes that code with the request's tables instead of compiling.
-  // *compiled_now tells whether this call made a new entry.
+  // cache is an Error. A miss whose code key this process has compiled or loaded already, or
+  // a cache directory holds (for another layout of the shape), takes that code with the
+  // request's tables instead of compiling. *compiled_now tells whether this call made a new entry.
   Compiled get(const Request& request, OnMiss on_miss = OnMiss::compile, bool* compiled_now = nullptr);
 
   // Tuning records: small JSON documents stored beside the kernels (<stem>-<key>.tune), searched in
@@ -87,8 +88,9 @@ class KernelCache {
   std::string find_tuning(const std::string& key);
   void store_tuning(const std::string& key, const std::string& stem, const std::string& json);
 
-  // Puts a kernel read elsewhere (warm-up of a cache directory) into memory under key.
-  void insert(const std::string& key, Compiled kernel);
+  // Puts a kernel read elsewhere (warm-up of a cache directory) into memory under key, and its
+  // code under code_key (EntryHeader::code_key) when not empty.
+  void insert(const std::string& key, Compiled kernel, const std::string& code_key = "");
 
   void configure(CacheConfig config);
   CacheConfig config() const;
@@ -113,16 +115,19 @@ class KernelCache {
     Compiled kernel;
   };
   struct CodeSlot {
-    std::mutex mutex;  // held while this code is compiled
-    // An entry holding the code: the cubin is not kept twice, and the memory layer keeps the
-    // entry (and so the code) for the process's life.
-    std::weak_ptr<const runtime::CompiledKernel> kernel;
+    std::mutex mutex;  // held while this code is looked for on disk or compiled
+    Compiled kernel;   // an entry holding the code (kept in the memory layer too: no second copy)
   };
   // The slot of key in slots (a new one the first time).
   template <class S>
   std::shared_ptr<S> slot_in(std::unordered_map<std::string, std::shared_ptr<S>>& slots, const std::string& key);
   // A disk hit for request: counted, and its code offered to later misses of its code key.
   Compiled loaded(const Request& request, Compiled kernel);
+  // Keeps kernel as the code of code_key unless it has one (nothing for an empty code_key).
+  void offer_code(const std::string& code_key, const Compiled& kernel);
+  // An entry of request's code key (another layout) in a cache directory, read whole and verified;
+  // nullptr when there is none.
+  Compiled code_from_layers(const Request& request);
   // The request's code with its tables: from an entry of the same code key, else compiled.
   std::shared_ptr<runtime::CompiledKernel> build(const Request& request);
   // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).

@@ -404,9 +404,10 @@ DeployReport warmup_directory(const fs::path& directory) {
           std::ifstream in(info.path, std::ios::binary);
           std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
           std::string why;
-          kernel = cache::KernelCache::deserialize(bytes, info.key, &why);
+          cache::EntryHeader header;
+          kernel = cache::KernelCache::deserialize(bytes, info.key, &why, &header);
           if (!kernel) throw Error(fmt::format("entry became unusable: {}", why));
-          cache::KernelCache::global().insert(info.key, kernel);
+          cache::KernelCache::global().insert(info.key, kernel, header.code_key);
         }
         BSJIT_CU(d.cuCtxSetCurrent(dev.ctx));
         runtime::KernelRegistry::global().function(info.key, *kernel, dev.ctx);

@@ -48,7 +48,8 @@ struct CacheStats {
   std::int64_t memory_hits = 0;  // found in this process
   std::int64_t disk_hits = 0;    // loaded from a cache directory
   std::int64_t compiles = 0;     // compiled with NVRTC
-  // built from code this process compiled for another layout of the same shape (no NVRTC)
+  // built from the code of another layout of the same shape, compiled or loaded by this process
+  // or found in a cache directory (no NVRTC)
   std::int64_t shared_compiles = 0;
   std::int64_t bad_entries = 0;  // disk entries rejected (corrupt, truncated, stale, foreign, insecure) and rebuilt
 };

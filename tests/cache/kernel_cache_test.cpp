@@ -112,6 +112,7 @@ TEST(CacheKey, ChangesWithEveryInput) {
 TEST(CacheFormat, HeaderRoundTrip) {
   std::atomic<int> n{0};
   auto r = request("key1", &n);
+  r.code_key = "code1";
   auto k = fake_kernel("a");
   std::string why;
   EntryHeader h;
@@ -129,6 +130,7 @@ TEST(CacheFormat, HeaderRoundTrip) {
   }
   EXPECT_EQ(h.label, "forward-bf16-b32-last");
   EXPECT_EQ(h.layout_hash, "0123");
+  EXPECT_EQ(h.code_key, "code1");
   EXPECT_EQ(h.cubin_size, 300u);
 }
 
@@ -172,6 +174,7 @@ TEST(CacheFormat, MatchesGoldenFile) {
   k.shared_bytes = 75776;
   k.tables = {{"kLutOffsets", {0, 2}}, {"kLut", {0, 0, 2, -1}}};
   Request r{"0123456789abcdef0123456789abcdef", "forward-bf16-b32-last", "sm_90a", "ffeeddccbbaa99887766554433221100", {}};
+  r.code_key = "00112233445566778899aabbccddeeff";
   const std::string bytes = KernelCache::serialize(r, k);
   const fs::path golden = fs::path(BSJIT_TEST_DATA) / ("cache_entry_v" + std::to_string(kFormatVersion) + ".bin");
   if (std::getenv("BSJIT_UPDATE_GOLDEN")) std::ofstream(golden, std::ios::binary) << bytes;
@@ -402,6 +405,33 @@ TEST(KernelCache, LayoutsOfOneShapeShareOneCompile) {
   auto stored = KernelCache::deserialize(read(fresh.entry_path(layout_request(4, &compiles))), "key-layout-4", &why);
   ASSERT_TRUE(stored) << why;
   EXPECT_EQ(stored->tables[0].values, (std::vector<int>{4, 5}));
+  // A new process whose first request is a layout on no disk: the code of an entry of its code
+  // key in the directory serves it.
+  KernelCache third(config_for(dir.path));
+  EXPECT_EQ(third.get(layout_request(5, &compiles))->tables[0].values, (std::vector<int>{5, 6}));
+  EXPECT_EQ(compiles, 2);
+  EXPECT_EQ(third.stats().shared_compiles, 1);
+  EXPECT_EQ(third.stats().disk_hits, 0);
+}
+
+TEST(KernelCache, ADamagedEntryOfTheCodeKeyIsNotUsed) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  const auto first = layout_request(1, &compiles);
+  KernelCache(config_for(dir.path)).get(first);
+  const fs::path path = KernelCache(config_for(dir.path)).entry_path(first);
+  std::string bytes = read(path);
+  bytes[bytes.size() - 300] ^= 1;  // in the cubin
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  KernelCache fresh(config_for(dir.path));
+  EXPECT_EQ(fresh.get(layout_request(2, &compiles))->cubin, fake_kernel("shape").cubin);
+  EXPECT_EQ(compiles, 2) << "compiled again, not taken from the damaged entry";
+  EXPECT_EQ(fresh.stats().shared_compiles, 0);
+  // an entry of another code key under the same label is not taken either
+  auto other = layout_request(3, &compiles);
+  other.code_key = "code-of-another-shape";
+  fresh.get(other);
+  EXPECT_EQ(compiles, 3);
 }
 
 TEST(KernelCache, ConcurrentLayoutsOfOneShapeCompileOnce) {
