@@ -414,6 +414,20 @@ TEST(KernelCache, LayoutsOfOneShapeShareOneCompile) {
   EXPECT_EQ(third.stats().disk_hits, 0);
 }
 
+// Warm-up of a directory inserts what it read, with the code key its header names.
+TEST(KernelCache, InsertedEntriesOfferTheirCode) {
+  KernelCache cache(config_for({}));
+  std::atomic<int> compiles{0};
+  auto code = std::make_shared<runtime::CompiledKernel>(fake_kernel("warm"));
+  cache.insert("key-warm", code, "code-of-the-shape");
+  cache.insert("key-no-code", std::make_shared<runtime::CompiledKernel>(fake_kernel("other")));
+  auto k = cache.get(layout_request(1, &compiles));
+  EXPECT_EQ(compiles, 0);
+  EXPECT_EQ(k->cubin, code->cubin);
+  EXPECT_EQ(k->tables[0].values, (std::vector<int>{1, 2}));
+  EXPECT_EQ(cache.stats().shared_compiles, 1);
+}
+
 TEST(KernelCache, ADamagedEntryOfTheCodeKeyIsNotUsed) {
   TempDir dir;
   std::atomic<int> compiles{0};
