@@ -433,6 +433,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
 // Cold compiles by layout size (memory-only cache, a fresh layout each time). Needs no GPU.
 void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   std::mt19937_64 rng(11);
+  set_cache_directory({});  // the shared-code figures below go through the cache: memory only
   // the mma.sync kernel (b = 32, sm_90) and the Hopper ones (sm_90a: wgmma, TMA, mbarriers): b = 64
   // (swapped, and paired), the grouped kernel at b = 32, the tiled backward-weight, the row-grouped
   // backward-weight at b = 64 (and its row bands at b = 32) and the small-batch TMA kernel at b = 32. Shapes named,
@@ -480,6 +481,32 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
           fmt::format("cold compile, {} {}, {} blocks (median of 3), ms", generator::kernel_label(spec), arch, blocks),
           ms[1]);
     }
+  // A new layout of a compiled shape (a model's next layer, a changed sparsity pattern): the first
+  // layout's columns rotated, built from its code with no NVRTC run (docs/CACHE.md).
+  generator::MatMulSpec wide_dw{Op::backward_weight, 128, DType::bf16, FeatureAxis::last};
+  wide_dw.wgmma = true;
+  wide_dw.tiles = generator::choose_tiles(wide_dw);
+  for (const auto& spec : {hopper, wide_dw}) {
+    const Layout first = bernoulli_layout(512, 512, 0.25, rng);
+    auto& registry = runtime::KernelRegistry::global();
+    registry.prepare(first, {first.hash().hex(), spec, "sm_90a"}, cache::OnMiss::compile);
+    std::vector<double> ms;
+    for (int rotate = 1; rotate <= 3; ++rotate) {
+      std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+      for (const auto& [r, c] : first.coords()) moved.push_back({r, (c + rotate) % first.cols()});
+      const Layout next = Layout::from_coords(first.rows(), first.cols(), moved);
+      const auto before = cache_stats();
+      auto t = Clock::now();
+      registry.prepare(next, {next.hash().hex(), spec, "sm_90a"}, cache::OnMiss::compile);
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      if (cache_stats().compiles != before.compiles) throw Error("bench: a new layout of a compiled shape compiled");
+    }
+    std::sort(ms.begin(), ms.end());
+    figures.emplace_back(
+        fmt::format("new layout of a compiled shape (shared code), {} sm_90a, {} blocks (median of 3), ms",
+                    generator::kernel_label(spec), first.blocks()),
+        ms[1]);
+  }
 }
 
 // Cold compiles of the attention kernels for suite A's causal mask (S = 8192, d = 128, bf16): each
