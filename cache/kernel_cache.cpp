@@ -29,6 +29,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -74,19 +75,38 @@ std::string read_all(const fs::path& p, bool* ok) {
   return ss.str();
 }
 
+// The JSON header of an entry whose first bytes (the fixed fields and the header at least) are
+// `bytes`, or nullopt with the reason in *why.
+std::optional<nlohmann::json> header_json(const std::string& bytes, std::string* why) {
+  auto fail = [why](std::string reason) {
+    *why = std::move(reason);
+    return std::nullopt;
+  };
+  if (bytes.empty()) return fail("empty file");
+  if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    return fail("not a bsjit cache entry (bad magic)");
+  std::uint32_t version = get_u32(bytes, 8), header_size = get_u32(bytes, 12);
+  if (version != kFormatVersion)
+    return fail(fmt::format("stale: format version {}, this bsjit reads {}", version, kFormatVersion));
+  if (16 + static_cast<std::size_t>(header_size) > bytes.size()) return fail("truncated header");
+  nlohmann::json h = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + header_size, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) return fail("malformed header");
+  return h;
+}
+
 // The key and code key in the header of the entry at p (empty when it has none or is no entry),
 // read without the cubin and tables.
 std::pair<std::string, std::string> keys_of(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  char head[16];
-  if (!in.read(head, sizeof head) || std::memcmp(head, kMagic, sizeof kMagic) != 0) return {};
-  const std::string prefix(head, sizeof head);
-  if (get_u32(prefix, 8) != static_cast<std::uint32_t>(kFormatVersion)) return {};
-  std::string header(get_u32(prefix, 12), '\0');
-  if (header.size() > (1u << 20) || !in.read(header.data(), static_cast<std::streamsize>(header.size()))) return {};
-  const nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
+  std::string bytes(16, '\0');
+  if (!in.read(bytes.data(), 16)) return {};
+  const std::uint32_t header_size = get_u32(bytes, 12);
+  if (header_size > (1u << 20)) return {};
+  bytes.resize(16 + header_size);
+  std::string why;
+  const auto h = in.read(bytes.data() + 16, header_size) ? header_json(bytes, &why) : std::nullopt;
   auto field = [&h](const char* name) {
-    return h.is_object() && h.contains(name) && h[name].is_string() ? h[name].get<std::string>() : std::string();
+    return h && h->contains(name) && (*h)[name].is_string() ? (*h)[name].get<std::string>() : std::string();
   };
   return {field("key"), field("code_key")};
 }
@@ -202,28 +222,23 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     *why = std::move(reason);
     return nullptr;
   };
-  if (bytes.empty()) return fail("empty file");
-  if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return fail("not a bsjit cache entry (bad magic)");
-  std::uint32_t version = get_u32(bytes, 8), header_size = get_u32(bytes, 12);
-  if (version != kFormatVersion)
-    return fail(fmt::format("stale: format version {}, this bsjit reads {}", version, kFormatVersion));
-  if (16 + static_cast<std::size_t>(header_size) > bytes.size()) return fail("truncated header");
-  nlohmann::json h = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + header_size, nullptr, false);
-  if (h.is_discarded() || !h.is_object()) return fail("malformed header");
+  const auto h = header_json(bytes, why);
+  if (!h) return nullptr;
+  const std::uint32_t header_size = get_u32(bytes, 12);
   try {
     EntryHeader e;
-    e.key = h.at("key").get<std::string>();
-    e.label = h.at("label").get<std::string>();
-    e.arch = h.at("arch").get<std::string>();
-    e.layout_hash = h.at("layout_hash").get<std::string>();
-    e.code_key = h.at("code_key").get<std::string>();
-    e.lowered_name = h.at("lowered_name").get<std::string>();
-    e.options = h.at("options").get<std::vector<std::string>>();
-    e.cubin_size = h.at("cubin_size").get<std::uint64_t>();
-    e.cubin_xxh64 = h.at("cubin_xxh64").get<std::string>();
-    e.shared_bytes = h.at("shared_bytes").get<int>();
-    e.tables = h.at("tables").get<std::vector<std::pair<std::string, std::uint64_t>>>();
-    e.tables_xxh64 = h.at("tables_xxh64").get<std::string>();
+    e.key = h->at("key").get<std::string>();
+    e.label = h->at("label").get<std::string>();
+    e.arch = h->at("arch").get<std::string>();
+    e.layout_hash = h->at("layout_hash").get<std::string>();
+    e.code_key = h->at("code_key").get<std::string>();
+    e.lowered_name = h->at("lowered_name").get<std::string>();
+    e.options = h->at("options").get<std::vector<std::string>>();
+    e.cubin_size = h->at("cubin_size").get<std::uint64_t>();
+    e.cubin_xxh64 = h->at("cubin_xxh64").get<std::string>();
+    e.shared_bytes = h->at("shared_bytes").get<int>();
+    e.tables = h->at("tables").get<std::vector<std::pair<std::string, std::uint64_t>>>();
+    e.tables_xxh64 = h->at("tables_xxh64").get<std::string>();
     if (header) *header = e;
     if (!expected_key.empty() && e.key != expected_key) return fail("foreign: the entry holds another key");
     std::uint64_t values = 0;
