@@ -38,7 +38,7 @@ struct PreparedKernel {
 };
 
 // The cache request for a generated kernel: compiles it for arch with NVRTC on a miss, or takes the
-// code of a kernel of identical source (another layout of the shape) compiled in this process.
+// code of a kernel of identical source (another layout of the shape) that the cache holds.
 cache::Request cache_request(const generator::GeneratedSource& g, const std::string& key, const std::string& arch,
                              const std::string& layout_hash);
 

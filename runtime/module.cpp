@@ -108,7 +108,7 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
     d.cuGetErrorName(r, &name);
     throw Error(fmt::format("bsjit: cannot load kernel {} built for {} into the current context: {}{}{}",
                             kernel.lowered_name, kernel.arch, what.empty() ? "" : what + ": ", name,
-                            r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE
+                            what.empty() && (r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE)
                                 ? "; the kernel's target architecture does not match this device"
                                 : ""));
   }
