@@ -920,7 +920,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // A consumer warp's staging in store_sdd_staged: 16 rows × 64 columns of 16-bit dW.
 constexpr int kSddWarpStaging = 16 * 64 * 2;
 
-// The Hopper backward-weight kernels: dW on units of Cfg::kUnits (R × C tiles of dW), each the
+// The Hopper backward-weight kernels: dW on units (Cfg::counts()[0]: R × C tiles of dW), each the
 // product X[:, rows]ᵀ · dY[:, columns] over N. A stage holds 64 rows of N of both operands, copied
 // by TMA as boxes of 64 rows × 64 features (MN-major, 128-byte swizzled): A = Xᵀ is M-major, B = dY
 // N-major. kWarpsM consumer warpgroups, then one producer warp (one of its threads issues the
@@ -1132,7 +1132,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   auto stage_b = [&](int i) { return ring.stage(i) + Plan::kOperandBytes; };
 
   ring.init(kConsumerThreads);
-  const SddSchedule schedule(Cfg::kUnits, gridDim.x, Cfg::kPlanes, (n + 63) / 64);
+  const SddSchedule schedule(Cfg::counts()[0], gridDim.x, Cfg::counts()[1], (n + 63) / 64);  // units, planes
   const int items = schedule.items(blockIdx.x);
 
   if (threadIdx.x >= kConsumerThreads) {  // the producer warp

@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto slots_of = [&](int stage) { return ring.base + stage * Plan::kStageBytes + Plan::kXBytes; };
 
   const int warpgroup = threadIdx.x / 128;
-  const int tiles = Cfg::kGroups * ((n + BM - 1) / BM);
+  const int groups = Cfg::groups();  // of the layout: a table (b > 16), so one source serves its shape
+  const int tiles = groups * ((n + BM - 1) / BM);
   // Over 16 W slots a step (b = 16), warps 1 and 3 copy half each: a warp issues its lanes' copies
   // one after another. Measured (suite W against one copying warp): b = 16 d = 0.5 322 -> 372 TFLOP/s,
   // d = 0.25 201 -> 213, d <= 0.1 +2-3%; split at b = 32 too (8 slots, 4 a warp): within ±1%, so not.
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     unsigned zeroed = 0;  // warp 2, bit s: slot lane of stage s holds zeros
     RingCursor<S> pos;    // this CTA's steps so far, over all its tiles
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
+      const int group = tile % groups, m0 = tile / groups * BM;
       const int begin = Cfg::group_steps()[group * kClasses], end = Cfg::group_steps()[(group + 1) * kClasses];
       Read next{};
       if (begin < end) next = read(begin);
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const unsigned long long b0 = smem_descriptor_swizzled<128>(stages_s, 16, kSwizzleAtomBytes);
   RingCursor<S> pos;  // this CTA's steps so far, over all its tiles
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int group = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
+    const int group = tile % groups, m0 = tile / groups * BM;
     const int* bounds = Cfg::group_steps() + group * kClasses;
     float d[BM / 2];  // Yᵀ: 64 outputs (the consumer's columns) × BM rows
 #pragma unroll

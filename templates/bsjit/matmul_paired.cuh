@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const StageRing<S, Plan::kStageBytes> ring(smem_raw);
   const int warpgroup = threadIdx.x / 128;
-  const int tiles = Cfg::kGroups * ((n + BM - 1) / BM);  // (pair, row tile), pair fastest
+  const int groups = Cfg::groups();                // of the layout: a table (b > 16), so one source serves its shape
+  const int tiles = groups * ((n + BM - 1) / BM);  // (pair, row tile), pair fastest
   ring.init(kConsumers * 128);
 
   if (warpgroup == 0) {  // producer: warp 0 reads the tables 32 steps at a time, lane 0 issues the copies
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (lane == 0) prefetch_tensormap(map_a), prefetch_tensormap(map_w);
     int step = 0;  // this CTA's stages so far, over all its tiles
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int pair = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;  // n ≤ 2^31 - 1
+      const int pair = tile % groups, m0 = tile / groups * BM;  // n ≤ 2^31 - 1
       const int begin = Cfg::group_steps()[kClasses * pair], end = Cfg::group_steps()[kClasses * (pair + 1)];
       int record[kRecord] = {0, 0, 0, 0};  // lane l: step begin + 32·⌊i / 32⌋ + l
       for (int s = begin; s < end; ++s, ++step) {
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   int step = 0, piece = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int pair = tile % Cfg::kGroups, m0 = tile / Cfg::kGroups * BM;
+    const int pair = tile % groups, m0 = tile / groups * BM;
     const int* bounds = Cfg::group_steps() + kClasses * pair;
     float d0[R / 2], d1[R / 2];
 #pragma unroll
