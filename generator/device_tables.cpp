@@ -12,9 +12,10 @@ namespace bsjit::generator {
 std::size_t capacity(const DeviceTable& table) { return std::bit_ceil(std::max<std::size_t>(table.values.size(), 64)); }
 
 std::string declare(const DeviceTable& table) {
-  // extern "C": the loader finds the symbol by its plain name (cuModuleGetGlobal). Not const:
-  // the values arrive after loading, so the compiler must not fold the (zero) initial contents.
-  return fmt::format("extern \"C\" __device__ int {}[{}];  // filled when loaded\n", table.name, capacity(table));
+  // C linkage: the loader finds the symbol by its plain name (cuModuleGetGlobal); a definition in
+  // an extern "C" block, since NVRTC warns that an extern declaration is taken as one (#20044). Not
+  // const: the values arrive after loading, so the compiler must not fold the (zero) initial contents.
+  return fmt::format("extern \"C\" {{ __device__ int {}[{}]; }}  // filled when loaded\n", table.name, capacity(table));
 }
 
 std::string add_table(DeviceTables& tables, std::string name, std::vector<int> values) {

@@ -27,7 +27,7 @@ using DeviceTables = std::vector<DeviceTable>;
 // at least 64.
 std::size_t capacity(const DeviceTable& table);
 
-// `extern "C" __device__ int kLut[64];`: table's declaration in generated source.
+// `extern "C" { __device__ int kLut[64]; }`: table's definition in generated source.
 std::string declare(const DeviceTable& table);
 
 // Appends table to tables and returns its declaration.

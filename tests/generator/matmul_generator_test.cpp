@@ -25,7 +25,7 @@ std::vector<int> table(const GeneratedSource& g, const std::string& name) {
   for (const auto& t : g.tables) {
     if (t.name != name) continue;
     EXPECT_GE(capacity(t), t.values.size());
-    const std::string declaration = fmt::format("extern \"C\" __device__ int {}[{}];", name, capacity(t));
+    const std::string declaration = fmt::format("extern \"C\" {{ __device__ int {}[{}]; }}", name, capacity(t));
     EXPECT_NE(g.source.find(declaration), std::string::npos) << "no " << declaration << " in\n" << g.source;
     return t.values;
   }

@@ -6,7 +6,7 @@
 namespace bsjit_generated {
 
 // (block row, block column) of each nonzero block of W, in block order.
-extern "C" __device__ int kCoords[64];  // filled when loaded
+extern "C" { __device__ int kCoords[64]; }  // filled when loaded
 
 struct Config {
   using T = float;

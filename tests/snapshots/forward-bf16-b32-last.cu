@@ -7,9 +7,9 @@ namespace bsjit_generated {
 
 // The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..
 // kLutOffsets[j+1] of kLut, each a pair (input block, W block index).
-extern "C" __device__ int kOutColumns[64];  // filled when loaded
-extern "C" __device__ int kLutOffsets[64];  // filled when loaded
-extern "C" __device__ int kLut[64];  // filled when loaded
+extern "C" { __device__ int kOutColumns[64]; }  // filled when loaded
+extern "C" { __device__ int kLutOffsets[64]; }  // filled when loaded
+extern "C" { __device__ int kLut[64]; }  // filled when loaded
 
 struct Config {
   using T = bsjit::kernels::bfloat16_t;
