@@ -918,7 +918,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 }
 
 // A consumer warp's staging in store_sdd_staged: 16 rows × 64 columns of 16-bit dW.
-constexpr int kSddWarpStaging = 16 * 64 * 2;
+inline constexpr int kSddWarpStaging = 16 * 64 * 2;
 
 // The Hopper backward-weight kernels: dW on units (Cfg::counts()[0]: R × C tiles of dW), each the
 // product X[:, rows]ᵀ · dY[:, columns] over N. A stage holds 64 rows of N of both operands, copied

@@ -19,7 +19,7 @@
 namespace bsjit {
 namespace kernels {
 
-constexpr int kPad = 8;  // elements of row padding for 16-bit tiles
+inline constexpr int kPad = 8;  // elements of row padding for 16-bit tiles
 
 // Row padding, in elements, of a tile of T stored K-major or MN-major (see above).
 template <class T, bool K_MAJOR>

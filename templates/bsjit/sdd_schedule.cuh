@@ -18,7 +18,7 @@ namespace kernels {
 // workspace serves every kernel launched in turn on a stream: the runtime keeps one per context and
 // stream, sized for the largest (before, one per kernel each placed its counters after its own
 // planes, where another kernel's partials lay). The generator checks that a kernel's counters fit.
-constexpr int kSplitCounters = 4096;
+inline constexpr int kSplitCounters = 4096;
 
 // One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.
 struct SddItem {

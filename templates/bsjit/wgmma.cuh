@@ -26,7 +26,7 @@
 namespace bsjit {
 namespace kernels {
 
-constexpr int kSwizzleRowBytes = 128, kSwizzleAtomBytes = 1024;
+inline constexpr int kSwizzleRowBytes = 128, kSwizzleAtomBytes = 1024;
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128-byte-swizzled tile.
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {

@@ -200,6 +200,25 @@ TEST(Compiler, RegistryPreparesAllOnEveryCore) {
   EXPECT_NO_THROW(registry.prepare(a, mixed[1].second, cache::OnMiss::fail));
 }
 
+// A source compiles to the same bytes every time, so caches built twice from one manifest are
+// identical. NVRTC gives names of internal linkage a random hash per compile: the templates keep
+// none that reach the binary (their namespace constants are `inline constexpr`).
+TEST(Compiler, OneSourceGivesTheSameCubinEveryTime) {
+  const Layout layout = small_random_layout(7);
+  std::vector<Case> cases = {{Op::backward_weight, 128, DType::bf16, FeatureAxis::last, "sm_90a"},
+                             {Op::forward, 64, DType::bf16, FeatureAxis::last, "sm_90a"},
+                             {Op::forward, 32, DType::f16, FeatureAxis::last, "sm_80"}};
+  auto failures = failures_of(cases, [&](const Case& c) -> std::string {
+    generator::MatMulSpec spec{c.op, c.block, c.dtype, c.axis};
+    spec.wgmma = c.arch == "sm_90a";
+    const auto g = generator::generate_matmul(layout, spec);
+    const auto first = runtime::compile(g.source, g.name_expression, g.label, c.arch);
+    const auto second = runtime::compile(g.source, g.name_expression, g.label, c.arch);
+    return first.cubin == second.cubin ? "" : name(c) + ": two compiles differ";
+  });
+  EXPECT_TRUE(failures.empty()) << ::testing::PrintToString(failures);
+}
+
 TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }
 
 }  // namespace
