@@ -499,17 +499,23 @@ TEST(Generator, GroupedOrTmaByStepsPerBlock) {
 }
 
 
-// The grouped kernel groups columns that share chunks: columns 0, 2, 4, 6 hold blocks in input
-// blocks 0-3, columns 1, 3, 5, 7 in input blocks 4-7, so groups of 4 (b = 32: 2 consumers × 2
-// columns) take one set each, 2 steps per group instead of 4.
-TEST(Generator, GroupsColumnsThatShareChunks) {
+// The grouped forward at block b on 8 × 8 blocks whose columns 0, 2, 4, 6 hold blocks in input
+// blocks 0-3 and columns 1, 3, 5, 7 in input blocks 4-7.
+GeneratedSource grouped_forward(int block) {
   std::vector<std::uint8_t> m(8 * 8, 0);
   for (int c = 0; c < 8; ++c)
     for (int r = 0; r < 4; ++r) m[(c % 2 * 4 + r) * 8 + c] = 1;
-  MatMulSpec spec{Op::forward, 32, DType::bf16, FeatureAxis::last};
+  MatMulSpec spec{Op::forward, block, DType::bf16, FeatureAxis::last};
   spec.wgmma = true;
-  const auto g = generate_matmul(Layout::from_dense(8, 8, m), spec);
-  ASSERT_GT(g.tiles.columns, 0);
+  auto g = generate_matmul(Layout::from_dense(8, 8, m), spec);
+  EXPECT_GT(g.tiles.columns, 0) << "not the grouped kernel: " << g.label;
+  return g;
+}
+
+// The grouped kernel groups columns that share chunks: groups of 4 (b = 32: 2 consumers × 2
+// columns) take one set each, 2 steps per group instead of 4.
+TEST(Generator, GroupsColumnsThatShareChunks) {
+  const auto g = grouped_forward(32);
   EXPECT_EQ(table(g, "kGroupColumns"), (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
   EXPECT_EQ(table(g, "kGroupSteps"), (std::vector<int>{0, 2, 2, 2, 4, 4, 4}));
   EXPECT_EQ(table(g, "kCounts"), (std::vector<int>{2}));  // groups
@@ -518,13 +524,7 @@ TEST(Generator, GroupsColumnsThatShareChunks) {
 // The group count is a table from b = 32 and a constant of the source at b = 16, whose grouped
 // kernel is 6% slower reading it (generate_matmul says where that was measured).
 TEST(Generator, GroupCountIsAConstantAtBlock16) {
-  std::vector<std::uint8_t> m(8 * 8, 0);
-  for (int c = 0; c < 8; ++c)
-    for (int r = 0; r < 4; ++r) m[(c % 2 * 4 + r) * 8 + c] = 1;
-  MatMulSpec spec{Op::forward, 16, DType::bf16, FeatureAxis::last};
-  spec.wgmma = true;
-  const auto g = generate_matmul(Layout::from_dense(8, 8, m), spec);
-  ASSERT_GT(g.tiles.columns, 0);
+  const auto g = grouped_forward(16);
   EXPECT_EQ(std::count_if(g.tables.begin(), g.tables.end(), [](const auto& t) { return t.name == "kCounts"; }), 0);
   EXPECT_NE(g.source.find(fmt::format("static constexpr int groups() {{ return {}; }}", g.grid_x)), std::string::npos);
 }
