@@ -1270,15 +1270,15 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   const bool slots = t.tile_edge > 0 || t.row_blocks > 0 || t.col_blocks > 0;  // sdd tables of block slots per unit
   const std::string accessors =
       (sdd && t.tma ? std::string("  __device__ static const int* counts() { return kCounts; }\n") : groups) +
-      (sdd                         ? (slots ? "  __device__ static const int* coords() { return kCoords; }\n"
-                                              "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
-                                            : "  __device__ static const int* coords() { return kCoords; }\n")
-       : t.columns > 0 || t.paired ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
-                                     "  __device__ static const int* steps() { return kSteps; }\n"
-                                     "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
-                                   : "  __device__ static const int* out_columns() { return kOutColumns; }\n"
-                                     "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
-                                     "  __device__ static const int* lut() { return kLut; }\n");
+      (sdd        ? (slots ? "  __device__ static const int* coords() { return kCoords; }\n"
+                             "  __device__ static const int* tile_blocks() { return kTileBlocks; }\n"
+                           : "  __device__ static const int* coords() { return kCoords; }\n")
+       : grouping ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
+                    "  __device__ static const int* steps() { return kSteps; }\n"
+                    "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
+                  : "  __device__ static const int* out_columns() { return kOutColumns; }\n"
+                    "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
+                    "  __device__ static const int* lut() { return kLut; }\n");
   const char* kernel = t.paired           ? "dsd_paired_kernel"
                        : t.columns > 0    ? "dsd_grouped_kernel"
                        : t.tile_edge > 0  ? "sdd_tiled_kernel"
