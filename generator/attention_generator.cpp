@@ -200,9 +200,9 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       "  static constexpr int kQBlocks = {rows}, kKBlocks = {cols}, kLayouts = {masks};\n"
       "  static constexpr bool kCausal = {causal}, kHeadsFirst = {heads_first};\n"
       "  static constexpr int kBackwardSharedBytes = {smem}, kStages = {stages};\n"
-      "  __device__ static const int* col_start() {{ return kColStart; }}\n"
-      "  __device__ static const int* query_blocks() {{ return kQueryBlocks; }}\n"
-      "  __device__ static const int* key_tile_order() {{ return kKeyTileOrder; }}\n"
+      "  __device__ static bsjit::kernels::MaskTable col_start() {{ return {{kColStart}}; }}\n"
+      "  __device__ static bsjit::kernels::MaskTable query_blocks() {{ return {{kQueryBlocks}}; }}\n"
+      "  __device__ static bsjit::kernels::MaskTable key_tile_order() {{ return {{kKeyTileOrder}}; }}\n"
       "}};\n"
       "\n"
       "}}  // namespace bsjit_generated\n",
