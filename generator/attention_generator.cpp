@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "bsjit/error.hpp"
+#include "device_tables.hpp"
 
 namespace bsjit::generator {
 namespace {
@@ -59,13 +60,6 @@ std::vector<int> launch_order(const Lists& lists, std::int64_t lines, std::size_
   return order;
 }
 
-std::string array_body(const std::vector<int>& v) {
-  if (v.empty()) return "0";
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{},", i % 16 == 0 ? "\n   " : " ", v[i]);
-  return s + "\n";
-}
-
 const char* type_name(DType dt) { return dt == DType::bf16 ? "bsjit::kernels::bfloat16_t" : "bsjit::kernels::half_t"; }
 
 }  // namespace
@@ -104,7 +98,10 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
                         to_string(o.order), o.causal ? "-causal" : "", g.tma ? "-tma" : "");
 
   const Lists rows = block_lists(masks, false);
-  const std::vector<int> order = launch_order(rows, masks[0].rows(), masks.size(), g.query_tiles, qt, o.block);
+  std::string tables = add_table(g.tables, "kRowStart", rows.starts);
+  tables += add_table(g.tables, "kKeys", rows.indices);
+  tables +=
+      add_table(g.tables, "kTileOrder", launch_order(rows, masks[0].rows(), masks.size(), g.query_tiles, qt, o.block));
   g.name_expression = g.tma ? "bsjit::kernels::attention_forward_tma_kernel<bsjit_generated::Config>"
                             : "bsjit::kernels::attention_forward_kernel<bsjit_generated::Config>";
   g.source = fmt::format(
@@ -115,10 +112,8 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       "namespace bsjit_generated {{\n"
       "\n"
       "// Mask i, query block row r: key blocks kKeys[kRowStart[i * rows + r] .. kRowStart[i * rows + r + 1]].\n"
-      "__device__ const int kRowStart[] = {{{starts}}};\n"
-      "__device__ const int kKeys[] = {{{keys}}};\n"
-      "// Query tiles in launch order (grid y).\n"
-      "__device__ const int kTileOrder[] = {{{order}}};\n"
+      "// Query tiles in launch order (grid y): kTileOrder.\n"
+      "{tables}"
       "\n"
       "struct Config {{\n"
       "  using T = {type};\n"
@@ -133,12 +128,11 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       "\n"
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("rows", masks[0].rows()),
-      fmt::arg("cols", masks[0].cols()), fmt::arg("starts", array_body(rows.starts)), fmt::arg("keys", array_body(rows.indices)),
-      fmt::arg("type", type_name(o.dtype)),
+      fmt::arg("cols", masks[0].cols()), fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)),
       fmt::arg("block", o.block), fmt::arg("d", o.head_dim), fmt::arg("qt", qt), fmt::arg("kt", kt),
       fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
-      fmt::arg("consumers", consumers), fmt::arg("stages", stages), fmt::arg("order", array_body(order)),
+      fmt::arg("consumers", consumers), fmt::arg("stages", stages),
       fmt::arg("header", g.tma ? "attention_hopper.cuh" : "attention.cuh"));
   return g;
 }
@@ -180,7 +174,10 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
   g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, d, to_string(o.order),
                         o.causal ? "-causal" : "", g.tma ? "-tma" : "");
   const Lists cols = block_lists(masks, true);
-  const std::vector<int> order = launch_order(cols, masks[0].cols(), masks.size(), g.key_tiles, tile, o.block);
+  std::string tables = add_table(g.tables, "kColStart", cols.starts);
+  tables += add_table(g.tables, "kQueryBlocks", cols.indices);
+  tables += add_table(g.tables, "kKeyTileOrder",
+                      launch_order(cols, masks[0].cols(), masks.size(), g.key_tiles, tile, o.block));
   g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
   g.main = g.tma ? "bsjit::kernels::attention_backward_tma_kernel<bsjit_generated::Config>"
                  : "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";
@@ -192,11 +189,10 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       "\n"
       "namespace bsjit_generated {{\n"
       "\n"
-      "// Mask i, key block column c: query blocks kQueryBlocks[kColStart[i * cols + c] .. kColStart[i * cols + c + 1]].\n"
-      "__device__ const int kColStart[] = {{{starts}}};\n"
-      "__device__ const int kQueryBlocks[] = {{{queries}}};\n"
-      "// Key tiles in launch order (grid y).\n"
-      "__device__ const int kKeyTileOrder[] = {{{order}}};\n"
+      "// Mask i, key block column c: query blocks kQueryBlocks[kColStart[i * cols + c] .. kColStart[i * cols + c + "
+      "1]].\n"
+      "// Key tiles in launch order (grid y): kKeyTileOrder.\n"
+      "{tables}"
       "\n"
       "struct Config {{\n"
       "  using T = {type};\n"
@@ -204,16 +200,15 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       "  static constexpr int kQBlocks = {rows}, kKBlocks = {cols}, kLayouts = {masks};\n"
       "  static constexpr bool kCausal = {causal}, kHeadsFirst = {heads_first};\n"
       "  static constexpr int kBackwardSharedBytes = {smem}, kStages = {stages};\n"
-      "  __device__ static const int* col_start() {{ return kColStart; }}\n"
-      "  __device__ static const int* query_blocks() {{ return kQueryBlocks; }}\n"
-      "  __device__ static const int* key_tile_order() {{ return kKeyTileOrder; }}\n"
+      "  __device__ static bsjit::kernels::MaskTable col_start() {{ return {{kColStart}}; }}\n"
+      "  __device__ static bsjit::kernels::MaskTable query_blocks() {{ return {{kQueryBlocks}}; }}\n"
+      "  __device__ static bsjit::kernels::MaskTable key_tile_order() {{ return {{kKeyTileOrder}}; }}\n"
       "}};\n"
       "\n"
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("rows", masks[0].rows()),
-      fmt::arg("cols", masks[0].cols()), fmt::arg("starts", array_body(cols.starts)),
-      fmt::arg("queries", array_body(cols.indices)), fmt::arg("order", array_body(order)),
-      fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block), fmt::arg("d", d), fmt::arg("tile", tile),
+      fmt::arg("cols", masks[0].cols()), fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)),
+      fmt::arg("block", o.block), fmt::arg("d", d), fmt::arg("tile", tile),
       fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
       fmt::arg("q_tile", q_tile), fmt::arg("stages", stages),
@@ -260,8 +255,16 @@ GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, c
     for (const auto& line : per_col) col_positions.insert(col_positions.end(), line.begin(), line.end());
     first += static_cast<int>(m.blocks());
   }
-  const std::vector<int> q_order = launch_order(row_lists, rows, masks.size(), g.query_tiles, g.tile, o.block);
-  const std::vector<int> k_order = launch_order(col_lists, cols, masks.size(), g.key_tiles, g.tile, o.block);
+  std::string tables = add_table(g.tables, "kRowStart", row_lists.starts);
+  tables += add_table(g.tables, "kKeys", row_lists.indices);
+  tables += add_table(g.tables, "kBlockRows", std::move(block_rows));
+  tables += add_table(g.tables, "kColStart", col_lists.starts);
+  tables += add_table(g.tables, "kQueryBlocks", col_lists.indices);
+  tables += add_table(g.tables, "kColPositions", std::move(col_positions));
+  tables +=
+      add_table(g.tables, "kTileOrder", launch_order(row_lists, rows, masks.size(), g.query_tiles, g.tile, o.block));
+  tables +=
+      add_table(g.tables, "kKeyTileOrder", launch_order(col_lists, cols, masks.size(), g.key_tiles, g.tile, o.block));
   const std::string kernel = "bsjit::kernels::attention_{}_kernel<bsjit_generated::Config>";
   g.scores = fmt::format(fmt::runtime(kernel), "scores");
   g.softmax = fmt::format(fmt::runtime(kernel), "softmax");
@@ -278,17 +281,11 @@ GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, c
       "// Every mask's nonzero blocks, row-major, one mask after the other (table positions). Mask i's\n"
       "// block row r: positions kRowStart[i * rows + r] .. kRowStart[i * rows + r + 1], at key blocks\n"
       "// kKeys[position], in block rows kBlockRows[position].\n"
-      "__device__ const int kRowStart[] = {{{row_starts}}};\n"
-      "__device__ const int kKeys[] = {{{keys}}};\n"
-      "__device__ const int kBlockRows[] = {{{block_rows}}};\n"
       "// Mask i's block column c: entries kColStart[i * cols + c] .. kColStart[i * cols + c + 1], at\n"
       "// query blocks kQueryBlocks[entry], table positions kColPositions[entry].\n"
-      "__device__ const int kColStart[] = {{{col_starts}}};\n"
-      "__device__ const int kQueryBlocks[] = {{{queries}}};\n"
-      "__device__ const int kColPositions[] = {{{col_positions}}};\n"
-      "// Query and key tiles in launch order (grid y of probs_v and probs_t), the most blocks first.\n"
-      "__device__ const int kTileOrder[] = {{{q_order}}};\n"
-      "__device__ const int kKeyTileOrder[] = {{{k_order}}};\n"
+      "// Query and key tiles in launch order (grid y of probs_v and probs_t), the most blocks first:\n"
+      "// kTileOrder, kKeyTileOrder.\n"
+      "{tables}"
       "\n"
       "struct Config {{\n"
       "  using T = {type};\n"
@@ -307,12 +304,9 @@ GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, c
       "\n"
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("rows", rows), fmt::arg("cols", cols),
-      fmt::arg("row_starts", array_body(row_lists.starts)), fmt::arg("keys", array_body(row_lists.indices)),
-      fmt::arg("block_rows", array_body(block_rows)), fmt::arg("col_starts", array_body(col_lists.starts)),
-      fmt::arg("queries", array_body(col_lists.indices)), fmt::arg("col_positions", array_body(col_positions)),
-      fmt::arg("q_order", array_body(q_order)), fmt::arg("k_order", array_body(k_order)),
-      fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block), fmt::arg("d", o.head_dim),
-      fmt::arg("tile", g.tile), fmt::arg("mask_blocks", g.mask_blocks), fmt::arg("causal", o.causal ? "true" : "false"),
+      fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block),
+      fmt::arg("d", o.head_dim), fmt::arg("tile", g.tile), fmt::arg("mask_blocks", g.mask_blocks),
+      fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"));
   return g;
 }

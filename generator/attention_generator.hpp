@@ -1,5 +1,7 @@
-// Turns (block masks, attention options) into the fused attention kernel's source: the masks'
-// per-row key-block lists as constants, instantiating templates/bsjit/attention.cuh.
+// Turns (block masks, attention options) into the attention kernels' source, instantiating
+// templates/bsjit/attention*.cuh. The masks' block lists are tables (device_tables.hpp): declared
+// in the source, their values beside it in `tables`, copied in when the module is loaded. So the
+// source names only the masks' shape and block counts, and masks of one shape often share it.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 
 #include "bsjit/attention.hpp"
 #include "bsjit/layout.hpp"
+#include "device_tables.hpp"
 
 namespace bsjit::generator {
 
@@ -20,6 +23,7 @@ struct GeneratedAttention {
   // of 64 head-dim columns × q_rows (Q) or kv_rows (K, V) positions.
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
+  DeviceTables tables;  // kRowStart, kKeys, kTileOrder
 };
 
 // The kernel for arch ("sm_90a": the wgmma/TMA kernel where the shape allows, block ≥ 64 and
@@ -39,6 +43,7 @@ struct GeneratedAttentionBackward {
   std::int64_t key_tiles = 0, query_rows16 = 0;
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
+  DeviceTables tables;  // kColStart, kQueryBlocks, kKeyTileOrder
 };
 GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks,
                                                        const AttentionOptions& options, const std::string& arch);
@@ -53,6 +58,8 @@ struct GeneratedAttentionOps {
   std::int64_t query_tiles = 0, key_tiles = 0, softmax_rows4 = 0;  // grid y of probs_v, probs_t, softmax
   std::int64_t mask_blocks = 0;  // nonzero blocks of all masks together (positions of the tables)
   std::vector<std::int64_t> blocks_per_mask;
+  DeviceTables tables;  // by row: kRowStart, kKeys, kBlockRows; by column: kColStart, kQueryBlocks,
+                        // kColPositions; launch orders kTileOrder, kKeyTileOrder
 };
 GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, const AttentionOptions& options);
 

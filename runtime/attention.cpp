@@ -40,7 +40,8 @@ struct Attention::Impl {
   cache::KernelCache::Compiled compiled(const std::string& arch, cache::OnMiss on_miss, bool* now = nullptr) {
     runtime::check_arch(arch);
     const generator::GeneratedAttention& g = generated_for(arch);
-    return runtime::cached_kernel(g.source, g.name_expression, g.label, g.shared_bytes, arch, masks_hash, on_miss, now);
+    return runtime::cached_kernel(g.source, g.tables, g.name_expression, g.label, g.shared_bytes, arch, masks_hash,
+                                  on_miss, now);
   }
 
   // The backward: one source, three kernels (generator::GeneratedAttentionBackward), compiled
@@ -67,12 +68,15 @@ struct Attention::Impl {
     // the main kernel (most of the compile time) on another thread while prep and dq compile here
     bool compiled[3] = {};
     auto main = std::async(std::launch::async, [&] {
-      return runtime::cached_kernel(g.source, g.main, g.label, g.shared_bytes, arch, masks_hash, on_miss, &compiled[2]);
+      return runtime::cached_kernel(g.source, g.tables, g.main, g.label, g.shared_bytes, arch, masks_hash, on_miss,
+                                    &compiled[2]);
     });
     std::array<cache::KernelCache::Compiled, 3> k;
     try {
-      k[0] = runtime::cached_kernel(g.source, g.prep, g.label + "-prep", 0, arch, masks_hash, on_miss, &compiled[0]);
-      k[1] = runtime::cached_kernel(g.source, g.dq, g.label + "-dq", 0, arch, masks_hash, on_miss, &compiled[1]);
+      k[0] = runtime::cached_kernel(g.source, g.tables, g.prep, g.label + "-prep", 0, arch, masks_hash, on_miss,
+                                    &compiled[0]);
+      k[1] =
+          runtime::cached_kernel(g.source, g.tables, g.dq, g.label + "-dq", 0, arch, masks_hash, on_miss, &compiled[1]);
     } catch (...) {
       main.wait();  // it writes compiled[2], on this frame
       throw;

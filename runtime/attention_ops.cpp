@@ -66,7 +66,7 @@ struct AttentionOps::Impl {
     auto& c = contexts[ctx];
     if (!c.functions[k]) {
       const auto [name, shared] = kernel(k);
-      const auto compiled = runtime::cached_kernel(g.source, *name, g.label + suffix(k), shared,
+      const auto compiled = runtime::cached_kernel(g.source, g.tables, *name, g.label + suffix(k), shared,
                                                    runtime::attention_arch(options, ctx), masks_hash, on_miss);
       c.functions[k] = runtime::load(*compiled, ctx).function;
     }
@@ -201,8 +201,9 @@ int AttentionOps::precompile(const std::string& arch) const {
     pending.push_back(std::async(std::launch::async, [this, k, &arch] {
       bool now = false;
       const auto [name, shared] = impl_->kernel(static_cast<Kernel>(k));
-      runtime::cached_kernel(impl_->g.source, *name, impl_->g.label + Impl::suffix(static_cast<Kernel>(k)), shared,
-                             arch, impl_->masks_hash, cache::OnMiss::compile, &now);
+      runtime::cached_kernel(impl_->g.source, impl_->g.tables, *name,
+                             impl_->g.label + Impl::suffix(static_cast<Kernel>(k)), shared, arch, impl_->masks_hash,
+                             cache::OnMiss::compile, &now);
       return now;
     }));
   int compiled = 0;

@@ -17,6 +17,22 @@
 namespace bsjit {
 namespace kernels {
 
+// The backward's mask tables (the generated Config's col_start(), query_blocks(), key_tile_order())
+// read through the read-only data path, ld.global.nc. The tables are not const in the source (their
+// values arrive after compiling: generator/device_tables.hpp), so plain indexing gives plain loads,
+// which ptxas keeps in order with the dQ reductions beside them: that cost 5% at block 64, d = 64
+// (suite A, 6.12 -> 6.42 ms; as constants in the source the tables were read with .nc). The asm
+// is a barrier to NVVM's code motion, which the forward kernels need: their tables stay plain
+// loads (through this, the forward lost 2% at block 128, d = 64; plainly read, nothing).
+struct MaskTable {
+  const int* p;
+  __device__ __forceinline__ int operator[](long long i) const {
+    int v;
+    asm("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p + i));
+    return v;
+  }
+};
+
 template <class Cfg>
 struct AttentionBackwardPlan {
   static constexpr int kS = Cfg::kHeadDim + kPad;  // K, V, Q and dO rows

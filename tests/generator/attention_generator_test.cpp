@@ -5,7 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <regex>
+#include <numeric>
+#include <random>
 
 #include "bsjit/attention_layouts.hpp"
 #include "bsjit/error.hpp"
@@ -15,23 +16,23 @@
 namespace bsjit::generator {
 namespace {
 
-// The integers of the C array named `name` in source.
-std::vector<int> array_of(const std::string& source, const std::string& name) {
-  const auto at = source.find(name + "[] = {");
-  EXPECT_NE(at, std::string::npos) << name;
-  const auto end = source.find("};", at);
-  std::vector<int> out;
-  const std::string body = source.substr(at + name.size() + 6, end - at - name.size() - 6);
-  const std::regex number("-?[0-9]+");
-  for (std::sregex_iterator it(body.begin(), body.end(), number), last; it != last; ++it) out.push_back(std::stoi(it->str()));
-  return out;
+// The values of table `name`, which g's source must declare (and not initialize).
+template <typename Generated>
+std::vector<int> array_of(const Generated& g, const std::string& name) {
+  for (const auto& t : g.tables)
+    if (t.name == name) {
+      EXPECT_NE(g.source.find(declare(t)), std::string::npos) << name << " is not declared in\n" << g.source;
+      return t.values;
+    }
+  ADD_FAILURE() << "no table " << name << " in " << g.label;
+  return {};
 }
 
 TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
   const std::vector<Layout> masks = {layouts::causal(6), layouts::bigbird(6, 1, 1, 1, 7),
                                      Layout::from_coords(6, 6, {{0, 5}, {3, 1}, {3, 2}})};  // empty rows
   const auto g = generate_attention_forward(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, ""}, "sm_80");
-  const auto starts = array_of(g.source, "kRowStart"), keys = array_of(g.source, "kKeys");
+  const auto starts = array_of(g, "kRowStart"), keys = array_of(g, "kKeys");
   ASSERT_EQ(starts.size(), 3u * 6 + 1);
   for (std::size_t m = 0; m < masks.size(); ++m)
     for (int r = 0; r < 6; ++r) {
@@ -45,7 +46,7 @@ TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
   EXPECT_FALSE(g.tma);
   EXPECT_NE(g.source.find("kCausal = true"), std::string::npos);
   // launch order: every query tile once, the most key blocks (over all masks) first
-  const auto order = array_of(g.source, "kTileOrder");
+  const auto order = array_of(g, "kTileOrder");
   ASSERT_EQ(order.size(), 6u);
   auto work = [&](int t) { return starts[t + 1] - starts[t] + starts[6 + t + 1] - starts[6 + t] + starts[12 + t + 1] - starts[12 + t]; };
   std::vector<int> seen(6, 0);
@@ -77,9 +78,9 @@ TEST(AttentionGenerator, TablesRebuildEveryHeadsMask) {
 TEST(AttentionGenerator, OpsTablesFindEveryBlockByRowAndColumn) {
   const std::vector<Layout> masks = {layouts::causal(5), Layout::from_coords(5, 5, {{0, 4}, {3, 1}, {3, 2}, {4, 1}})};
   const auto g = generate_attention_ops(masks, {32, 64, DType::f16, QkvOrder::bhsd, false, ""});
-  const auto row_start = array_of(g.source, "kRowStart"), keys = array_of(g.source, "kKeys"),
-             block_rows = array_of(g.source, "kBlockRows"), col_start = array_of(g.source, "kColStart"),
-             queries = array_of(g.source, "kQueryBlocks"), positions = array_of(g.source, "kColPositions");
+  const auto row_start = array_of(g, "kRowStart"), keys = array_of(g, "kKeys"), block_rows = array_of(g, "kBlockRows"),
+             col_start = array_of(g, "kColStart"), queries = array_of(g, "kQueryBlocks"),
+             positions = array_of(g, "kColPositions");
   EXPECT_EQ(g.mask_blocks, 15 + 4);
   ASSERT_EQ(keys.size(), 19u);
   ASSERT_EQ(positions.size(), 19u);
@@ -121,14 +122,43 @@ TEST(AttentionGenerator, HopperBackwardPairsBlocksOf64) {
   EXPECT_EQ(pairs.kv_rows, 64);
   EXPECT_EQ(pairs.threads, 384);
   EXPECT_LE(pairs.shared_bytes, 227 * 1024);
-  EXPECT_EQ(array_of(pairs.source, "kKeyTileOrder"), (std::vector<int>{0, 1, 2}));  // 9, 5 and 1 blocks
+  EXPECT_EQ(array_of(pairs, "kKeyTileOrder"), (std::vector<int>{0, 1, 2}));  // 9, 5 and 1 blocks
   const auto single = generate_attention_backward(masks, {128, 64, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90a");
   EXPECT_EQ(single.key_tiles, 5);
   EXPECT_EQ(single.kv_rows, 128);
-  EXPECT_EQ(array_of(single.source, "kKeyTileOrder"), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(array_of(single, "kKeyTileOrder"), (std::vector<int>{0, 1, 2, 3, 4}));
   const auto mma = generate_attention_backward(masks, {64, 128, DType::bf16, QkvOrder::bshd, true, ""}, "sm_90");
   EXPECT_FALSE(mma.tma);
   EXPECT_EQ(mma.key_tiles, 5);
+}
+
+// The tables are not in the source: masks of one shape and block count whose blocks sit elsewhere
+// (columns permuted) have one source per kernel, and a long sequence's source stays small.
+TEST(AttentionGenerator, MasksOfOneShapeShareTheSource) {
+  const Layout a = layouts::bigbird(32, 2, 1, 3, 11);
+  std::vector<int> perm(32);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
+  std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+  for (const auto& [r, c] : a.coords()) moved.push_back({r, perm[c]});
+  const std::vector<Layout> one = {a}, other = {Layout::from_coords(32, 32, moved)};
+  for (const std::string arch : {"sm_80", "sm_90a"})
+    for (int block : {32, 64, 128}) {
+      const AttentionOptions o{block, 128, DType::bf16, QkvOrder::bshd, false, arch};
+      const auto f = generate_attention_forward(one, o, arch), g = generate_attention_forward(other, o, arch);
+      EXPECT_EQ(f.source, g.source) << f.label;
+      EXPECT_NE(tables_digest(f.tables), tables_digest(g.tables)) << f.label;
+      const auto fb = generate_attention_backward(one, o, arch), gb = generate_attention_backward(other, o, arch);
+      EXPECT_EQ(fb.source, gb.source) << fb.label;
+      EXPECT_NE(tables_digest(fb.tables), tables_digest(gb.tables)) << fb.label;
+      const auto fo = generate_attention_ops(one, o), go = generate_attention_ops(other, o);
+      EXPECT_EQ(fo.source, go.source) << fo.label;
+      EXPECT_NE(tables_digest(fo.tables), tables_digest(go.tables)) << fo.label;
+    }
+  // causal at 1024 blocks a side: 524800 blocks, none of them in the source
+  const auto long_causal = generate_attention_forward({layouts::causal(1024)}, {}, "sm_90a");
+  EXPECT_EQ(array_of(long_causal, "kKeys").size(), 524800u);
+  EXPECT_LT(long_causal.source.size(), 4096u);
 }
 
 TEST(AttentionGenerator, RefusesWhatTheKernelDoesNotTake) {
@@ -154,24 +184,32 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
                        hopper || i % 2 == 0 ? "sm_90a" : "sm_80"});
         ++i;
       }
+  // A kernel's cubin: not empty, and holding every table of its source as a symbol (the loader
+  // looks each up by name, also in kernels that read none of them).
+  auto check = [](const auto& g, const std::string& name, const std::string& arch) -> std::string {
+    const auto k = runtime::compile(g.source, name, g.label, arch);
+    if (k.cubin.size() <= 64) return g.label + ": cubin too small; ";
+    const std::string bytes(k.cubin.begin(), k.cubin.end());
+    for (const auto& t : g.tables)
+      if (bytes.find(t.name + '\0') == std::string::npos) return g.label + " " + name + ": no symbol " + t.name + "; ";
+    return "";
+  };
   auto run = [&](AttentionOptions o) -> std::string {
     try {
+      std::string failure;
       const auto g = generate_attention_forward(masks, o, o.arch);
-      const auto k = runtime::compile(g.source, g.name_expression, g.label, o.arch);
-      if (k.cubin.size() <= 64) return g.label + ": cubin too small";
+      failure += check(g, g.name_expression, o.arch);
       // the backward's three kernels from one source
       const auto bw = generate_attention_backward(masks, o, o.arch);
       if (bw.tma != g.tma) return bw.label + ": the backward's Hopper choice differs from the forward's";
-      for (const auto& name : {bw.prep, bw.main, bw.dq})
-        if (runtime::compile(bw.source, name, bw.label, o.arch).cubin.size() <= 64) return bw.label + ": cubin too small";
+      for (const auto& name : {bw.prep, bw.main, bw.dq}) failure += check(bw, name, o.arch);
       // the decomposed ops' five kernels, for every block size and head dim (bf16)
       if (o.dtype == DType::bf16) {
         const auto ops = generate_attention_ops(masks, o);
         for (const auto& name : {ops.scores, ops.softmax, ops.softmax_grad, ops.probs_v, ops.probs_t})
-          if (runtime::compile(ops.source, name, ops.label, o.arch).cubin.size() <= 64)
-            return ops.label + ": cubin too small";
+          failure += check(ops, name, o.arch);
       }
-      return "";
+      return failure;
     } catch (const std::exception& e) {
       return e.what();
     }

@@ -44,5 +44,26 @@ TEST(AttentionApi, PrecompilesForwardBackwardAndOpsWithoutAGpu) {
   fs::remove_all(dir);
 }
 
+// Masks of one shape whose blocks sit elsewhere share the compiles: the second object's kernels
+// are entries of their own, built from the first one's code with their own tables.
+TEST(AttentionApi, MasksOfOneShapeCompileOnce) {
+  set_cache_directory({});
+  const Layout a = Layout::from_coords(4, 4, {{0, 0}, {1, 1}, {2, 0}, {3, 3}});
+  const Layout b = Layout::from_coords(4, 4, {{0, 1}, {1, 0}, {2, 2}, {3, 1}});
+  const AttentionOptions o{64, 64, DType::bf16, QkvOrder::bshd, false, ""};
+  const Attention first({a}, o), second({b}, o);
+  auto before = cache_stats();
+  EXPECT_TRUE(first.precompile("sm_90a"));
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 4);  // forward, backward main, prep, dq
+  EXPECT_TRUE(second.precompile("sm_90a"));               // new entries ...
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 4);  // ... with no NVRTC run
+  EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 4);
+  const AttentionOps ops_a({a}, o), ops_b({b}, o);
+  EXPECT_EQ(ops_a.precompile("sm_80"), 5);
+  EXPECT_EQ(ops_b.precompile("sm_80"), 5);
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 9);
+  EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 9);
+}
+
 }  // namespace
 }  // namespace bsjit

@@ -7,8 +7,10 @@
 
 #include <random>
 
+#include "bsjit/attention_layouts.hpp"
 #include "bsjit/cache.hpp"
 #include "bsjit/error.hpp"
+#include "generator/attention_generator.hpp"
 #include "generator/matmul_generator.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "runtime/parallel.hpp"
@@ -217,6 +219,11 @@ TEST(Compiler, OneSourceGivesTheSameCubinEveryTime) {
     return first.cubin == second.cubin ? "" : name(c) + ": two compiles differ";
   });
   EXPECT_TRUE(failures.empty()) << ::testing::PrintToString(failures);
+  // the attention forward, its tables out of the source
+  const auto a = generator::generate_attention_forward({layouts::causal(4)}, {64, 64, DType::bf16, QkvOrder::bshd, true, ""},
+                                                       "sm_80");
+  EXPECT_EQ(runtime::compile(a.source, a.name_expression, a.label, "sm_80").cubin,
+            runtime::compile(a.source, a.name_expression, a.label, "sm_80").cubin);
 }
 
 TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }
