@@ -1,7 +1,10 @@
 // Turns (block masks, attention options) into the attention kernels' source, instantiating
 // templates/bsjit/attention*.cuh. The masks' block lists are tables (device_tables.hpp): declared
-// in the source, their values beside it in `tables`, copied in when the module is loaded. So the
-// source names only the masks' shape and block counts, and masks of one shape often share it.
+// in the source, their values beside it in `tables`, copied in when the module is loaded. The
+// fused forward's and backward's tables are pointers and their block counts a table too (kDims),
+// so their sources hold no sequence length: one source per configuration serves every mask and
+// length. The decomposed ops' sources name the masks' shape and block counts, so masks of one
+// shape often share them.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +26,7 @@ struct GeneratedAttention {
   // of 64 head-dim columns × q_rows (Q) or kv_rows (K, V) positions.
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
-  DeviceTables tables;  // kRowStart, kKeys, kTileOrder
+  DeviceTables tables;  // kRowStart, kKeys, kTileOrder (pointers); kDims (constant)
 };
 
 // The kernel for arch ("sm_90a": the wgmma/TMA kernel where the shape allows, block ≥ 64 and
@@ -43,7 +46,7 @@ struct GeneratedAttentionBackward {
   std::int64_t key_tiles = 0, query_rows16 = 0;
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
-  DeviceTables tables;  // kColStart, kQueryBlocks, kKeyTileOrder
+  DeviceTables tables;  // kColStart, kQueryBlocks, kKeyTileOrder (pointers); kDims (constant)
 };
 GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks,
                                                        const AttentionOptions& options, const std::string& arch);

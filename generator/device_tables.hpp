@@ -8,6 +8,14 @@
 // The arrays are declared with a capacity, not their length (the next power of two, at least
 // 64), so the sources of layouts of one shape whose tables are of similar sizes are identical,
 // and one compile serves them all (cache::code_key).
+//
+// Two other storages: a pointer (in constant memory), which the loader points at a copy of the
+// values in device memory of their own, so that the source does not depend on the table's length
+// at all (the attention kernels: one source for every sequence length); and an array in constant
+// memory, for a few values every thread reads, such as the dims of a source that serves several
+// shapes. The storage shapes the declaration only: the loader tells a pointer from an array by the
+// size of the module's symbol (8 bytes; an array holds at least 64 ints), so a table read back
+// from the cache, which keeps names and values, loads the same way.
 #pragma once
 
 #include <cstddef>
@@ -16,9 +24,12 @@
 
 namespace bsjit::generator {
 
+enum class TableStorage { array, pointer, constant };
+
 struct DeviceTable {
   std::string name;         // the array's symbol in the module: "kLut"
   std::vector<int> values;  // may be empty; the array's elements past them are never read
+  TableStorage storage = TableStorage::array;
   bool operator==(const DeviceTable&) const = default;
 };
 using DeviceTables = std::vector<DeviceTable>;
@@ -27,16 +38,18 @@ using DeviceTables = std::vector<DeviceTable>;
 // at least 64.
 std::size_t capacity(const DeviceTable& table);
 
-// `extern "C" { __device__ int kLut[64]; }`: table's definition in generated source.
+// table's definition in generated source: `extern "C" { __device__ int kLut[64]; }`; a pointer
+// `extern "C" { __constant__ int* kLut; }`; constant `extern "C" { __constant__ int kLut[64]; }`.
 std::string declare(const DeviceTable& table);
 
 // Appends table to tables and returns its declaration.
-std::string add_table(DeviceTables& tables, std::string name, std::vector<int> values);
+std::string add_table(DeviceTables& tables, std::string name, std::vector<int> values,
+                      TableStorage storage = TableStorage::array);
 
 // 32 hex digits: XXH3-128 of every table's name and values (part of a kernel's cache key).
 std::string tables_digest(const DeviceTables& tables);
 
-// The table's bytes in the module: capacity × 4.
+// The bytes of the table's symbol in a module: capacity × 4, or a pointer's 8.
 std::size_t device_bytes(const DeviceTable& table);
 
 }  // namespace bsjit::generator

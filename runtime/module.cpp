@@ -58,25 +58,43 @@ namespace {
 
 // Copies kernel's tables into the module's arrays, on a stream of its own that does not wait for
 // (or hold up) the work queued on the context's other streams, and waits for the copies: the
-// module's first launch, on any stream, then reads the values. Returns the first failure, with
-// *what saying which step failed.
+// module's first launch, on any stream, then reads the values. A table the module declares as a
+// pointer (8 bytes; an array holds at least 64 ints) gets its values in device memory of their own,
+// which stays, like the module, for the life of the process. Returns the first failure, with *what
+// saying which step failed.
 CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule module, std::string* what) {
   if (kernel.tables.empty()) return CUDA_SUCCESS;
   CUstream stream = nullptr;
   CUresult r = d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  std::vector<CUdeviceptr> owned;  // the pointer tables' memory; the copies read its addresses from here
+  owned.reserve(kernel.tables.size());
   for (std::size_t i = 0; r == CUDA_SUCCESS && i < kernel.tables.size(); ++i) {
     const auto& t = kernel.tables[i];
+    const std::size_t value_bytes = t.values.size() * sizeof(int);
     CUdeviceptr ptr = 0;
     std::size_t bytes = 0;
     r = d.cuModuleGetGlobal(&ptr, &bytes, module, t.name.c_str());
     if (r != CUDA_SUCCESS) {
       *what = fmt::format("table {} not found in the module", t.name);
-    } else if (bytes != generator::device_bytes(t)) {
-      *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, bytes,
-                          generator::device_bytes(t), t.values.size());
-      r = CUDA_ERROR_INVALID_IMAGE;
-    } else if (!t.values.empty()) {
-      r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), t.values.size() * sizeof(int), stream);
+    } else if (bytes == sizeof(CUdeviceptr)) {
+      CUdeviceptr values = 0;
+      r = d.cuMemAlloc(&values, std::max<std::size_t>(value_bytes, sizeof(int)));
+      if (r != CUDA_SUCCESS) {
+        *what = fmt::format("no device memory for table {} ({} values)", t.name, t.values.size());
+        break;
+      }
+      owned.push_back(values);
+      if (value_bytes > 0) r = d.cuMemcpyHtoDAsync(values, t.values.data(), value_bytes, stream);
+      if (r == CUDA_SUCCESS) r = d.cuMemcpyHtoDAsync(ptr, &owned.back(), sizeof(CUdeviceptr), stream);
+    } else {
+      const std::size_t array_bytes = generator::capacity(t) * sizeof(int);  // in global or constant memory
+      if (bytes != array_bytes) {
+        *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, bytes,
+                            array_bytes, t.values.size());
+        r = CUDA_ERROR_INVALID_IMAGE;
+      } else if (value_bytes > 0) {
+        r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), value_bytes, stream);
+      }
     }
   }
   if (stream) {
@@ -84,6 +102,8 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
     if (r == CUDA_SUCCESS) r = s;
     d.cuStreamDestroy(stream);
   }
+  if (r != CUDA_SUCCESS)
+    for (const CUdeviceptr p : owned) d.cuMemFree(p);
   return r;
 }
 

@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
   using Plan = AttentionPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Plan::kS;
   constexpr int kThreads = QT * 2, kSubTiles = Cfg::kBlock / KT;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
-  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
+  const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && D % 16 == 0 && QT % 16 == 0 && KT % 16 == 0 && Cfg::kBlock % KT == 0 &&
                     Cfg::kBlock % QT == 0,
                 "16-bit; head dim, query and key tiles in whole mma tiles; tiles divide the block");
@@ -119,18 +119,19 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
   const long long q0 = static_cast<long long>(Cfg::tile_order()[blockIdx.y]) * QT;
   // Position p of (b, h) starts at base + p · stride: [batch, seq, heads, D] or [batch, heads, seq, D].
   const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
-  const long long q_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqQ * D
-                                            : static_cast<long long>(b) * kSeqQ * heads * D + static_cast<long long>(h) * D;
-  const long long k_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqK * D
-                                            : static_cast<long long>(b) * kSeqK * heads * D + static_cast<long long>(h) * D;
+  const long long q_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq_q * D
+                                            : static_cast<long long>(b) * seq_q * heads * D + static_cast<long long>(h) * D;
+  const long long k_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq_k * D
+                                            : static_cast<long long>(b) * seq_k * heads * D + static_cast<long long>(h) * D;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   const int row = static_cast<int>(q0 / Cfg::kBlock);
-  const int begin = Cfg::row_start()[layout * Cfg::kQBlocks + row], end = Cfg::row_start()[layout * Cfg::kQBlocks + row + 1];
+  const int begin = Cfg::row_start()[layout * Cfg::q_blocks() + row], end = Cfg::row_start()[layout * Cfg::q_blocks() + row + 1];
   const int total = (end - begin) * kSubTiles;
+  const int* const keys = Cfg::keys() + begin;  // the row's key blocks (as in attention_hopper.cuh)
 
   copy_tile_async<QT, D, S, kThreads>(Qs, [&](int r) { return q + q_base + (q0 + r) * stride; }, [](int) { return true; });
   auto key0 = [&](int step) {
-    return static_cast<long long>(Cfg::keys()[begin + step / kSubTiles]) * Cfg::kBlock + (step % kSubTiles) * KT;
+    return static_cast<long long>(keys[step / kSubTiles]) * Cfg::kBlock + (step % kSubTiles) * KT;
   };
   auto load = [&](int step) {
     const long long k0 = key0(step);
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
       for (int e = 0; e < 4; ++e) {
         const long long key = k0 + j * 8 + 2 * t4 + (e & 1);
         bool keep = !(Cfg::kCausal && key > my_row[e >> 1]);
-        if (key_padding != nullptr) keep = keep && key_padding[b * kSeqK + key] != 0;
+        if (key_padding != nullptr) keep = keep && key_padding[b * seq_k + key] != 0;
         s[j][e] = keep ? s[j][e] * scale_log2 : minus_infinity();
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
       }
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
     constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      lse[(static_cast<long long>(b) * heads + h) * kSeqQ + my_row[i]] =
+      lse[(static_cast<long long>(b) * heads + h) * seq_q + my_row[i]] =
           l[i] > 0.0f ? (m[i] + log2f(l[i])) * kLn2 : minus_infinity();
   }
 }

@@ -46,11 +46,11 @@ __global__ void __launch_bounds__(128)
     attention_backward_prep_kernel(const typename Cfg::T* __restrict__ out, const typename Cfg::T* __restrict__ dout,
                                    float* __restrict__ delta, float* __restrict__ dq_acc, int heads) {
   constexpr int D = Cfg::kHeadDim, kPer = D / 8;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const long long row = static_cast<long long>(blockIdx.y) * 16 + threadIdx.x / 8;
   const int part = threadIdx.x % 8;
-  const QkvIndex<Cfg> ix(b, h, heads, kSeqQ);
+  const QkvIndex<Cfg> ix(b, h, heads, seq_q);
   const auto* o = out + ix.at(row) + part * kPer;
   const auto* d = dout + ix.at(row) + part * kPer;
   float sum = 0.0f;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(128)
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
   sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-  const long long r = static_cast<long long>(blockIdx.x) * kSeqQ + row;
+  const long long r = static_cast<long long>(blockIdx.x) * seq_q + row;
   if (part == 0) delta[r] = sum;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) dq_acc[r * D + part * kPer + i] = 0.0f;
@@ -71,12 +71,12 @@ __global__ void __launch_bounds__(128)
     attention_backward_dq_kernel(const float* __restrict__ dq_acc, typename Cfg::T* __restrict__ dq, int heads,
                                  float scale) {
   constexpr int D = Cfg::kHeadDim, kPer = D / 8;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const long long row = static_cast<long long>(blockIdx.y) * 16 + threadIdx.x / 8;
   const int part = threadIdx.x % 8;
-  const QkvIndex<Cfg> ix(b, h, heads, kSeqQ);
-  const float* src = dq_acc + (static_cast<long long>(blockIdx.x) * kSeqQ + row) * D + part * kPer;
+  const QkvIndex<Cfg> ix(b, h, heads, seq_q);
+  const float* src = dq_acc + (static_cast<long long>(blockIdx.x) * seq_q + row) * D + part * kPer;
 #pragma unroll
   for (int i = 0; i < kPer; i += 2) store_pair(dq + ix.at(row) + part * kPer + i, src[i] * scale, src[i + 1] * scale, 0);
 }
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
   using Plan = AttentionBackwardPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Plan::kS, SD = Plan::kSd;
   constexpr int kThreads = KT * 2, kSubTiles = Cfg::kBlock / QT;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
-  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
+  const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && D % 16 == 0 && QT == KT && KT % 16 == 0 && Cfg::kBlock % KT == 0,
                 "16-bit; query and key tiles alike, whole mma tiles dividing the block");
   static_assert(Plan::kSharedBytes == Cfg::kBackwardSharedBytes, "host and device disagree on shared memory");
@@ -110,9 +110,9 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
   const long long k0 = static_cast<long long>(Cfg::key_tile_order()[blockIdx.y]) * KT;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   const int col = static_cast<int>(k0 / Cfg::kBlock);
-  const int begin = Cfg::col_start()[layout * Cfg::kKBlocks + col];
-  const int total = (Cfg::col_start()[layout * Cfg::kKBlocks + col + 1] - begin) * kSubTiles;
-  const QkvIndex<Cfg> qi(b, h, heads, kSeqQ), ki(b, h, heads, kSeqK);
+  const int begin = Cfg::col_start()[layout * Cfg::k_blocks() + col];
+  const int total = (Cfg::col_start()[layout * Cfg::k_blocks() + col + 1] - begin) * kSubTiles;
+  const QkvIndex<Cfg> qi(b, h, heads, seq_q), ki(b, h, heads, seq_k);
   auto query0 = [&](int step) {
     return static_cast<long long>(Cfg::query_blocks()[begin + step / kSubTiles]) * Cfg::kBlock + (step % kSubTiles) * QT;
   };
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
   const long long my_key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   bool live[2] = {true, true};  // not a padded key
   if (key_padding != nullptr)
-    for (int i = 0; i < 2; ++i) live[i] = key_padding[b * kSeqK + my_key[i]] != 0;
+    for (int i = 0; i < 2; ++i) live[i] = key_padding[b * seq_k + my_key[i]] != 0;
   float dkacc[D / 8][4], dvacc[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const long long query = q0 + 8 * j + 2 * t4 + (e & 1);
-        const float l = lse[bh * kSeqQ + query];
+        const float l = lse[bh * seq_q + query];
         const bool keep = live[e >> 1] && !(causal_here && my_key[e >> 1] > query) && l != minus_infinity();
         p[j][e] = keep ? fast_exp2(fmaf(p[j][e], scale_log2, -l * kLog2e)) : 0.0f;
       }
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ds[j][e] = p[j][e] * (ds[j][e] - delta[bh * kSeqQ + q0 + 8 * j + 2 * t4 + (e & 1)]);
+      for (int e = 0; e < 4; ++e) ds[j][e] = p[j][e] * (ds[j][e] - delta[bh * seq_q + q0 + 8 * j + 2 * t4 + (e & 1)]);
     // dK += dSᵀ·Q (Q MN-major); dSᵀ to shared memory for dQ
 #pragma unroll
     for (int c = 0; c < QT / 16; ++c) {
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
       ldmatrix_x4_trans(a, dSs + (c * 16 + r8 + (quad / 2) * 8) * SD + warp * 16 + (quad % 2) * 8);
       warp_mma_mn_major<T, D, S>(dq, a, Ks + c * 16 * S);
     }
-    float* acc = dq_acc + (bh * kSeqQ + q0 + warp * 16 + g) * D;
+    float* acc = dq_acc + (bh * seq_q + q0 + warp * 16 + g) * D;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(384, 1)
   using Plan = AttentionBackwardTmaPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages;
   constexpr int kSub = Cfg::kBlock / QT, kStreamKeys = KT / Plan::kStreams;
-  constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
+  const int seq_q = Cfg::q_blocks() * Cfg::kBlock, seq_k = Cfg::k_blocks() * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && QT == 64 && KT == 128 &&
                     (Cfg::kBlock == 64 || Cfg::kBlock == 128) && S >= 2,
                 "16-bit; head dim 64 or 128; query tiles of 64; 128 keys per CTA, 64 per consumer");
@@ -78,10 +78,10 @@ __global__ void __launch_bounds__(384, 1)
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   // stream st: block column k0 / block + st, its query tiles (none past the last column)
   auto column = [&](int st) { return k0 / Cfg::kBlock + st; };
-  auto begin_of = [&](int st) { return Cfg::col_start()[layout * Cfg::kKBlocks + column(st)]; };
+  auto begin_of = [&](int st) { return Cfg::col_start()[layout * Cfg::k_blocks() + column(st)]; };
   auto total_of = [&](int st) {
-    return column(st) < Cfg::kKBlocks
-               ? (Cfg::col_start()[layout * Cfg::kKBlocks + column(st) + 1] - begin_of(st)) * kSub
+    return column(st) < Cfg::k_blocks()
+               ? (Cfg::col_start()[layout * Cfg::k_blocks() + column(st) + 1] - begin_of(st)) * kSub
                : 0;
   };
   auto query0 = [&](int begin, int step) {
@@ -105,16 +105,16 @@ __global__ void __launch_bounds__(384, 1)
                     unsigned long long* bar) { tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, stride_rows, bar); };
     mbarrier_arrive_expect_tx(&kv_full[st], 2 * Plan::kKVBytes / Plan::kStreams);
     const int key_row = st * kStreamKeys;
-    load(ks + key_row * kSwizzleRowBytes, map_k, kSeqK, k0 + key_row, KT, &kv_full[st]);
-    load(vs + key_row * kSwizzleRowBytes, map_v, kSeqK, k0 + key_row, KT, &kv_full[st]);
+    load(ks + key_row * kSwizzleRowBytes, map_k, seq_k, k0 + key_row, KT, &kv_full[st]);
+    load(vs + key_row * kSwizzleRowBytes, map_v, seq_k, k0 + key_row, KT, &kv_full[st]);
     for (int i = 0; i < total; ++i) {
       const int r = st * S + i % S, q0 = query0(begin, i);
       if (i >= S) mbarrier_wait(&empty[r], (i / S - 1) & 1);
       mbarrier_arrive_expect_tx(&full[r], 2 * Plan::kQBytes + 2 * Plan::kRowBytes);
-      load(qs(r), map_q, kSeqQ, q0, QT, &full[r]);
-      load(dos(r), map_do, kSeqQ, q0, QT, &full[r]);
-      bulk_load(lse_s + r * QT, lse + bh * kSeqQ + q0, Plan::kRowBytes, &full[r]);
-      bulk_load(delta_s + r * QT, delta + bh * kSeqQ + q0, Plan::kRowBytes, &full[r]);
+      load(qs(r), map_q, seq_q, q0, QT, &full[r]);
+      load(dos(r), map_do, seq_q, q0, QT, &full[r]);
+      bulk_load(lse_s + r * QT, lse + bh * seq_q + q0, Plan::kRowBytes, &full[r]);
+      bulk_load(delta_s + r * QT, delta + bh * seq_q + q0, Plan::kRowBytes, &full[r]);
     }
     return;
   }
@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(384, 1)
   const int row0 = consumer * 64;  // this consumer's keys: rows of the K and V tiles, k0 + row0 on
   const int my_key[2] = {k0 + row0 + warp * 16 + g, k0 + row0 + warp * 16 + g + 8};
   bool live[2] = {true, true};
-  if (key_padding != nullptr && row0 + k0 < kSeqK)
-    for (int r = 0; r < 2; ++r) live[r] = key_padding[static_cast<long long>(b) * kSeqK + my_key[r]] != 0;
+  if (key_padding != nullptr && row0 + k0 < seq_k)
+    for (int r = 0; r < 2; ++r) live[r] = key_padding[static_cast<long long>(b) * seq_k + my_key[r]] != 0;
   float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(384, 1)
       named_barrier_sync(1, 256);
     else
       named_barrier_sync(1 + consumer, 128);
-    float* acc = dq_acc + (bh * kSeqQ + q0) * D;
+    float* acc = dq_acc + (bh * seq_q + q0) * D;
 #pragma unroll
     for (int part = 0; part < kDqParts; ++part) {
       const int col0 = Plan::kSharedDq ? consumer * 64 : part * 64;  // dQ columns = K's panel
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(384, 1)
     mbarrier_arrive(&empty[r]);
   }
 
-  if (k0 + row0 >= kSeqK) return;  // the pair's second block past the last column
-  const QkvIndex<Cfg> ki(b, h, heads, kSeqK);
+  if (k0 + row0 >= seq_k) return;  // the pair's second block past the last column
+  const QkvIndex<Cfg> ki(b, h, heads, seq_k);
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll

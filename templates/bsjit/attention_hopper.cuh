@@ -49,7 +49,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   using Plan = AttentionTmaPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Cfg::kStages;
   constexpr int kConsumerThreads = Cfg::kConsumers * 128;
-  constexpr int kSeqQ = Cfg::kQBlocks * Cfg::kBlock, kSeqK = Cfg::kKBlocks * Cfg::kBlock;
+  const int seq_q = Cfg::q_blocks() * Cfg::kBlock, seq_k = Cfg::k_blocks() * Cfg::kBlock;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (KT == 64 || KT == 128) && KT == Cfg::kBlock &&
                     QT == 64 * Cfg::kConsumers && Cfg::kBlock % QT == 0 && S >= 2,
                 "16-bit; head dim 64 or 128; one key block per stage; consumers of 64 query rows");
@@ -68,8 +68,11 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int q0 = Cfg::tile_order()[blockIdx.y] * QT, row = q0 / Cfg::kBlock;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
-  const int begin = Cfg::row_start()[layout * Cfg::kQBlocks + row];
-  const int total = Cfg::row_start()[layout * Cfg::kQBlocks + row + 1] - begin;
+  const int begin = Cfg::row_start()[layout * Cfg::q_blocks() + row];
+  const int total = Cfg::row_start()[layout * Cfg::q_blocks() + row + 1] - begin;
+  // the row's key blocks, the table's address read once: read in each step, it cost 2% at b = 128
+  // (the constant-memory pointer is reloaded after every asm statement that clobbers memory)
+  const int* const keys = Cfg::keys() + begin;
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     for (int s = 0; s < S; ++s) mbarrier_init(&k_full[s], 1), mbarrier_init(&v_full[s], 1);
@@ -86,15 +89,15 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
       tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, rows, bar);
     };
     mbarrier_arrive_expect_tx(q_full, Plan::kQBytes);
-    load(qs, map_q, kSeqQ, q0, QT, q_full);
+    load(qs, map_q, seq_q, q0, QT, q_full);
     for (int i = 0; i < total; ++i) {
-      const int s = i % S, key0 = Cfg::keys()[begin + i] * KT;
+      const int s = i % S, key0 = keys[i] * KT;
       if (i >= S) mbarrier_wait(&k_empty[s], (i / S - 1) & 1);
       mbarrier_arrive_expect_tx(&k_full[s], Plan::kKVBytes);
-      load(ks(s), map_k, kSeqK, key0, KT, &k_full[s]);
+      load(ks(s), map_k, seq_k, key0, KT, &k_full[s]);
       if (i >= S) mbarrier_wait(&v_empty[s], (i / S - 1) & 1);
       mbarrier_arrive_expect_tx(&v_full[s], Plan::kKVBytes);
-      load(vs(s), map_v, kSeqK, key0, KT, &v_full[s]);
+      load(vs(s), map_v, seq_k, key0, KT, &v_full[s]);
     }
     return;
   }
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   // -inf, the running max and sum updated, corr = the factor the output so far must take. The
   // scale folds into one FFMA per score: max(scale · s) = scale · max(s) for scale > 0.
   auto softmax = [&](int i) {
-    const int key0 = Cfg::keys()[begin + i] * KT;
+    const int key0 = keys[i] * KT;
     if ((Cfg::kCausal && key0 + KT - 1 > q0) || key_padding != nullptr) {
 #pragma unroll
       for (int j = 0; j < KT / 8; ++j)
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + 8 * j + 2 * t4 + (e & 1);
           bool keep = !(Cfg::kCausal && key > my_row[e >> 1]);
-          if (key_padding != nullptr) keep = keep && key_padding[static_cast<long long>(b) * kSeqK + key] != 0;
+          if (key_padding != nullptr) keep = keep && key_padding[static_cast<long long>(b) * seq_k + key] != 0;
           if (!keep) sc[4 * j + e] = minus_infinity();
         }
     }
@@ -234,8 +237,8 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   }
   const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
   const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
-  const long long base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * kSeqQ * D
-                                          : static_cast<long long>(b) * kSeqQ * heads * D + static_cast<long long>(h) * D;
+  const long long base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq_q * D
+                                          : static_cast<long long>(b) * seq_q * heads * D + static_cast<long long>(h) * D;
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      lse[(static_cast<long long>(b) * heads + h) * kSeqQ + my_row[r]] =
+      lse[(static_cast<long long>(b) * heads + h) * seq_q + my_row[r]] =
           l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2 : minus_infinity();
   }
 }

@@ -161,6 +161,31 @@ TEST(AttentionGenerator, MasksOfOneShapeShareTheSource) {
   EXPECT_LT(long_causal.source.size(), 4096u);
 }
 
+// The fused kernels' sources hold no sequence length: causal masks of 16 to 512 blocks a side
+// (1024 to 65536 positions at b = 64) give one forward and one backward source per configuration,
+// their block counts in kDims.
+TEST(AttentionGenerator, OneFusedSourceServesEverySequenceLength) {
+  for (const std::string arch : {"sm_80", "sm_90a"})
+    for (int block : {32, 64, 128}) {
+      const AttentionOptions o{block, 64, DType::f16, QkvOrder::bhsd, true, arch};
+      const auto f = generate_attention_forward({layouts::causal(16)}, o, arch);
+      const auto b = generate_attention_backward({layouts::causal(16)}, o, arch);
+      for (std::int64_t n : {17, 100, 512}) {
+        const std::vector<Layout> masks = {layouts::causal(n), layouts::causal(n)};  // per head
+        const std::vector<Layout> one = {masks[0]};
+        const auto g = generate_attention_forward(one, o, arch);
+        EXPECT_EQ(g.source, f.source) << g.label << " at " << n << " blocks";
+        EXPECT_EQ(array_of(g, "kDims"), (std::vector<int>{static_cast<int>(n), static_cast<int>(n)}));
+        EXPECT_EQ(array_of(g, "kKeys").size(), static_cast<std::size_t>(n * (n + 1) / 2));
+        const auto gb = generate_attention_backward(one, o, arch);
+        EXPECT_EQ(gb.source, b.source) << gb.label << " at " << n << " blocks";
+        EXPECT_EQ(array_of(gb, "kDims"), (std::vector<int>{static_cast<int>(n), static_cast<int>(n)}));
+        // the number of masks is still part of the source
+        EXPECT_NE(generate_attention_forward(masks, o, arch).source, f.source) << g.label;
+      }
+    }
+}
+
 TEST(AttentionGenerator, RefusesWhatTheKernelDoesNotTake) {
   const std::vector<Layout> one = {layouts::causal(4)};
   EXPECT_THROW(generate_attention_forward({}, {}, "sm_80"), Error);

@@ -1260,6 +1260,26 @@ TEST(DeviceTables, CapacityIsAPowerOfTwoOfAtLeast64) {
   }
 }
 
+// The three storages: an array in global memory, one in constant memory (both of the capacity),
+// and a pointer, whose symbol is 8 bytes whatever the number of values, so that its declaration
+// does not change with them.
+TEST(DeviceTables, EachStorageHasItsDeclaration) {
+  DeviceTables tables;
+  EXPECT_EQ(add_table(tables, "kLut", std::vector<int>(65, 1)),
+            "extern \"C\" { __device__ int kLut[128]; }  // filled when loaded\n");
+  EXPECT_EQ(add_table(tables, "kDims", {4, 4}, TableStorage::constant),
+            "extern \"C\" { __constant__ int kDims[64]; }  // filled when loaded\n");
+  const std::string small = add_table(tables, "kKeys", std::vector<int>(3, 1), TableStorage::pointer);
+  EXPECT_EQ(small, "extern \"C\" { __constant__ int* kKeys; }  // pointed at the values when loaded\n");
+  EXPECT_EQ(add_table(tables, "kKeys", std::vector<int>(100000, 1), TableStorage::pointer), small);
+  ASSERT_EQ(tables.size(), 4u);
+  EXPECT_EQ(device_bytes(tables[0]), 512u);
+  EXPECT_EQ(device_bytes(tables[1]), 256u);
+  EXPECT_EQ(device_bytes(tables[2]), 8u);
+  EXPECT_EQ(device_bytes(tables[3]), 8u);
+  EXPECT_EQ(tables[3].values.size(), 100000u);
+}
+
 // Layouts of one shape and block count whose blocks sit elsewhere (columns permuted): every
 // Hopper kernel at b = 32, 64 and 128 has one source for them all (the counts they loop over are
 // tables too), so one compile serves them.

@@ -65,5 +65,20 @@ TEST(AttentionApi, MasksOfOneShapeCompileOnce) {
   EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 9);
 }
 
+// A fused forward and backward compiled for one sequence length serve every other: a model served
+// at many lengths compiles its attention kernels once.
+TEST(AttentionApi, SequenceLengthsShareOneCompile) {
+  set_cache_directory({});
+  const AttentionOptions o{128, 64, DType::f16, QkvOrder::bhsd, true, ""};
+  const Attention short_one({layouts::causal(8)}, o), long_one({layouts::causal(96)}, o);
+  auto before = cache_stats();
+  EXPECT_TRUE(short_one.precompile("sm_90a"));
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 4);
+  EXPECT_TRUE(long_one.precompile("sm_90a"));
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 4);
+  EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 4);
+  EXPECT_FALSE(long_one.precompile("sm_90a"));  // its own entries now exist
+}
+
 }  // namespace
 }  // namespace bsjit

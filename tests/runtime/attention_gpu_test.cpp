@@ -87,19 +87,10 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionGpu, ::testing::ValuesIn(testing::all_att
 // per-head masks (an empty block row among them), key padding, outputs poisoned.
 class AttentionBackwardGpu : public AttentionGpu {};
 
-TEST_P(AttentionBackwardGpu, GradientsMatchReference) {
-  const Case c = GetParam();
-  // block 64: an odd number of key blocks (the Hopper kernel pairs them: a last half pair)
-  const std::int64_t blocks = c.block == 64 ? 5 : std::max(2, 256 / c.block), seq = blocks * c.block, batch = 2,
-                     heads = 3;
-  std::mt19937_64 rng(300 + c.block + c.head_dim);
-  std::vector<std::uint8_t> random_mask(blocks * blocks);
-  for (auto& x : random_mask) x = rng() % 3 == 0;
-  for (std::int64_t j = 0; j < blocks; ++j) random_mask[1 * blocks + j] = 0;
-  random_mask[blocks - 1] = 1;  // a key block above the diagonal: fully masked when causal
-  const std::vector<Layout> masks{layouts::causal(blocks), layouts::sliding_window(blocks, 2, false),
-                                  Layout::from_dense(blocks, blocks, random_mask)};
-  Attention attn(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, ""});
+// attn's forward then backward on fresh random inputs (key padding on batch 0's last 5 keys),
+// gradients against the reference's.
+void expect_gradients(const Attention& attn, const Case& c, const std::vector<Layout>& masks, std::mt19937_64& rng) {
+  const std::int64_t seq = masks[0].rows() * c.block, batch = 2, heads = 3;
   reference::AttentionProblem p;
   p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = seq, p.head_dim = c.head_dim, p.block = c.block;
   p.layouts = masks, p.order = c.order, p.causal = c.causal;
@@ -123,10 +114,45 @@ TEST_P(AttentionBackwardGpu, GradientsMatchReference) {
                 d_dout.get(), dq.get(), dk.get(), dv.get(), batch, heads, nullptr, 0, pad);
   BSJIT_CU(runtime::driver().cuCtxSynchronize());
   const auto want = reference::attention_backward(p, q, k, v, dout);
-  SCOPED_TRACE(case_name(c));
+  SCOPED_TRACE(fmt::format("{} at {} positions", case_name(c), seq));
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dq.download()), want.dq), 1e-2) << "dq";
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dk.download()), want.dk), 1e-2) << "dk";
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dv.download()), want.dv), 1e-2) << "dv";
+}
+
+TEST_P(AttentionBackwardGpu, GradientsMatchReference) {
+  const Case c = GetParam();
+  // block 64: an odd number of key blocks (the Hopper kernel pairs them: a last half pair)
+  const std::int64_t blocks = c.block == 64 ? 5 : std::max(2, 256 / c.block);
+  std::mt19937_64 rng(300 + c.block + c.head_dim);
+  std::vector<std::uint8_t> random_mask(blocks * blocks);
+  for (auto& x : random_mask) x = rng() % 3 == 0;
+  for (std::int64_t j = 0; j < blocks; ++j) random_mask[1 * blocks + j] = 0;
+  random_mask[blocks - 1] = 1;  // a key block above the diagonal: fully masked when causal
+  const std::vector<Layout> masks{layouts::causal(blocks), layouts::sliding_window(blocks, 2, false),
+                                  Layout::from_dense(blocks, blocks, random_mask)};
+  Attention attn(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, ""});
+  expect_gradients(attn, c, masks, rng);
+}
+
+// Two sequence lengths, one compile (the fused kernels' sources hold no length; their tables and
+// dims come with each cache entry): each length's forward and backward right, run in turns, the
+// second length compiling nothing.
+TEST_F(AttentionBackwardGpu, TwoSequenceLengthsShareOneCompile) {
+  for (int block : {64, 128}) {
+    const Case c{block, 64, DType::bf16, QkvOrder::bhsd, true};
+    const std::vector<Layout> short_masks{layouts::causal(3)}, long_masks{layouts::bigbird(7, 1, 1, 2, 5)};
+    const AttentionOptions o{c.block, c.head_dim, c.dtype, c.order, c.causal, ""};
+    const Attention short_attn(short_masks, o), long_attn(long_masks, o);
+    std::mt19937_64 rng(500 + block);
+    const auto before = cache_stats();
+    expect_gradients(short_attn, c, short_masks, rng);
+    EXPECT_EQ(cache_stats().compiles, before.compiles + 4) << "forward, backward main, prep, dq";
+    expect_gradients(long_attn, c, long_masks, rng);
+    expect_gradients(short_attn, c, short_masks, rng);
+    EXPECT_EQ(cache_stats().compiles, before.compiles + 4) << "block " << block;
+    EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 4) << "block " << block;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Some, AttentionBackwardGpu, ::testing::ValuesIn(testing::every_third_attention_case(0)),
