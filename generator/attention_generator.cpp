@@ -72,6 +72,21 @@ constexpr const char* kDimsAccessors =
     "  __device__ static int q_blocks() { return kDims[0]; }\n"
     "  __device__ static int k_blocks() { return kDims[1]; }\n";
 
+// The fused forward's tables (by_column: the backward's): per block row (column) of each mask the
+// start of its list of key (query) blocks, the lists, the tiles of `tile` positions in launch
+// order; then the dims.
+std::string fused_tables(DeviceTables& tables, const std::vector<Layout>& masks, bool by_column, std::int64_t tiles,
+                         int tile, int block) {
+  const Lists lists = block_lists(masks, by_column);
+  const std::int64_t lines = by_column ? masks[0].cols() : masks[0].rows();
+  constexpr TableStorage kPointer = TableStorage::pointer;
+  std::string text = add_table(tables, by_column ? "kColStart" : "kRowStart", lists.starts, kPointer);
+  text += add_table(tables, by_column ? "kQueryBlocks" : "kKeys", lists.indices, kPointer);
+  text += add_table(tables, by_column ? "kKeyTileOrder" : "kTileOrder",
+                    launch_order(lists, lines, masks.size(), tiles, tile, block), kPointer);
+  return text + add_dims(tables, masks);
+}
+
 const char* type_name(DType dt) { return dt == DType::bf16 ? "bsjit::kernels::bfloat16_t" : "bsjit::kernels::half_t"; }
 
 }  // namespace
@@ -109,13 +124,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, o.head_dim,
                         to_string(o.order), o.causal ? "-causal" : "", g.tma ? "-tma" : "");
 
-  const Lists rows = block_lists(masks, false);
-  std::string tables = add_table(g.tables, "kRowStart", rows.starts, TableStorage::pointer);
-  tables += add_table(g.tables, "kKeys", rows.indices, TableStorage::pointer);
-  tables += add_table(g.tables, "kTileOrder",
-                      launch_order(rows, masks[0].rows(), masks.size(), g.query_tiles, qt, o.block),
-                      TableStorage::pointer);
-  tables += add_dims(g.tables, masks);
+  const std::string tables = fused_tables(g.tables, masks, false, g.query_tiles, qt, o.block);
   g.name_expression = g.tma ? "bsjit::kernels::attention_forward_tma_kernel<bsjit_generated::Config>"
                             : "bsjit::kernels::attention_forward_kernel<bsjit_generated::Config>";
   g.source = fmt::format(
@@ -187,13 +196,7 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
                             masks[0].rows() * o.block, masks[0].cols() * o.block));
   g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, d, to_string(o.order),
                         o.causal ? "-causal" : "", g.tma ? "-tma" : "");
-  const Lists cols = block_lists(masks, true);
-  std::string tables = add_table(g.tables, "kColStart", cols.starts, TableStorage::pointer);
-  tables += add_table(g.tables, "kQueryBlocks", cols.indices, TableStorage::pointer);
-  tables += add_table(g.tables, "kKeyTileOrder",
-                      launch_order(cols, masks[0].cols(), masks.size(), g.key_tiles, tile, o.block),
-                      TableStorage::pointer);
-  tables += add_dims(g.tables, masks);
+  const std::string tables = fused_tables(g.tables, masks, true, g.key_tiles, tile, o.block);
   g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
   g.main = g.tma ? "bsjit::kernels::attention_backward_tma_kernel<bsjit_generated::Config>"
                  : "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";
