@@ -49,7 +49,8 @@ std::string add_table(DeviceTables& tables, std::string name, std::vector<int> v
 // 32 hex digits: XXH3-128 of every table's name and values (part of a kernel's cache key).
 std::string tables_digest(const DeviceTables& tables);
 
-// The bytes of the table's symbol in a module: capacity × 4, or a pointer's 8.
+// The bytes of the table's symbol in a module: capacity × 4, or a pointer's 8. (A table read back
+// from the cache is an array here; the loader knows a pointer by its symbol's 8 bytes first.)
 std::size_t device_bytes(const DeviceTable& table);
 
 }  // namespace bsjit::generator

@@ -86,15 +86,12 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
       owned.push_back(values);
       if (value_bytes > 0) r = d.cuMemcpyHtoDAsync(values, t.values.data(), value_bytes, stream);
       if (r == CUDA_SUCCESS) r = d.cuMemcpyHtoDAsync(ptr, &owned.back(), sizeof(CUdeviceptr), stream);
-    } else {
-      const std::size_t array_bytes = generator::capacity(t) * sizeof(int);  // in global or constant memory
-      if (bytes != array_bytes) {
-        *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, bytes,
-                            array_bytes, t.values.size());
-        r = CUDA_ERROR_INVALID_IMAGE;
-      } else if (value_bytes > 0) {
-        r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), value_bytes, stream);
-      }
+    } else if (bytes != generator::device_bytes(t)) {  // an array, in global or constant memory
+      *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, bytes,
+                          generator::device_bytes(t), t.values.size());
+      r = CUDA_ERROR_INVALID_IMAGE;
+    } else if (value_bytes > 0) {
+      r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), value_bytes, stream);
     }
   }
   if (stream) {
