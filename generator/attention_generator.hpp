@@ -1,10 +1,8 @@
 // Turns (block masks, attention options) into the attention kernels' source, instantiating
 // templates/bsjit/attention*.cuh. The masks' block lists are tables (device_tables.hpp): declared
-// in the source, their values beside it in `tables`, copied in when the module is loaded. The
-// fused forward's and backward's tables are pointers and their block counts a table too (kDims),
-// so their sources hold no sequence length: one source per configuration serves every mask and
-// length. The decomposed ops' sources name the masks' shape and block counts, so masks of one
-// shape often share them.
+// in the source, their values beside it in `tables`, copied in when the module is loaded. They
+// are pointers and the block counts a table too (kDims), so the sources hold no sequence length:
+// one source per configuration serves every mask and length.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +60,7 @@ struct GeneratedAttentionOps {
   std::int64_t mask_blocks = 0;  // nonzero blocks of all masks together (positions of the tables)
   std::vector<std::int64_t> blocks_per_mask;
   DeviceTables tables;  // by row: kRowStart, kKeys, kBlockRows; by column: kColStart, kQueryBlocks,
-                        // kColPositions; launch orders kTileOrder, kKeyTileOrder
+                        // kColPositions; launch orders kTileOrder, kKeyTileOrder (pointers); kDims
 };
 GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, const AttentionOptions& options);
 

@@ -25,9 +25,9 @@ struct SparseSlice {
   int first, count;
   __device__ SparseSlice(int b, int h, int heads) {
     const int layout = Cfg::kLayouts == 1 ? 0 : h;
-    first = Cfg::row_start()[layout * Cfg::kQBlocks];
-    count = Cfg::row_start()[(layout + 1) * Cfg::kQBlocks] - first;
-    const long long per_batch = Cfg::kLayouts == 1 ? static_cast<long long>(heads) * count : Cfg::kMaskBlocks;
+    first = Cfg::row_start()[layout * Cfg::q_blocks()];
+    count = Cfg::row_start()[(layout + 1) * Cfg::q_blocks()] - first;
+    const long long per_batch = Cfg::kLayouts == 1 ? static_cast<long long>(heads) * count : Cfg::mask_blocks();
     base = b * per_batch + (Cfg::kLayouts == 1 ? static_cast<long long>(h) * count : first);
   }
   // Element offset of row `row` of the block at table position pos.
@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(Cfg::kTile * 2)
   using T = typename Cfg::T;
   using Plan = OpsPlan<Cfg>;
   constexpr int TL = Plan::kTile, D = Cfg::kHeadDim, S = Plan::kS, kSub = Cfg::kBlock / TL;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
-  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
+  const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
   extern __shared__ __align__(128) unsigned char smem[];
   T* As = reinterpret_cast<T*>(smem);
   T* Bs = As + TL * S;
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(Cfg::kTile * 2)
   const int pos = slice.first + i, r0 = (sub / kSub) * TL, c0 = (sub % kSub) * TL;
   const long long q0 = static_cast<long long>(Cfg::block_rows()[pos]) * Cfg::kBlock + r0;
   const long long k0 = static_cast<long long>(Cfg::keys()[pos]) * Cfg::kBlock + c0;
-  const QkvIndex<Cfg> ai(b, h, heads, kSeqQ), bi(b, h, heads, kSeqK);
+  const QkvIndex<Cfg> ai(b, h, heads, seq_q), bi(b, h, heads, seq_k);
   copy_tile_async<TL, D, S, Plan::kThreads>(
       As, [&](int r) { return a + ai.at(q0 + r); }, [](int) { return true; });
   copy_tile_async<TL, D, S, Plan::kThreads>(
@@ -96,16 +96,16 @@ struct SoftmaxRow {
                         const unsigned* bits)
       : slice(b_, h, heads), query(query_), b(b_), key_padding(padding), mask_slot(slot), mask_bits(bits) {
     const int layout = Cfg::kLayouts == 1 ? 0 : h, block_row = static_cast<int>(query / Cfg::kBlock);
-    begin = Cfg::row_start()[layout * Cfg::kQBlocks + block_row];
-    end = Cfg::row_start()[layout * Cfg::kQBlocks + block_row + 1];
+    begin = Cfg::row_start()[layout * Cfg::q_blocks() + block_row];
+    end = Cfg::row_start()[layout * Cfg::q_blocks() + block_row + 1];
     in_block = static_cast<int>(query % Cfg::kBlock);
   }
   __device__ long long offset(int pos) const { return slice.row(pos, in_block); }
   __device__ bool keeps(int pos, int c) const {
-    constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+    const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
     const long long key = static_cast<long long>(Cfg::keys()[pos]) * Cfg::kBlock + c;
     if (Cfg::kCausal && key > query) return false;
-    if (key_padding != nullptr && key_padding[b * kSeqK + key] == 0) return false;
+    if (key_padding != nullptr && key_padding[b * seq_k + key] == 0) return false;
     if (mask_slot != nullptr) {
       const int s = mask_slot[pos];
       if (s >= 0) {
@@ -235,16 +235,16 @@ __device__ __forceinline__ void sparse_product_tile(const typename Cfg::T* __res
                                                     typename Cfg::T* __restrict__ out, int heads) {
   using Plan = OpsPlan<Cfg>;
   constexpr int TL = Plan::kTile, kSub = Cfg::kBlock / TL;
-  constexpr long long kSeqQ = static_cast<long long>(Cfg::kQBlocks) * Cfg::kBlock;
-  constexpr long long kSeqK = static_cast<long long>(Cfg::kKBlocks) * Cfg::kBlock;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
+  const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads, layout = Cfg::kLayouts == 1 ? 0 : h;
   const SparseSlice<Cfg> slice(b, h, heads);
   const long long o0 =
       static_cast<long long>((TRANSPOSED ? Cfg::key_tile_order() : Cfg::tile_order())[blockIdx.y]) * TL;
   const int line = static_cast<int>(o0 / Cfg::kBlock), in_block = static_cast<int>(o0 % Cfg::kBlock);
-  const int* start = TRANSPOSED ? Cfg::col_start() + layout * Cfg::kKBlocks : Cfg::row_start() + layout * Cfg::kQBlocks;
+  const int* start = TRANSPOSED ? Cfg::col_start() + layout * Cfg::k_blocks() : Cfg::row_start() + layout * Cfg::q_blocks();
   const int begin = start[line], total = (start[line + 1] - begin) * kSub;
-  const QkvIndex<Cfg> qi(b, h, heads, kSeqQ), ki(b, h, heads, kSeqK);
+  const QkvIndex<Cfg> qi(b, h, heads, seq_q), ki(b, h, heads, seq_k);
   float acc[Cfg::kHeadDim / 8][4];
   sparse_product<Cfg, TRANSPOSED>(
       acc, total,

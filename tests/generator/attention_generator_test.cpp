@@ -161,16 +161,17 @@ TEST(AttentionGenerator, MasksOfOneShapeShareTheSource) {
   EXPECT_LT(long_causal.source.size(), 4096u);
 }
 
-// The fused kernels' sources hold no sequence length: causal masks of 16 to 512 blocks a side
-// (1024 to 65536 positions at b = 64) give one forward and one backward source per configuration,
-// their block counts in kDims.
-TEST(AttentionGenerator, OneFusedSourceServesEverySequenceLength) {
+// The kernels' sources hold no sequence length: causal masks of 16 to 512 blocks a side (1024 to
+// 65536 positions at b = 64) give one forward, one backward and one decomposed-ops source per
+// configuration, their block counts in kDims.
+TEST(AttentionGenerator, OneSourceServesEverySequenceLength) {
   for (const std::string arch : {"sm_80", "sm_90a"})
     for (int block : {32, 64, 128}) {
       const AttentionOptions o{block, 64, DType::f16, QkvOrder::bhsd, true, arch};
       const auto f = generate_attention_forward({layouts::causal(16)}, o, arch);
       const auto b = generate_attention_backward({layouts::causal(16)}, o, arch);
-      for (std::int64_t n : {17, 100, 512}) {
+      const auto ops = generate_attention_ops({layouts::causal(16)}, o);
+      for (std::int64_t n : {17, 100, 180}) {  // 180: the ops' most score tiles at b = 128
         const std::vector<Layout> masks = {layouts::causal(n), layouts::causal(n)};  // per head
         const std::vector<Layout> one = {masks[0]};
         const auto g = generate_attention_forward(one, o, arch);
@@ -180,6 +181,10 @@ TEST(AttentionGenerator, OneFusedSourceServesEverySequenceLength) {
         const auto gb = generate_attention_backward(one, o, arch);
         EXPECT_EQ(gb.source, b.source) << gb.label << " at " << n << " blocks";
         EXPECT_EQ(array_of(gb, "kDims"), (std::vector<int>{static_cast<int>(n), static_cast<int>(n)}));
+        const auto go = generate_attention_ops(one, o);
+        EXPECT_EQ(go.source, ops.source) << go.label << " at " << n << " blocks";
+        EXPECT_EQ(array_of(go, "kDims"),
+                  (std::vector<int>{static_cast<int>(n), static_cast<int>(n), static_cast<int>(n * (n + 1) / 2)}));
         // the number of masks is still part of the source
         EXPECT_NE(generate_attention_forward(masks, o, arch).source, f.source) << g.label;
       }

@@ -78,6 +78,11 @@ TEST(AttentionApi, SequenceLengthsShareOneCompile) {
   EXPECT_EQ(cache_stats().compiles, before.compiles + 4);
   EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 4);
   EXPECT_FALSE(long_one.precompile("sm_90a"));  // its own entries now exist
+  const AttentionOps short_ops({layouts::causal(8)}, o), long_ops({layouts::causal(96)}, o);
+  EXPECT_EQ(short_ops.precompile("sm_80"), 5);
+  EXPECT_EQ(long_ops.precompile("sm_80"), 5);  // new entries, shared code
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 9);
+  EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 9);
 }
 
 }  // namespace
