@@ -58,49 +58,59 @@ namespace {
 
 // Copies kernel's tables into the module's arrays, on a stream of its own that does not wait for
 // (or hold up) the work queued on the context's other streams, and waits for the copies: the
-// module's first launch, on any stream, then reads the values. A table the module declares as a
-// pointer (8 bytes; an array holds at least 64 ints) gets its values in device memory of their own,
-// which stays, like the module, for the life of the process. Returns the first failure, with *what
-// saying which step failed.
+// module's first launch, on any stream, then reads the values. The tables the module declares as
+// pointers (8 bytes; an array holds at least 64 ints) get their values in one device allocation,
+// each at a 256-byte boundary, which stays, like the module, for the life of the process. Returns
+// the first failure, with *what saying which step failed.
 CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule module, std::string* what) {
   if (kernel.tables.empty()) return CUDA_SUCCESS;
-  CUstream stream = nullptr;
-  CUresult r = d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
-  std::vector<CUdeviceptr> owned;  // the pointer tables' memory; the copies read its addresses from here
-  owned.reserve(kernel.tables.size());
-  for (std::size_t i = 0; r == CUDA_SUCCESS && i < kernel.tables.size(); ++i) {
-    const auto& t = kernel.tables[i];
-    const std::size_t value_bytes = t.values.size() * sizeof(int);
+  struct Symbol {
     CUdeviceptr ptr = 0;
-    std::size_t bytes = 0;
-    r = d.cuModuleGetGlobal(&ptr, &bytes, module, t.name.c_str());
-    if (r != CUDA_SUCCESS) {
+    std::size_t bytes = 0, offset = 0;  // offset: a pointer table's values in the allocation
+  };
+  std::vector<Symbol> symbols(kernel.tables.size());
+  std::size_t pointed = 0;  // bytes of the allocation
+  for (std::size_t i = 0; i < kernel.tables.size(); ++i) {
+    const auto& t = kernel.tables[i];
+    Symbol& s = symbols[i];
+    if (const CUresult r = d.cuModuleGetGlobal(&s.ptr, &s.bytes, module, t.name.c_str()); r != CUDA_SUCCESS) {
       *what = fmt::format("table {} not found in the module", t.name);
-    } else if (bytes == sizeof(CUdeviceptr)) {
-      CUdeviceptr values = 0;
-      r = d.cuMemAlloc(&values, std::max<std::size_t>(value_bytes, sizeof(int)));
-      if (r != CUDA_SUCCESS) {
-        *what = fmt::format("no device memory for table {} ({} values)", t.name, t.values.size());
-        break;
-      }
-      owned.push_back(values);
-      if (value_bytes > 0) r = d.cuMemcpyHtoDAsync(values, t.values.data(), value_bytes, stream);
-      if (r == CUDA_SUCCESS) r = d.cuMemcpyHtoDAsync(ptr, &owned.back(), sizeof(CUdeviceptr), stream);
-    } else if (bytes != generator::device_bytes(t)) {  // an array, in global or constant memory
-      *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, bytes,
+      return r;
+    }
+    if (s.bytes == sizeof(CUdeviceptr)) {
+      s.offset = pointed;
+      pointed += (t.values.size() * sizeof(int) + 255) / 256 * 256;
+    } else if (s.bytes != generator::device_bytes(t)) {  // an array, in global or constant memory
+      *what = fmt::format("table {} holds {} bytes in the module, not the {} its {} values take", t.name, s.bytes,
                           generator::device_bytes(t), t.values.size());
-      r = CUDA_ERROR_INVALID_IMAGE;
-    } else if (value_bytes > 0) {
-      r = d.cuMemcpyHtoDAsync(ptr, t.values.data(), value_bytes, stream);
+      return CUDA_ERROR_INVALID_IMAGE;
     }
   }
+  CUdeviceptr memory = 0;
+  if (pointed > 0) {
+    if (const CUresult r = d.cuMemAlloc(&memory, pointed); r != CUDA_SUCCESS) {
+      *what = fmt::format("no device memory for the tables ({} bytes)", pointed);
+      return r;
+    }
+  }
+  std::vector<CUdeviceptr> addresses(kernel.tables.size());  // the copies read the pointers from here
+  CUstream stream = nullptr;
+  CUresult r = d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+  for (std::size_t i = 0; r == CUDA_SUCCESS && i < kernel.tables.size(); ++i) {
+    const auto& t = kernel.tables[i];
+    const Symbol& s = symbols[i];
+    const std::size_t value_bytes = t.values.size() * sizeof(int);
+    const bool pointer = s.bytes == sizeof(CUdeviceptr);
+    addresses[i] = pointer ? memory + s.offset : s.ptr;
+    if (value_bytes > 0) r = d.cuMemcpyHtoDAsync(addresses[i], t.values.data(), value_bytes, stream);
+    if (r == CUDA_SUCCESS && pointer) r = d.cuMemcpyHtoDAsync(s.ptr, &addresses[i], sizeof(CUdeviceptr), stream);
+  }
   if (stream) {
-    const CUresult s = d.cuStreamSynchronize(stream);
-    if (r == CUDA_SUCCESS) r = s;
+    const CUresult done = d.cuStreamSynchronize(stream);
+    if (r == CUDA_SUCCESS) r = done;
     d.cuStreamDestroy(stream);
   }
-  if (r != CUDA_SUCCESS)
-    for (const CUdeviceptr p : owned) d.cuMemFree(p);
+  if (r != CUDA_SUCCESS && memory) d.cuMemFree(memory);
   return r;
 }
 
