@@ -46,25 +46,30 @@ std::string attention_arch(const AttentionOptions& options, CUcontext ctx) {
   return options.arch.empty() ? default_kernel_arch(context_arch(ctx)) : options.arch;
 }
 
+cache::Request attention_request(const std::string& source, const generator::DeviceTables& tables,
+                                 const std::string& name, const std::string& label, int shared_bytes,
+                                 const std::string& arch, const std::string& masks_hash) {
+  check_arch(arch);
+  const std::string code = source + "\n// kernel: " + name;
+  return {cache::make_key(cache::key_inputs(code, tables, arch)),
+          label,
+          arch,
+          masks_hash,
+          [source, name, label, arch, shared_bytes] {
+            auto k = compile(source, name, label, arch);
+            k.shared_bytes = shared_bytes;
+            return k;
+          },
+          tables,
+          cache::code_key(code, arch)};
+}
+
 cache::KernelCache::Compiled cached_kernel(const std::string& source, const generator::DeviceTables& tables,
                                            const std::string& name, const std::string& label, int shared_bytes,
                                            const std::string& arch, const std::string& masks_hash,
                                            cache::OnMiss on_miss, bool* now) {
-  check_arch(arch);
-  const std::string code = source + "\n// kernel: " + name;
-  const std::string key = cache::make_key(cache::key_inputs(code, tables, arch));
-  cache::Request request{key,
-                         label,
-                         arch,
-                         masks_hash,
-                         [&] {
-                           auto k = compile(source, name, label, arch);
-                           k.shared_bytes = shared_bytes;
-                           return k;
-                         },
-                         tables,
-                         cache::code_key(code, arch)};
-  return cache::KernelCache::global().get(request, on_miss, now);
+  return cache::KernelCache::global().get(
+      attention_request(source, tables, name, label, shared_bytes, arch, masks_hash), on_miss, now);
 }
 
 }  // namespace bsjit::runtime

@@ -27,6 +27,12 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
 // The arch kernels for ctx are compiled for: options.arch, else the device's default.
 std::string attention_arch(const AttentionOptions& options, CUcontext ctx);
 
+// The cache request for kernel `name` (a name expression) of source with its tables for arch: its
+// key, code key and compile (which copies what it needs).
+cache::Request attention_request(const std::string& source, const generator::DeviceTables& tables,
+                                 const std::string& name, const std::string& label, int shared_bytes,
+                                 const std::string& arch, const std::string& masks_hash);
+
 // Kernel `name` (a name expression) of source with its tables for arch from the global cache,
 // compiling it on a miss unless on_miss says fail; each kernel of a source has its own entry.
 // Masks of one shape whose sources agree share the compile (cache::Request::code_key). *now: a
