@@ -780,6 +780,17 @@ int main(int argc, char** argv) {
           csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e}\n",
                              set == &rows ? "W" : set_name(set), r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol,
                              r.vs_cublas, r.vs_cusparse, r.error);
+      // suite A: the head dim in the density column; TFLOP/s of the attended pairs (4 · D FLOPs
+      // each forward, 10 · D backward), so that compare.py (and ab.sh) compare these cells too
+      for (const auto& r : attention_rows) {
+        const double forward_flop_ms = r.tflops * r.ms;  // TFLOP/s · ms of the forward
+        const std::pair<const char*, double> ops[] = {{"attention_fwd", r.ms},
+                                                      {"attention_bwd", r.backward_ms},
+                                                      {"attention_decomposed", r.decomposed_ms}};
+        for (const auto& [op, ms] : ops)
+          csv << fmt::format("A,{},{},{},{},{:.5f},{:.2f},0,0,0,{:.2e}\n", r.mask, r.block, r.head_dim, op, ms,
+                             forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms, r.error);
+      }
     }
     bool wrong = false;
     for (auto* set : {&rows, &small_rows})
