@@ -63,7 +63,7 @@ std::string nvrtc_version() {
 }
 
 CompiledKernel compile(const std::string& source, const std::string& name_expression, const std::string& label,
-                       const std::string& arch) {
+                       const std::string& arch, DriverCache driver_cache) {
   check_arch(arch);
   auto start = std::chrono::steady_clock::now();
   const auto& templates = generator::embedded_templates();
@@ -80,6 +80,7 @@ CompiledKernel compile(const std::string& source, const std::string& name_expres
   CompiledKernel k;
   k.arch = arch;
   k.options = compile_options(arch);
+  if (driver_cache == DriverCache::bypass) k.options.push_back("--no-cache");
   std::vector<const char*> opts;
   for (auto& o : k.options) opts.push_back(o.c_str());
   nvrtcResult result = nvrtcCompileProgram(p.handle, static_cast<int>(opts.size()), opts.data());

@@ -33,9 +33,15 @@ std::string default_kernel_arch(const std::string& device_arch);
 std::vector<std::string> compile_options(const std::string& arch);
 std::string nvrtc_version();  // "13.0"
 
+// NVRTC (12.9 and later) keeps the cubins it builds in the driver's compute cache (~/.nv/ComputeCache,
+// CUDA_CACHE_DISABLE / CUDA_CACHE_MAXSIZE) where a driver is installed: an identical program compiled
+// again, in this process or another, returns in tens of milliseconds. bsjit's own cache comes first;
+// `bypass` (the benchmark's cold-compile figures) makes NVRTC compile whatever the driver holds.
+enum class DriverCache { use, bypass };
+
 // Throws Error carrying the NVRTC log, the options and the path where the generated source was
 // written, when compilation fails.
 CompiledKernel compile(const std::string& source, const std::string& name_expression, const std::string& label,
-                       const std::string& arch);
+                       const std::string& arch, DriverCache driver_cache = DriverCache::use);
 
 }  // namespace bsjit::runtime

@@ -222,8 +222,16 @@ TEST(Compiler, OneSourceGivesTheSameCubinEveryTime) {
   // the attention forward, its tables out of the source
   const auto a = generator::generate_attention_forward({layouts::causal(4)}, {64, 64, DType::bf16, QkvOrder::bshd, true, ""},
                                                        "sm_80");
-  EXPECT_EQ(runtime::compile(a.source, a.name_expression, a.label, "sm_80").cubin,
-            runtime::compile(a.source, a.name_expression, a.label, "sm_80").cubin);
+  const auto cached = runtime::compile(a.source, a.name_expression, a.label, "sm_80");
+  EXPECT_EQ(cached.cubin, runtime::compile(a.source, a.name_expression, a.label, "sm_80").cubin);
+  // bypassing the driver's cache (the benchmark's cold compiles) builds the same bytes
+  const auto bypassed = runtime::compile(a.source, a.name_expression, a.label, "sm_80", runtime::DriverCache::bypass);
+  EXPECT_EQ(cached.cubin, bypassed.cubin);
+  EXPECT_EQ(bypassed.options, [&] {
+    auto o = cached.options;
+    o.push_back("--no-cache");
+    return o;
+  }());
 }
 
 TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }
