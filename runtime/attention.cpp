@@ -28,7 +28,8 @@ struct Attention::Impl {
   std::string masks_hash;
   std::mutex mutex;
   std::map<std::string, generator::GeneratedAttention> generated;  // per arch
-  std::map<CUcontext, std::pair<CUfunction, const generator::GeneratedAttention*>> functions;
+  // the forward kernel per context, and the source it came from
+  std::map<CUcontext, std::pair<runtime::SharedKernels::Handle, const generator::GeneratedAttention*>> functions;
 
   const generator::GeneratedAttention& generated_for(const std::string& arch) {
     std::lock_guard lock(mutex);
@@ -50,6 +51,7 @@ struct Attention::Impl {
   struct Backward {
     const generator::GeneratedAttentionBackward* g = nullptr;
     CUfunction prep = nullptr, main = nullptr, dq = nullptr;
+    std::array<runtime::SharedKernels::Handle, 3> kernels;  // prep, dq, main
     std::unique_ptr<runtime::DeviceMemory> workspace;
   };
   std::map<CUcontext, Backward> backwards;
@@ -93,9 +95,8 @@ struct Attention::Impl {
       const std::string arch = runtime::attention_arch(options, ctx);
       bw.g = &backward_source(arch);
       const auto k = backward_kernels(*bw.g, arch, on_miss);
-      bw.prep = runtime::load(*k[0], ctx).function;
-      bw.dq = runtime::load(*k[1], ctx).function;
-      bw.main = runtime::load(*k[2], ctx).function;
+      for (int i = 0; i < 3; ++i) bw.kernels[i] = runtime::SharedKernels::global().acquire(k[i], ctx);
+      bw.prep = bw.kernels[0]->function, bw.dq = bw.kernels[1]->function, bw.main = bw.kernels[2]->function;
     }
     if (workspace_bytes > 0 && (!bw.workspace || bw.workspace->bytes < workspace_bytes))
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
@@ -120,13 +121,14 @@ struct Attention::Impl {
     {
       std::lock_guard lock(mutex);
       auto it = functions.find(ctx);
-      if (it != functions.end()) return it->second;
+      if (it != functions.end()) return {it->second.first->function, it->second.second};
     }
     const std::string arch = runtime::attention_arch(options, ctx);
-    const CUfunction f = runtime::load(*compiled(arch, on_miss), ctx).function;
+    auto kernel = runtime::SharedKernels::global().acquire(compiled(arch, on_miss), ctx);
     const generator::GeneratedAttention* g = &generated_for(arch);
     std::lock_guard lock(mutex);
-    return functions[ctx] = {f, g};
+    const auto& f = functions[ctx] = {std::move(kernel), g};
+    return {f.first->function, g};
   }
 };
 

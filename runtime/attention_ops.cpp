@@ -36,6 +36,7 @@ struct AttentionOps::Impl {
 
   struct PerContext {
     std::array<CUfunction, kKernels> functions{};
+    std::array<runtime::SharedKernels::Handle, kKernels> kernels;  // what holds functions[k] loaded
     std::unique_ptr<runtime::DeviceMemory> masks;  // slots, then bits
   };
   std::mutex mutex;
@@ -68,7 +69,8 @@ struct AttentionOps::Impl {
       const auto [name, shared] = kernel(k);
       const auto compiled = runtime::cached_kernel(g.source, g.tables, *name, g.label + suffix(k), shared,
                                                    runtime::attention_arch(options, ctx), masks_hash, on_miss);
-      c.functions[k] = runtime::load(*compiled, ctx).function;
+      c.kernels[k] = runtime::SharedKernels::global().acquire(compiled, ctx);
+      c.functions[k] = c.kernels[k]->function;
     }
     if (k == kSoftmax && !slots.empty() && !c.masks) {
       const std::size_t slot_bytes = slots.size() * sizeof(int), bit_bytes = bits.size() * sizeof(std::uint32_t);

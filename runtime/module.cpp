@@ -60,9 +60,10 @@ namespace {
 // (or hold up) the work queued on the context's other streams, and waits for the copies: the
 // module's first launch, on any stream, then reads the values. The tables the module declares as
 // pointers (8 bytes; an array holds at least 64 ints) get their values in one device allocation,
-// each at a 256-byte boundary, which stays, like the module, for the life of the process. Returns
-// the first failure, with *what saying which step failed.
-CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule module, std::string* what) {
+// each at a 256-byte boundary: *allocation (0 when there are none), which unload() frees with the module.
+// Returns the first failure, with *what saying which step failed.
+CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule module, CUdeviceptr* allocation,
+                     std::string* what) {
   if (kernel.tables.empty()) return CUDA_SUCCESS;
   struct Symbol {
     CUdeviceptr ptr = 0;
@@ -86,7 +87,7 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
       return CUDA_ERROR_INVALID_IMAGE;
     }
   }
-  CUdeviceptr memory = 0;
+  CUdeviceptr& memory = *allocation;
   if (pointed > 0) {
     if (const CUresult r = d.cuMemAlloc(&memory, pointed); r != CUDA_SUCCESS) {
       *what = fmt::format("no device memory for the tables ({} bytes)", pointed);
@@ -110,7 +111,7 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
     if (r == CUDA_SUCCESS) r = done;
     d.cuStreamDestroy(stream);
   }
-  if (r != CUDA_SUCCESS && memory) d.cuMemFree(memory);
+  if (r != CUDA_SUCCESS && memory) d.cuMemFree(memory), memory = 0;
   return r;
 }
 
@@ -127,7 +128,7 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
   if (r == CUDA_SUCCESS) r = d.cuModuleGetFunction(&k.function, k.module, kernel.lowered_name.c_str());
   if (r == CUDA_SUCCESS && kernel.shared_bytes > 48 * 1024)  // above 48 KB needs an explicit opt-in
     r = d.cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel.shared_bytes);
-  if (r == CUDA_SUCCESS) r = fill_tables(d, kernel, k.module, &what);
+  if (r == CUDA_SUCCESS) r = fill_tables(d, kernel, k.module, &k.tables, &what);
   if (r != CUDA_SUCCESS && k.module) d.cuModuleUnload(k.module);
   if (prev != ctx) d.cuCtxSetCurrent(prev);
   if (r != CUDA_SUCCESS) {
@@ -140,6 +141,64 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
                                 : ""));
   }
   return k;
+}
+
+void unload(const LoadedKernel& k, CUcontext ctx) {
+  const Driver& d = driver();
+  CUcontext prev = nullptr;
+  d.cuCtxGetCurrent(&prev);
+  if (prev != ctx) d.cuCtxSetCurrent(ctx);
+  // (errors ignored: this runs in destructors, also where the context has gone)
+  if (k.module) d.cuModuleUnload(k.module);
+  if (k.tables) d.cuMemFree(k.tables);
+  if (prev != ctx) d.cuCtxSetCurrent(prev);
+}
+
+SharedKernels& SharedKernels::global() {
+  static auto* kernels = new SharedKernels;  // never destroyed: holders may outlive static destruction
+  return *kernels;
+}
+
+SharedKernels::Handle SharedKernels::acquire(const std::shared_ptr<const CompiledKernel>& kernel, CUcontext ctx) {
+  const Key key{kernel.get(), ctx};
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = held_.find(key); it != held_.end())
+      if (Handle h = it->second.lock()) return h;
+    for (auto it = parked_.begin(); it != parked_.end(); ++it)
+      if (it->key == key) {
+        const LoadedKernel loaded = it->loaded;
+        parked_.erase(it);
+        return hold(key, kernel, loaded);
+      }
+  }
+  const LoadedKernel loaded = load(*kernel, ctx);  // (two threads may both load: each parks its own)
+  std::lock_guard lock(mutex_);
+  return hold(key, kernel, loaded);
+}
+
+SharedKernels::Handle SharedKernels::hold(const Key& key, std::shared_ptr<const CompiledKernel> kernel,
+                                          LoadedKernel loaded) {
+  Handle h(new LoadedKernel(loaded), [this, key, kernel](const LoadedKernel* p) {
+    const LoadedKernel released = *p;
+    delete p;
+    std::list<Parked> unloading;
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = held_.find(key); it != held_.end() && it->second.expired()) held_.erase(it);
+      parked_.push_front({key, kernel, released});
+      while (parked_.size() > kParked) unloading.splice(unloading.end(), parked_, std::prev(parked_.end()));
+    }
+    for (const auto& e : unloading) unload(e.loaded, e.key.second);
+  });
+  held_[key] = h;
+  return h;
+}
+
+std::pair<std::size_t, std::size_t> SharedKernels::counts() {
+  std::lock_guard lock(mutex_);
+  const auto held = std::count_if(held_.begin(), held_.end(), [](const auto& e) { return !e.second.expired(); });
+  return {static_cast<std::size_t>(held), parked_.size()};
 }
 
 std::array<void*, 10> kernel_params(KernelArgs& k) {

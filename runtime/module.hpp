@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,13 +26,47 @@ CUcontext current_context();
 // "sm_90" for a compute capability 9.0 device (kernels for it: default_kernel_arch).
 std::string context_arch(CUcontext ctx);
 
-// One compiled kernel loaded into one context: module and function. Modules stay loaded for the
-// life of the process (contexts are not destroyed under a running library).
+// One compiled kernel loaded into one context: module, function, and the device memory that holds
+// the values of its pointer tables (0: none; generator/device_tables.hpp).
 struct LoadedKernel {
   CUmodule module = nullptr;
   CUfunction function = nullptr;
+  CUdeviceptr tables = 0;
 };
 LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx);
+// Unloads k's module and frees its tables' memory in ctx. Both wait for the context's work (the
+// driver synchronizes them), so no launch still queued can read what goes.
+void unload(const LoadedKernel& k, CUcontext ctx);
+
+// The loaded kernels of the objects that launch them (Attention, AttentionOps), shared between
+// objects of one entry (the same masks and options) in one context, so that a service building an
+// object per request loads nothing the previous request left loaded, and its memory does not grow
+// with the requests: a kernel nobody holds stays loaded, parked, for the next object that asks
+// for it, up to kParked per process; beyond, the least recently released is unloaded (which
+// waits for the context's work). MatMul's kernels are kept by the KernelRegistry for the life of
+// the process (a model's layers are fixed).
+class SharedKernels {
+ public:
+  using Handle = std::shared_ptr<const LoadedKernel>;
+  static constexpr std::size_t kParked = 64;
+  static SharedKernels& global();
+  // kernel in ctx: the one loaded there already, else loaded now.
+  Handle acquire(const std::shared_ptr<const CompiledKernel>& kernel, CUcontext ctx);
+  // Kernels loaded now: held by an object, and parked (tests, diagnostics).
+  std::pair<std::size_t, std::size_t> counts();
+
+ private:
+  using Key = std::pair<const CompiledKernel*, CUcontext>;
+  struct Parked {
+    Key key;
+    std::shared_ptr<const CompiledKernel> kernel;  // keeps the key's address from being reused
+    LoadedKernel loaded;
+  };
+  Handle hold(const Key& key, std::shared_ptr<const CompiledKernel> kernel, LoadedKernel loaded);  // mutex held
+  std::mutex mutex_;
+  std::map<Key, std::weak_ptr<const LoadedKernel>> held_;
+  std::list<Parked> parked_;  // most recently released first
+};
 
 struct LaunchShape {
   std::uint32_t grid_x = 1, grid_y = 1, threads = 1, shared_bytes = 0;

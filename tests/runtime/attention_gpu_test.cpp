@@ -14,6 +14,7 @@
 #include "bsjit/bsjit.hpp"
 #include "device_buffer.hpp"
 #include "reference.hpp"
+#include "runtime/module.hpp"
 
 namespace bsjit {
 namespace {
@@ -153,6 +154,57 @@ TEST_F(AttentionBackwardGpu, TwoSequenceLengthsShareOneCompile) {
     EXPECT_EQ(cache_stats().compiles, before.compiles + 4) << "block " << block;
     EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 4) << "block " << block;
   }
+}
+
+// A service that builds an Attention per request: objects of one mask share their loaded kernels,
+// a dropped object's kernels stay loaded (parked) for the next request up to SharedKernels::kParked,
+// beyond which they are unloaded, so loaded modules and table memory stay bounded however many
+// masks come; kernels unloaded and reloaded, or parked and taken back, compute right.
+TEST_F(AttentionBackwardGpu, ObjectsPerRequestShareAndReleaseTheirKernels) {
+  auto& shared = runtime::SharedKernels::global();
+  const Case c{64, 64, DType::bf16, QkvOrder::bhsd, true};
+  const AttentionOptions o{c.block, c.head_dim, c.dtype, c.order, c.causal, ""};
+  // distinct masks of one shape: causal plus the bits of i above the diagonal (masked anyway)
+  auto mask = [](int i) {
+    auto dense = std::vector<std::uint8_t>(25, 0);
+    for (int r = 0; r < 5; ++r)
+      for (int col = 0; col <= r; ++col) dense[r * 5 + col] = 1;
+    const int upper[] = {1, 2, 3, 4, 7, 8, 9, 13, 14, 19};
+    for (int bit = 0; bit < 10; ++bit)
+      if (i >> bit & 1) dense[upper[bit]] = 1;
+    return std::vector<Layout>{Layout::from_dense(5, 5, dense)};
+  };
+  std::mt19937_64 rng(700);
+  const auto [held0, parked0] = shared.counts();
+  {
+    const Attention a(mask(0), o), b(mask(0), o);
+    expect_gradients(a, c, mask(0), rng);
+    expect_gradients(b, c, mask(0), rng);
+    EXPECT_EQ(shared.counts().first, held0 + 4) << "two objects of one mask share forward, prep, dq, main";
+  }
+  EXPECT_EQ(shared.counts().first, held0);
+  constexpr int kRequests = static_cast<int>(runtime::SharedKernels::kParked) + 6;
+  for (int i = 1; i <= kRequests; ++i) {
+    const Attention attn(mask(i), o);
+    if (i % 10 == 0 || i == kRequests) {
+      expect_gradients(attn, c, mask(i), rng);
+    } else {
+      attn.load();  // forward and backward loaded, not run (the test's time)
+      EXPECT_EQ(shared.counts().first, held0 + 4);
+    }
+  }
+  const auto [held, parked] = shared.counts();
+  EXPECT_EQ(held, held0);
+  EXPECT_EQ(parked, runtime::SharedKernels::kParked) << "released kernels beyond the bound are unloaded";
+  // the last request's kernels are parked: taken back, not loaded again; mask 0's were unloaded
+  {
+    const Attention last(mask(kRequests), o);
+    expect_gradients(last, c, mask(kRequests), rng);
+    EXPECT_EQ(shared.counts(), std::make_pair(held0 + 4, parked - 4));
+  }
+  const Attention first(mask(0), o);
+  expect_gradients(first, c, mask(0), rng);
+  EXPECT_EQ(shared.counts().first, held0 + 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Some, AttentionBackwardGpu, ::testing::ValuesIn(testing::every_third_attention_case(0)),

@@ -569,7 +569,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
       auto k = fresh.get(r, cache::OnMiss::fail);
       auto loaded = runtime::load(*k, ctx);
       hits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
-      runtime::driver().cuModuleUnload(loaded.module);  // (a pointer table's memory stays: 20 copies)
+      runtime::unload(loaded, ctx);
     }
     std::sort(hits.begin(), hits.end());
     return hits[10];
