@@ -187,7 +187,8 @@ SharedKernels::Handle SharedKernels::hold(const Key& key, std::shared_ptr<const 
       std::lock_guard lock(mutex_);
       if (auto it = held_.find(key); it != held_.end() && it->second.expired()) held_.erase(it);
       parked_.push_front({key, kernel, released});
-      while (parked_.size() > kParked) unloading.splice(unloading.end(), parked_, std::prev(parked_.end()));
+      if (parked_.size() > kParked)
+        unloading.splice(unloading.end(), parked_, std::next(parked_.begin(), kParked / 2), parked_.end());
     }
     for (const auto& e : unloading) unload(e.loaded, e.key.second);
   });

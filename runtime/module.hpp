@@ -42,9 +42,10 @@ void unload(const LoadedKernel& k, CUcontext ctx);
 // objects of one entry (the same masks and options) in one context, so that a service building an
 // object per request loads nothing the previous request left loaded, and its memory does not grow
 // with the requests: a kernel nobody holds stays loaded, parked, for the next object that asks
-// for it, up to kParked per process; beyond, the least recently released is unloaded (which
-// waits for the context's work). MatMul's kernels are kept by the KernelRegistry for the life of
-// the process (a model's layers are fixed).
+// for it, up to kParked per process. One more, and the older half of them is unloaded at once:
+// unloading waits for the context's work, so a service meeting new masks all the time waits once
+// per kParked / 2 releases, not at every one. MatMul's kernels are kept by the KernelRegistry for
+// the life of the process (a model's layers are fixed, and deploy's warm-up loads them there).
 class SharedKernels {
  public:
   using Handle = std::shared_ptr<const LoadedKernel>;

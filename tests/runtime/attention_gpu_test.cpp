@@ -158,7 +158,7 @@ TEST_F(AttentionBackwardGpu, TwoSequenceLengthsShareOneCompile) {
 
 // A service that builds an Attention per request: objects of one mask share their loaded kernels,
 // a dropped object's kernels stay loaded (parked) for the next request up to SharedKernels::kParked,
-// beyond which they are unloaded, so loaded modules and table memory stay bounded however many
+// beyond which the older half is unloaded, so loaded modules and table memory stay bounded however many
 // masks come; kernels unloaded and reloaded, or parked and taken back, compute right.
 TEST_F(AttentionBackwardGpu, ObjectsPerRequestShareAndReleaseTheirKernels) {
   auto& shared = runtime::SharedKernels::global();
@@ -195,7 +195,8 @@ TEST_F(AttentionBackwardGpu, ObjectsPerRequestShareAndReleaseTheirKernels) {
   }
   const auto [held, parked] = shared.counts();
   EXPECT_EQ(held, held0);
-  EXPECT_EQ(parked, runtime::SharedKernels::kParked) << "released kernels beyond the bound are unloaded";
+  EXPECT_LE(parked, runtime::SharedKernels::kParked) << "released kernels beyond the bound are unloaded";
+  EXPECT_GE(parked, runtime::SharedKernels::kParked / 2) << "the most recently released stay loaded";
   // the last request's kernels are parked: taken back, not loaded again; mask 0's were unloaded
   {
     const Attention last(mask(kRequests), o);
