@@ -14,6 +14,7 @@
 #include "bsjit/bsjit.hpp"
 #include "device_buffer.hpp"
 #include "reference.hpp"
+#include "runtime/module.hpp"
 
 namespace bsjit {
 namespace {
@@ -103,7 +104,12 @@ TEST_P(AttentionOpsGpu, EveryOpMatchesReference) {
       for (std::int64_t i = 0; i < bb; ++i, ++at)
         if (element_keeps(m, r * block + i / block, col * block + i % block, block))
           as_bits.bits[at / 32] |= 1u << (at % 32);
-  AttentionOps(masks, options, as_bits).softmax(s->get(), pr_bits->get(), batch, heads, nullptr, 0, pad);
+  {
+    const auto held = runtime::SharedKernels::global().counts().first;
+    const AttentionOps bits_ops(masks, options, as_bits);
+    bits_ops.softmax(s->get(), pr_bits->get(), batch, heads, nullptr, 0, pad);
+    EXPECT_EQ(runtime::SharedKernels::global().counts().first, held) << "two objects of one mask share a kernel";
+  }
   BSJIT_CU(runtime::driver().cuCtxSynchronize());
 
   auto got = [&](const std::unique_ptr<tools::DeviceBuffer>& b) { return reference::decode(c.dtype, b->download()); };
