@@ -500,14 +500,35 @@ std::shared_ptr<S> KernelCache::slot_in(std::unordered_map<std::string, std::sha
   return s;
 }
 
+void KernelCache::trim_memory() {
+  std::lock_guard lock(mutex_);
+  if (slots_.size() <= 2 * kMemoryEntries) return;
+  // forgettable: no get in flight for it (the map holds the only slot pointer) and nobody else
+  // holds its kernel
+  std::vector<std::pair<std::uint64_t, std::string>> idle;
+  for (const auto& [key, slot] : slots_)
+    if (slot.use_count() == 1 && slot->kernel && slot->kernel.use_count() == 1) idle.emplace_back(slot->used, key);
+  const std::size_t keep = slots_.size() - std::min(idle.size(), slots_.size() - kMemoryEntries);
+  std::sort(idle.begin(), idle.end());  // least recently used first
+  for (std::size_t i = 0; slots_.size() > keep; ++i) slots_.erase(idle[i].second);
+}
+
 KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* compiled_now) {
   if (compiled_now) *compiled_now = false;
   auto slot = slot_in(slots_, r.key);
   std::lock_guard slot_lock(slot->mutex);  // only this key waits; other keys proceed
+  {
+    std::lock_guard lock(mutex_);
+    slot->used = ++use_clock_;
+  }
   if (slot->kernel) {
     ++memory_hits_;
     return slot->kernel;
   }
+  struct Trim {  // after this call's new entry is in its slot (and returned to the caller)
+    KernelCache* cache;
+    ~Trim() { cache->trim_memory(); }
+  } trim{this};
   if (auto k = load_from_layers(r, false)) return slot->kernel = loaded(r, k);
   if (on_miss == OnMiss::fail) {  // strict mode: proves a deployment's cache is complete
     auto c = config();

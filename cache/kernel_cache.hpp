@@ -103,6 +103,13 @@ class KernelCache {
 
   static KernelCache& global();
 
+  // The memory layer keeps every kernel someone else holds (a MatMul, an attention object, a
+  // parked loaded kernel, the code of a code key), and of the others the kMemoryEntries used last:
+  // once it has twice that many entries, the rest are forgotten (a later get reads them from disk,
+  // or builds them from their code key's code in milliseconds). So a service that meets a new mask
+  // per request keeps a bounded memory; before, each request's entries (a cubin each) stayed.
+  static constexpr std::size_t kMemoryEntries = 512;
+
   // The entry file format, exposed for tests and tools. deserialize returns nullptr when the bytes
   // are not a valid entry (for expected_key, when not empty), with the reason in *why.
   static std::string serialize(const Request& request, const runtime::CompiledKernel& kernel);
@@ -113,6 +120,7 @@ class KernelCache {
   struct Slot {
     std::mutex mutex;  // held while this key is looked up on disk or compiled
     Compiled kernel;
+    std::uint64_t used = 0;  // use_clock_ at the last get (under mutex_)
   };
   struct CodeSlot {
     std::mutex mutex;  // held while this code is looked for on disk or compiled
@@ -121,6 +129,7 @@ class KernelCache {
   // The slot of key in slots (a new one the first time).
   template <class S>
   std::shared_ptr<S> slot_in(std::unordered_map<std::string, std::shared_ptr<S>>& slots, const std::string& key);
+  void trim_memory();  // (kMemoryEntries)
   // A disk hit for request: counted, and its code offered to later misses of its code key.
   Compiled loaded(const Request& request, Compiled kernel);
   // Keeps kernel as the code of code_key unless it has one (nothing for an empty code_key).
@@ -140,6 +149,7 @@ class KernelCache {
 
   mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
+  std::uint64_t use_clock_ = 0;
   std::unordered_map<std::string, std::shared_ptr<CodeSlot>> code_slots_;  // by code key
   std::unordered_map<std::string, std::string> tunings_;  // key → record, once found or stored
   CacheConfig config_;

@@ -228,6 +228,26 @@ TEST(KernelCache, MemoryThenDiskThenCorruptRebuilt) {
     EXPECT_TRUE(e.path().extension() == ".bsjit" || e.path().extension() == ".lock") << e.path();
 }
 
+// The memory layer forgets the least recently used of the kernels nobody else holds, beyond
+// kMemoryEntries of them: a held kernel stays (the same object), the last used stay, the oldest
+// is built again.
+TEST(KernelCache, MemoryKeepsHeldKernelsAndTheLastUsedOthers) {
+  std::atomic<int> compiles{0};
+  KernelCache cache(CacheConfig{});  // memory only
+  const auto held = cache.get(request("held", &compiles));
+  const int n = 2 * static_cast<int>(KernelCache::kMemoryEntries) + 1;
+  for (int i = 0; i < n; ++i) cache.get(request("key" + std::to_string(i), &compiles));
+  ASSERT_EQ(compiles, n + 1);
+  EXPECT_EQ(cache.get(request("held", &compiles)), held);
+  for (int i = n - static_cast<int>(KernelCache::kMemoryEntries) + 1; i < n; ++i)
+    cache.get(request("key" + std::to_string(i), &compiles));
+  EXPECT_EQ(compiles, n + 1) << "the last used stay in memory";
+  const auto before = cache.stats().memory_hits;
+  cache.get(request("key0", &compiles));
+  EXPECT_EQ(compiles, n + 2) << "the least recently used was forgotten";
+  EXPECT_EQ(cache.stats().memory_hits, before);
+}
+
 TEST(KernelCache, StrictModeTurnsAMissIntoAnError) {
   TempDir dir;
   std::atomic<int> compiles{0};
