@@ -50,8 +50,10 @@ struct Attention::Impl {
   std::map<std::string, generator::GeneratedAttentionBackward> backward_sources;  // per arch
   struct Backward {
     const generator::GeneratedAttentionBackward* g = nullptr;
-    CUfunction prep = nullptr, main = nullptr, dq = nullptr;
     std::array<runtime::SharedKernels::Handle, 3> kernels;  // prep, dq, main
+    CUfunction prep() const { return kernels[0]->function; }
+    CUfunction dq() const { return kernels[1]->function; }
+    CUfunction main() const { return kernels[2]->function; }
     std::unique_ptr<runtime::DeviceMemory> workspace;
   };
   std::map<CUcontext, Backward> backwards;
@@ -91,12 +93,11 @@ struct Attention::Impl {
   Backward& backward(CUcontext ctx, std::size_t workspace_bytes, cache::OnMiss on_miss) {
     std::lock_guard lock(mutex);
     auto& bw = backwards[ctx];
-    if (!bw.main) {
+    if (!bw.kernels[2]) {
       const std::string arch = runtime::attention_arch(options, ctx);
       bw.g = &backward_source(arch);
       const auto k = backward_kernels(*bw.g, arch, on_miss);
       for (int i = 0; i < 3; ++i) bw.kernels[i] = runtime::SharedKernels::global().acquire(k[i], ctx);
-      bw.prep = bw.kernels[0]->function, bw.dq = bw.kernels[1]->function, bw.main = bw.kernels[2]->function;
     }
     if (workspace_bytes > 0 && (!bw.workspace || bw.workspace->bytes < workspace_bytes))
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
@@ -193,7 +194,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   const CUstream cu = reinterpret_cast<CUstream>(stream);
   const runtime::Driver& drv = runtime::driver();
   void* prep_args[] = {&out, &dout, &delta, &dq_acc, &heads_arg};
-  BSJIT_CU(drv.cuLaunchKernel(bw.prep, bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, prep_args,
+  BSJIT_CU(drv.cuLaunchKernel(bw.prep(), bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, prep_args,
                               nullptr));
   const auto main_grid_y = static_cast<unsigned>(g.key_tiles), threads = static_cast<unsigned>(g.threads),
              shared = static_cast<unsigned>(g.shared_bytes);
@@ -203,13 +204,13 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
                 mv = impl_->tensor_map(v, batch, heads, seq_k(), g.kv_rows),
                 mo = impl_->tensor_map(dout, batch, heads, seq_q(), g.q_rows);
     void* main_args[] = {&lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s, &mq, &mk, &mv, &mo};
-    BSJIT_CU(drv.cuLaunchKernel(bw.main, bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
+    BSJIT_CU(drv.cuLaunchKernel(bw.main(), bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
   } else {
     void* main_args[] = {&q, &k, &v, &dout, &lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s};
-    BSJIT_CU(drv.cuLaunchKernel(bw.main, bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
+    BSJIT_CU(drv.cuLaunchKernel(bw.main(), bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
   }
   void* dq_args[] = {&dq_acc, &dq, &heads_arg, &s};
-  BSJIT_CU(drv.cuLaunchKernel(bw.dq, bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
+  BSJIT_CU(drv.cuLaunchKernel(bw.dq(), bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
 }
 
 bool Attention::precompile(const std::string& arch) const {

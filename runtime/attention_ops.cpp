@@ -35,8 +35,7 @@ struct AttentionOps::Impl {
   std::vector<std::uint32_t> bits;
 
   struct PerContext {
-    std::array<CUfunction, kKernels> functions{};
-    std::array<runtime::SharedKernels::Handle, kKernels> kernels;  // what holds functions[k] loaded
+    std::array<runtime::SharedKernels::Handle, kKernels> kernels;
     std::unique_ptr<runtime::DeviceMemory> masks;  // slots, then bits
   };
   std::mutex mutex;
@@ -65,12 +64,11 @@ struct AttentionOps::Impl {
                       cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
-    if (!c.functions[k]) {
+    if (!c.kernels[k]) {
       const auto [name, shared] = kernel(k);
       const auto compiled = runtime::cached_kernel(g.source, g.tables, *name, g.label + suffix(k), shared,
                                                    runtime::attention_arch(options, ctx), masks_hash, on_miss);
       c.kernels[k] = runtime::SharedKernels::global().acquire(compiled, ctx);
-      c.functions[k] = c.kernels[k]->function;
     }
     if (k == kSoftmax && !slots.empty() && !c.masks) {
       const std::size_t slot_bytes = slots.size() * sizeof(int), bit_bytes = bits.size() * sizeof(std::uint32_t);
@@ -88,7 +86,7 @@ struct AttentionOps::Impl {
     const bool product = k == kScores || k == kProbsV || k == kProbsT;
     std::vector<void*> a(args);
     BSJIT_CU(runtime::driver().cuLaunchKernel(
-        c.functions[k], static_cast<unsigned>(batch * heads), static_cast<unsigned>(ys[k]), 1,
+        c.kernels[k]->function, static_cast<unsigned>(batch * heads), static_cast<unsigned>(ys[k]), 1,
         product ? static_cast<unsigned>(g.threads) : 128u, 1, 1, static_cast<unsigned>(kernel(k).second),
         reinterpret_cast<CUstream>(stream), a.data(), nullptr));
   }

@@ -1,8 +1,9 @@
 // Where compiled kernels are kept, and the tools a deployment uses on them.
 //
 // Kernels are held in memory (every one in use, and the 512 used last of the others) and, unless
-// disabled, in a writable directory on disk, so the next process loads them instead of compiling. Read-only directories of
-// precompiled kernels (shipped with a service) are searched after the writable one.
+// disabled, in a writable directory on disk, so the next process loads them instead of compiling.
+// Read-only directories of precompiled kernels (shipped with a service) are searched after the
+// writable one.
 //
 // A cache directory holds executable code: bsjit refuses a directory (or entry) that a user other
 // than the current one (or root) owns or can write, as ssh's StrictModes does, because whoever can
