@@ -291,6 +291,7 @@ KernelCache::KernelCache(CacheConfig config) { configure(std::move(config)); }
 void KernelCache::configure(CacheConfig config) {
   std::lock_guard lock(mutex_);
   config_ = std::move(config);
+  directory_bytes_.reset();
   writable_ = false;
   readable_.clear();
   auto trusted = [&](const fs::path& dir, const char* role) {
@@ -439,15 +440,64 @@ bool KernelCache::write_atomically(const fs::path& path, const std::string& byte
   return ok;
 }
 
+namespace {
+
+// Removes the least recently used entries of directory, and their lock files, until the entries
+// take at most `target` bytes, when they take more than max_bytes; returns the bytes left. Reads
+// file sizes and last-used stamps only, not the entries (prune_cache, which also drops invalid
+// and old entries, reads and verifies every one).
+std::uint64_t shrink_directory(const fs::path& directory, std::uint64_t max_bytes, std::uint64_t target) {
+  struct Stat {
+    fs::file_time_type used;
+    std::uint64_t bytes;
+    fs::path path;
+  };
+  std::vector<Stat> entries;
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code stat_ec;
+    if (!is_entry(it->path()) || !it->is_regular_file(stat_ec)) continue;
+    Stat e{it->last_write_time(stat_ec), it->file_size(stat_ec), it->path()};
+    if (stat_ec) continue;  // gone meanwhile (another process pruned it)
+    total += e.bytes;
+    entries.push_back(std::move(e));
+  }
+  if (total <= max_bytes) return total;
+  std::sort(entries.begin(), entries.end(), [](const Stat& a, const Stat& b) { return a.used < b.used; });
+  for (const auto& e : entries) {
+    if (total <= target) break;
+    std::error_code rm_ec;
+    if (fs::remove(e.path, rm_ec)) total -= e.bytes;
+    fs::path lock = e.path;
+    fs::remove(lock.replace_extension(kLockExt), rm_ec);
+  }
+  return total;
+}
+
+}  // namespace
+
 void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   fs::path path = entry_path(r);
-  if (path.empty() || !write_atomically(path, serialize(r, k))) return;
+  if (path.empty()) return;
+  const std::string bytes = serialize(r, k);
+  if (!write_atomically(path, bytes)) return;
   std::uint64_t max_bytes;
   {
     std::lock_guard lock(mutex_);
     max_bytes = config_.max_bytes;
+    // within the bound by this process's count: no need to look at the directory
+    if (max_bytes == 0 || (directory_bytes_ && *directory_bytes_ + bytes.size() <= max_bytes)) {
+      if (directory_bytes_) *directory_bytes_ += bytes.size();
+      return;
+    }
   }
-  if (max_bytes > 0) prune_cache(path.parent_path(), max_bytes);
+  // Over it, or not counted yet (this process's first store): count the directory, and when it
+  // is over, remove the least recently used down to 7/8 of the bound, so that the next count is
+  // an eighth of the bound of writes away instead of at every store.
+  const std::uint64_t left = shrink_directory(path.parent_path(), max_bytes, max_bytes - max_bytes / 8);
+  std::lock_guard lock(mutex_);
+  directory_bytes_ = left;
 }
 
 std::string KernelCache::find_tuning(const std::string& key) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -150,6 +151,10 @@ class KernelCache {
   mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
   std::uint64_t use_clock_ = 0;
+  // The writable directory's entries in bytes as this process counts them: what the last look at
+  // the directory found plus what it has written since (other processes' writes are not in it).
+  // A store looks at the directory again only when this passes CacheConfig::max_bytes.
+  std::optional<std::uint64_t> directory_bytes_;
   std::unordered_map<std::string, std::shared_ptr<CodeSlot>> code_slots_;  // by code key
   std::unordered_map<std::string, std::string> tunings_;  // key → record, once found or stored
   CacheConfig config_;

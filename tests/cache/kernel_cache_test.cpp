@@ -565,6 +565,13 @@ TEST(CacheTools, MaxBytesBoundsTheWritableDirectory) {
   for (const auto& e : list_cache(dir.path)) total += e.bytes;
   EXPECT_LE(total, c.max_bytes);
   EXPECT_GT(total, 0u);
+  // the last stored stays; a removed entry's lock file goes with it
+  EXPECT_TRUE(fs::exists(cache.entry_path(request("k5", &compiles))));
+  for (const auto& e : fs::directory_iterator(dir.path))
+    if (e.path().extension() == ".lock") {
+      fs::path entry = e.path();
+      EXPECT_TRUE(fs::exists(entry.replace_extension(".bsjit"))) << e.path() << " outlived its entry";
+    }
 }
 
 // --- stress: many processes on one directory ---------------------------------------------------
