@@ -138,7 +138,7 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   // scale folds into one FFMA per score: max(scale · s) = scale · max(s) for scale > 0.
   auto softmax = [&](int i) {
     const int key0 = keys[i] * KT;
-    if ((Cfg::kCausal && key0 + KT - 1 > q0) || key_padding != nullptr) {
+    if ((Cfg::kCausal && key0 + KT - 1 > q0 + consumer * 64) || key_padding != nullptr) {  // this consumer's rows
 #pragma unroll
       for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
