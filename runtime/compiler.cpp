@@ -57,9 +57,16 @@ std::string default_kernel_arch(const std::string& device_arch) {
 // the same (229 kernels of the example manifests, both archs), and a cold compile on the 2-core
 // machine took 4-12% less in the geometric mean of `bsjit-bench --suite compile` (two rounds),
 // most on the Hopper matmul kernels (medians: tma2 forward 575 → 404 ms, tile128 backward-weight
-// 1939 → 1608, grp2 forward 937 → 824), the attention kernels within the noise.
+// 1939 → 1608, grp2 forward 937 → 824), the attention kernels within the noise. NVRTC has it
+// since 12.4; older ones compile without it.
 std::vector<std::string> compile_options(const std::string& arch) {
-  return {"--gpu-architecture=" + arch, "-std=c++17", "-minimal"};
+  static const bool minimal = [] {
+    int major = 0, minor = 0;
+    return nvrtcVersion(&major, &minor) == NVRTC_SUCCESS && (major > 12 || (major == 12 && minor >= 4));
+  }();
+  std::vector<std::string> options{"--gpu-architecture=" + arch, "-std=c++17"};
+  if (minimal) options.emplace_back("-minimal");
+  return options;
 }
 
 std::string nvrtc_version() {

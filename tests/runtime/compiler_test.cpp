@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include <random>
 
 #include "bsjit/attention_layouts.hpp"
@@ -235,6 +238,21 @@ TEST(Compiler, OneSourceGivesTheSameCubinEveryTime) {
 }
 
 TEST(Compiler, NvrtcVersion) { EXPECT_NE(runtime::nvrtc_version().find('.'), std::string::npos); }
+
+// NVRTC 12.4 and later compile with -minimal (runtime/compiler.cpp says why), older ones without;
+// the option is part of every compiled kernel's options and so of its cache key.
+TEST(Compiler, MinimalFrontEndFromNvrtc124) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(std::sscanf(runtime::nvrtc_version().c_str(), "%d.%d", &major, &minor), 2);
+  const bool expected = major > 12 || (major == 12 && minor >= 4);
+  for (const std::string arch : {"sm_80", "sm_90a"}) {
+    const auto o = runtime::compile_options(arch);
+    EXPECT_EQ(std::count(o.begin(), o.end(), "-minimal"), expected ? 1 : 0) << arch;
+  }
+  const auto a = generator::generate_attention_forward({layouts::causal(2)}, {64, 64, DType::bf16, QkvOrder::bshd, true, ""},
+                                                       "sm_80");
+  EXPECT_EQ(runtime::compile(a.source, a.name_expression, a.label, "sm_80").options, runtime::compile_options("sm_80"));
+}
 
 }  // namespace
 }  // namespace bsjit
