@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-
 #include <random>
 
 #include "bsjit/attention_layouts.hpp"
