@@ -29,7 +29,7 @@ struct Attention::Impl {
   std::mutex mutex;
   std::map<std::string, generator::GeneratedAttention> generated;  // per arch
   // the forward kernel per context, and the source it came from
-  std::map<CUcontext, std::pair<runtime::SharedKernels::Handle, const generator::GeneratedAttention*>> functions;
+  std::map<runtime::Context, std::pair<runtime::SharedKernels::Handle, const generator::GeneratedAttention*>> functions;
 
   const generator::GeneratedAttention& generated_for(const std::string& arch) {
     std::lock_guard lock(mutex);
@@ -56,7 +56,7 @@ struct Attention::Impl {
     CUfunction main() const { return kernels[2]->function; }
     std::unique_ptr<runtime::DeviceMemory> workspace;
   };
-  std::map<CUcontext, Backward> backwards;
+  std::map<runtime::Context, Backward> backwards;
 
   const generator::GeneratedAttentionBackward& backward_source(const std::string& arch) {  // mutex held
     auto it = backward_sources.find(arch);
@@ -90,7 +90,7 @@ struct Attention::Impl {
     return k;
   }
 
-  Backward& backward(CUcontext ctx, std::size_t workspace_bytes, cache::OnMiss on_miss) {
+  Backward& backward(const runtime::Context& ctx, std::size_t workspace_bytes, cache::OnMiss on_miss) {
     std::lock_guard lock(mutex);
     auto& bw = backwards[ctx];
     if (!bw.kernels[2]) {
@@ -118,7 +118,7 @@ struct Attention::Impl {
                                         {U(d * 2), U(heads * d * 2)}, {64, 1, r});
   }
 
-  std::pair<CUfunction, const generator::GeneratedAttention*> function(CUcontext ctx, cache::OnMiss on_miss) {
+  std::pair<CUfunction, const generator::GeneratedAttention*> function(const runtime::Context& ctx, cache::OnMiss on_miss) {
     {
       std::lock_guard lock(mutex);
       auto it = functions.find(ctx);
@@ -154,7 +154,7 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
                                                 heads, impl_->masks, impl_->options, scale);
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   const auto [f, g] = impl_->function(ctx, cache::KernelCache::global().run_time_on_miss());
   const unsigned char* padding = key_padding;
   const auto grid_x = static_cast<unsigned>(batch * heads), grid_y = static_cast<unsigned>(g->query_tiles);
@@ -183,7 +183,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   const std::int64_t d = impl_->options.head_dim;
   float scale_log2 = s * 1.4426950408889634f;
   int heads_arg = static_cast<int>(heads);
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
   auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float), cache::KernelCache::global().run_time_on_miss());
   const auto& g = *bw.g;
@@ -234,7 +234,7 @@ bool Attention::precompile(const std::string& arch) const {
 }
 
 void Attention::load(bool strict) const {
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   const auto on_miss = strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss();
   impl_->function(ctx, on_miss);
   impl_->backward(ctx, 0, on_miss);

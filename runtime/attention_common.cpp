@@ -42,7 +42,7 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
   return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
 }
 
-std::string attention_arch(const AttentionOptions& options, CUcontext ctx) {
+std::string attention_arch(const AttentionOptions& options, const Context& ctx) {
   return options.arch.empty() ? default_kernel_arch(context_arch(ctx)) : options.arch;
 }
 

@@ -13,6 +13,7 @@
 
 #include "bsjit/attention.hpp"
 #include "cache/kernel_cache.hpp"
+#include "module.hpp"
 
 namespace bsjit::runtime {
 
@@ -25,7 +26,7 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
                            const AttentionOptions& options, float scale);
 
 // The arch kernels for ctx are compiled for: options.arch, else the device's default.
-std::string attention_arch(const AttentionOptions& options, CUcontext ctx);
+std::string attention_arch(const AttentionOptions& options, const Context& ctx);
 
 // The cache request for kernel `name` (a name expression) of source with its tables for arch: its
 // key, code key and compile (which copies what it needs).

@@ -39,7 +39,7 @@ struct AttentionOps::Impl {
     std::unique_ptr<runtime::DeviceMemory> masks;  // slots, then bits
   };
   std::mutex mutex;
-  std::map<CUcontext, PerContext> contexts;
+  std::map<runtime::Context, PerContext> contexts;
 
   std::pair<const std::string*, int> kernel(Kernel k) const {
     switch (k) {
@@ -60,7 +60,7 @@ struct AttentionOps::Impl {
     return names[k];
   }
 
-  PerContext& context(CUcontext ctx, Kernel k,
+  PerContext& context(const runtime::Context& ctx, Kernel k,
                       cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
@@ -213,7 +213,7 @@ int AttentionOps::precompile(const std::string& arch) const {
 }
 
 void AttentionOps::load(bool strict) const {
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   for (int k = 0; k < kKernels; ++k)
     impl_->context(ctx, static_cast<Kernel>(k),
                    strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());

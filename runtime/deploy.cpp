@@ -166,7 +166,7 @@ bool runs_on(const std::string& kernel_arch, const std::string& device_arch) {
 
 struct Device {
   int ordinal;
-  CUcontext ctx;
+  runtime::Context ctx;
   std::string arch;
 };
 
@@ -182,7 +182,8 @@ std::vector<Device> visible_devices() {
     CUcontext ctx;
     BSJIT_CU(d.cuDeviceGet(&dev, i));
     BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
-    out.push_back({i, ctx, runtime::context_arch(ctx)});
+    const runtime::Context c = runtime::context_of(ctx);
+    out.push_back({i, c, runtime::context_arch(c)});
   }
   return out;
 }
@@ -331,7 +332,7 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
   const auto& d = runtime::driver();
   DeployReport r;
   for (const auto& dev : devices) {
-    BSJIT_CU(d.cuCtxSetCurrent(dev.ctx));
+    BSJIT_CU(d.cuCtxSetCurrent(dev.ctx.handle));
     std::size_t matched = 0;
     // load(): the item's kernels into dev.ctx; one report line per item
     auto attempt = [&](const std::string& arch, const std::string& what, const std::function<void()>& load) {
@@ -409,7 +410,7 @@ DeployReport warmup_directory(const fs::path& directory) {
           if (!kernel) throw Error(fmt::format("entry became unusable: {}", why));
           cache::KernelCache::global().insert(info.key, kernel, header.code_key);
         }
-        BSJIT_CU(d.cuCtxSetCurrent(dev.ctx));
+        BSJIT_CU(d.cuCtxSetCurrent(dev.ctx.handle));
         runtime::KernelRegistry::global().function(info.key, *kernel, dev.ctx);
         o.status = KernelOutcome::Status::loaded;
       } catch (const Error& err) {

@@ -22,9 +22,11 @@ namespace bsjit::runtime {
   X(cuDeviceGetAttribute)         \
   X(cuDevicePrimaryCtxRetain)     \
   X(cuDevicePrimaryCtxRelease)    \
+  X(cuDevicePrimaryCtxReset)      \
   X(cuCtxGetCurrent)              \
   X(cuCtxSetCurrent)              \
   X(cuCtxGetDevice)               \
+  X(cuCtxGetId)                   \
   X(cuCtxSynchronize)             \
   X(cuModuleLoadData)             \
   X(cuModuleUnload)               \

@@ -170,12 +170,14 @@ CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, st
   return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer}, swizzle);
 }
 
-// CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function.
+// CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function
+// and context (a function's handle may be reused by another function after its context's reset).
 std::int64_t resident_ctas(CUfunction function, const LaunchShape& shape) {
   static std::mutex mutex;
-  static std::map<CUfunction, std::int64_t> known;
+  static std::map<std::pair<unsigned long long, CUfunction>, std::int64_t> known;
+  const unsigned long long ctx = current_context().id;
   std::lock_guard lock(mutex);
-  auto& r = known[function];
+  auto& r = known[{ctx, function}];
   if (r == 0) {
     const Driver& d = driver();
     int per_sm = 0, sms = 0;
@@ -223,7 +225,7 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
   launch(function, shape, stream, args);
 }
 
-CUfunction KernelRegistry::function(const std::string& key, const CompiledKernel& kernel, CUcontext ctx) {
+CUfunction KernelRegistry::function(const std::string& key, const CompiledKernel& kernel, const Context& ctx) {
   std::lock_guard lock(mutex_);  // loading a module takes ~0.1 ms: no need for finer locks
   auto& f = functions_[{key, ctx}];
   if (!f) f = load(kernel, ctx).function;

@@ -76,7 +76,7 @@ class KernelRegistry {
 
   // The kernel's function in ctx, loading its module there the first time. Modules stay loaded for
   // the life of the process.
-  CUfunction function(const std::string& key, const runtime::CompiledKernel& kernel, CUcontext ctx);
+  CUfunction function(const std::string& key, const runtime::CompiledKernel& kernel, const Context& ctx);
 
   static KernelRegistry& global();
 
@@ -87,7 +87,7 @@ class KernelRegistry {
   };
   std::mutex mutex_;
   std::map<KernelId, std::shared_ptr<Slot>> prepared_;
-  std::map<std::pair<std::string, CUcontext>, CUfunction> functions_;
+  std::map<std::pair<std::string, Context>, CUfunction> functions_;
 };
 
 }  // namespace bsjit::runtime

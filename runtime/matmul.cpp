@@ -54,9 +54,9 @@ struct MatMul::Impl {
   // The split kernels' workspace of each (context, stream) this object launched on, shared with
   // every other kernel and MatMul there (runtime::SplitWorkspaces); held here so that it lives as
   // long as this object may launch with it.
-  std::map<std::pair<CUcontext, CUstream>, std::shared_ptr<runtime::DeviceMemory>> workspaces;
+  std::map<std::pair<runtime::Context, CUstream>, std::shared_ptr<runtime::DeviceMemory>> workspaces;
 
-  float* workspace(CUcontext ctx, CUstream stream, const runtime::PreparedKernel& kernel) {
+  float* workspace(const runtime::Context& ctx, CUstream stream, const runtime::PreparedKernel& kernel) {
     auto w = runtime::SplitWorkspaces::global().get(ctx, stream, kernel.generated.workspace_bytes);
     std::lock_guard lock(mutex);
     workspaces[{ctx, stream}] = w;
@@ -64,7 +64,7 @@ struct MatMul::Impl {
   }
 
   // per context: [op][variant] (generator::variants: 0 for any N, 1 for small N)
-  std::map<CUcontext, std::array<std::array<Launchable, 2>, kOps>> launchables;
+  std::map<runtime::Context, std::array<std::array<Launchable, 2>, kOps>> launchables;
 
   const std::vector<generator::MatMulSpec>& specs(Op op) const { return op_specs[static_cast<int>(op)]; }
   runtime::KernelId id(const generator::MatMulSpec& spec, const std::string& arch) const {
@@ -74,7 +74,7 @@ struct MatMul::Impl {
   generator::MatMulSpec spec_for(Op op, int v, const std::string& arch) const {
     return runtime::resolve_spec(layout_hash, specs(op)[v], arch, v);
   }
-  std::string arch_for(CUcontext ctx) const {
+  std::string arch_for(const runtime::Context& ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
   }
 
@@ -83,7 +83,7 @@ struct MatMul::Impl {
     return n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
   }
 
-  Launchable launchable(Op op, int v, CUcontext ctx) {
+  Launchable launchable(Op op, int v, const runtime::Context& ctx) {
     {
       std::lock_guard lock(mutex);
       auto it = launchables.find(ctx);
@@ -111,7 +111,7 @@ struct MatMul::Impl {
     if (o.gate != nullptr && reinterpret_cast<std::uintptr_t>(o.gate) % 4 != 0)
       throw Error(fmt::format("bsjit: {}: gate pointer {} is not 4-byte aligned", to_string(op),
                               static_cast<const void*>(o.gate)));
-    CUcontext ctx = runtime::current_context();
+    const runtime::Context ctx = runtime::current_context();
     Launchable l = launchable(op, variant(op, n), ctx);
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
@@ -162,7 +162,7 @@ bool MatMul::precompile(Op op, const std::string& arch) const {
 TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   if (n <= 0 || n > INT_MAX)
     throw Error(fmt::format("bsjit: autotune: n = {} is out of range; expected 1 ≤ n ≤ {}", n, INT_MAX));
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   const std::string arch = impl_->arch_for(ctx);
   const int v = impl_->variant(op, n);
   generator::MatMulSpec base = impl_->specs(op)[v];
@@ -221,7 +221,7 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
 }
 
 void MatMul::prepare(Op op) const {
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   for (int v = 0; v < static_cast<int>(impl_->specs(op).size()); ++v) impl_->launchable(op, v, ctx);
 }
 

@@ -26,27 +26,45 @@ bool sync_launches() {
 
 }  // namespace
 
-CUcontext current_context() {
+Context current_context() {
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   BSJIT_CU(d.cuCtxGetCurrent(&ctx));
-  if (ctx) return ctx;
-  CUdevice dev;
-  BSJIT_CU(d.cuDeviceGet(&dev, 0));
-  BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
-  BSJIT_CU(d.cuCtxSetCurrent(ctx));
-  spdlog::debug("bsjit: no current CUDA context; using device 0's primary context");
-  return ctx;
+  if (!ctx) {
+    CUdevice dev;
+    BSJIT_CU(d.cuDeviceGet(&dev, 0));
+    BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
+    BSJIT_CU(d.cuCtxSetCurrent(ctx));
+    spdlog::debug("bsjit: no current CUDA context; using device 0's primary context");
+  }
+  return context_of(ctx);
 }
 
-std::string context_arch(CUcontext ctx) {
+Context context_of(CUcontext handle) {
+  Context c{handle, 0};
+  const CUresult r = driver().cuCtxGetId(handle, &c.id);
+  if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT)
+    throw Error(
+        "bsjit: the CUDA context has been destroyed or reset (cudaDeviceReset, cuDevicePrimaryCtxReset, "
+        "cuCtxDestroy); make a live context current first (with the runtime API, any call such as cudaFree(0) "
+        "does)");
+  BSJIT_CU(r);
+  return c;
+}
+
+bool alive(const Context& ctx) {
+  unsigned long long id = 0;
+  return ctx.handle != nullptr && driver().cuCtxGetId(ctx.handle, &id) == CUDA_SUCCESS && id == ctx.id;
+}
+
+std::string context_arch(const Context& ctx) {
   const Driver& d = driver();
   CUcontext prev = nullptr;
   BSJIT_CU(d.cuCtxGetCurrent(&prev));
-  if (prev != ctx) BSJIT_CU(d.cuCtxSetCurrent(ctx));
+  if (prev != ctx.handle) BSJIT_CU(d.cuCtxSetCurrent(ctx.handle));
   CUdevice dev;
   CUresult r = d.cuCtxGetDevice(&dev);
-  if (prev != ctx) d.cuCtxSetCurrent(prev);
+  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
   BSJIT_CU(r);
   int major = 0, minor = 0;
   BSJIT_CU(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
@@ -117,11 +135,11 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
 
 }  // namespace
 
-LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
+LoadedKernel load(const CompiledKernel& kernel, const Context& ctx) {
   const Driver& d = driver();
   CUcontext prev = nullptr;
   BSJIT_CU(d.cuCtxGetCurrent(&prev));
-  if (prev != ctx) BSJIT_CU(d.cuCtxSetCurrent(ctx));
+  if (prev != ctx.handle) BSJIT_CU(d.cuCtxSetCurrent(ctx.handle));
   LoadedKernel k;
   std::string what;
   CUresult r = d.cuModuleLoadData(&k.module, kernel.cubin.data());
@@ -130,7 +148,7 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
     r = d.cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel.shared_bytes);
   if (r == CUDA_SUCCESS) r = fill_tables(d, kernel, k.module, &k.tables, &what);
   if (r != CUDA_SUCCESS && k.module) d.cuModuleUnload(k.module);
-  if (prev != ctx) d.cuCtxSetCurrent(prev);
+  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
   if (r != CUDA_SUCCESS) {
     const char* name = "unknown";
     d.cuGetErrorName(r, &name);
@@ -143,15 +161,18 @@ LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx) {
   return k;
 }
 
-void unload(const LoadedKernel& k, CUcontext ctx) {
+void unload(const LoadedKernel& k, const Context& ctx) {
+  // A context reset since (same handle, new id) may hold a module or an allocation at the same
+  // address as these: leave it be.
+  if (!alive(ctx)) return;
   const Driver& d = driver();
   CUcontext prev = nullptr;
   d.cuCtxGetCurrent(&prev);
-  if (prev != ctx) d.cuCtxSetCurrent(ctx);
-  // (errors ignored: this runs in destructors, also where the context has gone)
+  if (prev != ctx.handle) d.cuCtxSetCurrent(ctx.handle);
+  // (errors ignored: this runs in destructors)
   if (k.module) d.cuModuleUnload(k.module);
   if (k.tables) d.cuMemFree(k.tables);
-  if (prev != ctx) d.cuCtxSetCurrent(prev);
+  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
 }
 
 SharedKernels& SharedKernels::global() {
@@ -159,7 +180,7 @@ SharedKernels& SharedKernels::global() {
   return *kernels;
 }
 
-SharedKernels::Handle SharedKernels::acquire(const std::shared_ptr<const CompiledKernel>& kernel, CUcontext ctx) {
+SharedKernels::Handle SharedKernels::acquire(const std::shared_ptr<const CompiledKernel>& kernel, const Context& ctx) {
   const Key key{kernel.get(), ctx};
   {
     std::lock_guard lock(mutex_);
@@ -265,13 +286,13 @@ DeviceMemory::DeviceMemory(std::size_t n) : bytes(n) {
   BSJIT_CU(driver().cuMemAlloc(&ptr, bytes ? bytes : 16));
 }
 DeviceMemory::~DeviceMemory() {
-  if (!ptr) return;
+  if (!ptr || !alive(ctx)) return;  // gone with its context (a new one may hold the same address)
   const Driver& d = driver();
   CUcontext prev = nullptr;
   d.cuCtxGetCurrent(&prev);
-  if (prev != ctx) d.cuCtxSetCurrent(ctx);
+  if (prev != ctx.handle) d.cuCtxSetCurrent(ctx.handle);
   d.cuMemFree(ptr);
-  if (prev != ctx) d.cuCtxSetCurrent(prev);
+  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
 }
 
 SplitWorkspaces& SplitWorkspaces::global() {
@@ -279,7 +300,7 @@ SplitWorkspaces& SplitWorkspaces::global() {
   return *pool;
 }
 
-std::shared_ptr<DeviceMemory> SplitWorkspaces::get(CUcontext ctx, CUstream stream, std::size_t bytes) {
+std::shared_ptr<DeviceMemory> SplitWorkspaces::get(const Context& ctx, CUstream stream, std::size_t bytes) {
   const Driver& d = driver();
   std::lock_guard lock(mutex_);
   const std::pair key{ctx, stream};
@@ -299,7 +320,7 @@ std::shared_ptr<DeviceMemory> SplitWorkspaces::get(CUcontext ctx, CUstream strea
   return fresh;
 }
 
-std::size_t SplitWorkspaces::held_bytes(CUcontext ctx, CUstream stream) {
+std::size_t SplitWorkspaces::held_bytes(const Context& ctx, CUstream stream) {
   std::lock_guard lock(mutex_);
   auto it = live_.find({ctx, stream});
   if (it == live_.end()) return 0;

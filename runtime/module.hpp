@@ -19,12 +19,32 @@
 
 namespace bsjit::runtime {
 
+// A CUDA context as bsjit keys what it loads and allocates there: the handle, and the driver's id
+// of the context (cuCtxGetId), unique for the life of the process. A context destroyed and made
+// again (cudaDeviceReset or cuDevicePrimaryCtxReset, then the next use; cuCtxDestroy, then
+// cuCtxCreate) may get the same handle back, never the same id: so nothing loaded into the old one
+// is launched in the new one, and nothing of the old one is unloaded or freed in the new one.
+struct Context {
+  CUcontext handle = nullptr;
+  unsigned long long id = 0;
+  friend bool operator<(const Context& a, const Context& b) { return a.id < b.id; }
+  friend bool operator==(const Context& a, const Context& b) { return a.id == b.id; }
+};
+
 // The calling thread's current context; when it has none, device 0's primary context is retained
 // and made current (what the CUDA runtime API would do on first use).
-CUcontext current_context();
+Context current_context();
+// ctx's handle with its id.
+Context context_of(CUcontext handle);
+
+// Whether ctx is still the context it was: its handle names a live context of the same id. A
+// primary context's handle outlives its resets, so for those this is exact; for a context the
+// application destroyed with cuCtxDestroy, the driver answers for a stale handle with an error, as
+// it does for every other call bsjit would make with it.
+bool alive(const Context& ctx);
 
 // "sm_90" for a compute capability 9.0 device (kernels for it: default_kernel_arch).
-std::string context_arch(CUcontext ctx);
+std::string context_arch(const Context& ctx);
 
 // One compiled kernel loaded into one context: module, function, and the device memory that holds
 // the values of its pointer tables (0: none; generator/device_tables.hpp).
@@ -33,10 +53,11 @@ struct LoadedKernel {
   CUfunction function = nullptr;
   CUdeviceptr tables = 0;
 };
-LoadedKernel load(const CompiledKernel& kernel, CUcontext ctx);
+LoadedKernel load(const CompiledKernel& kernel, const Context& ctx);
 // Unloads k's module and frees its tables' memory in ctx. Both wait for the context's work (the
-// driver synchronizes them), so no launch still queued can read what goes.
-void unload(const LoadedKernel& k, CUcontext ctx);
+// driver synchronizes them), so no launch still queued can read what goes. Nothing where ctx is
+// gone (the driver freed them with it).
+void unload(const LoadedKernel& k, const Context& ctx);
 
 // The loaded kernels of the objects that launch them (Attention, AttentionOps), shared between
 // objects of one entry (the same masks and options) in one context, so that a service building an
@@ -52,12 +73,12 @@ class SharedKernels {
   static constexpr std::size_t kParked = 64;
   static SharedKernels& global();
   // kernel in ctx: the one loaded there already, else loaded now.
-  Handle acquire(const std::shared_ptr<const CompiledKernel>& kernel, CUcontext ctx);
+  Handle acquire(const std::shared_ptr<const CompiledKernel>& kernel, const Context& ctx);
   // Kernels loaded now: held by an object, and parked (tests, diagnostics).
   std::pair<std::size_t, std::size_t> counts();
 
  private:
-  using Key = std::pair<const CompiledKernel*, CUcontext>;
+  using Key = std::pair<const CompiledKernel*, Context>;
   struct Parked {
     Key key;
     std::shared_ptr<const CompiledKernel> kernel;  // keeps the key's address from being reused
@@ -107,11 +128,11 @@ double median_ms(const std::function<void()>& fn, CUstream stream, int warmup, i
                  const std::function<void()>& before_each = {});
 
 // A device allocation in the current context, freed on destruction (in that context, whichever
-// is current then).
+// is current then; not at all where that context is gone).
 struct DeviceMemory {
   CUdeviceptr ptr = 0;
   std::size_t bytes = 0;
-  CUcontext ctx = nullptr;
+  Context ctx;
   explicit DeviceMemory(std::size_t bytes);
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
@@ -130,13 +151,13 @@ class SplitWorkspaces {
  public:
   static SplitWorkspaces& global();
   // At least `bytes` for launches on `stream` in ctx (the current context), its counters at 0.
-  std::shared_ptr<DeviceMemory> get(CUcontext ctx, CUstream stream, std::size_t bytes);
+  std::shared_ptr<DeviceMemory> get(const Context& ctx, CUstream stream, std::size_t bytes);
   // The size of the stream's workspace while someone holds it, else 0 (tests, diagnostics).
-  std::size_t held_bytes(CUcontext ctx, CUstream stream);
+  std::size_t held_bytes(const Context& ctx, CUstream stream);
 
  private:
   std::mutex mutex_;
-  std::map<std::pair<CUcontext, CUstream>, std::weak_ptr<DeviceMemory>> live_;
+  std::map<std::pair<Context, CUstream>, std::weak_ptr<DeviceMemory>> live_;
 };
 
 }  // namespace bsjit::runtime

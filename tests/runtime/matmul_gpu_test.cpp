@@ -363,7 +363,7 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
 TEST(MatMulGpuWorkspace, SplitKernelsShareOneWorkspacePerStream) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   const std::string arch = runtime::default_kernel_arch(runtime::context_arch(ctx));
   struct Case {
     int block;

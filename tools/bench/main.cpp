@@ -374,7 +374,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
   dx_in.upload(x.bits);
   ddy.upload(dy.bits);
   std::mt19937_64 rng(42);
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   const std::string arch = runtime::default_kernel_arch(runtime::context_arch(ctx));
   for (int b : blocks)
     for (double d : densities) {
@@ -605,7 +605,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   const cache::Request req = runtime::cache_request(g, key, id.arch, id.layout_hash);
   CacheConfig cfg;
   cfg.directory = dir;
-  CUcontext ctx = runtime::current_context();
+  const runtime::Context ctx = runtime::current_context();
   auto disk_hit = [&](const cache::Request& r) {  // median of 20, ms
     cache::KernelCache(cfg).get(r);
     std::vector<double> hits;
