@@ -172,12 +172,11 @@ CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, st
 
 // CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function
 // and context (a function's handle may be reused by another function after its context's reset).
-std::int64_t resident_ctas(CUfunction function, const LaunchShape& shape) {
+std::int64_t resident_ctas(CUfunction function, const Context& ctx, const LaunchShape& shape) {
   static std::mutex mutex;
   static std::map<std::pair<unsigned long long, CUfunction>, std::int64_t> known;
-  const unsigned long long ctx = current_context().id;
   std::lock_guard lock(mutex);
-  auto& r = known[{ctx, function}];
+  auto& r = known[{ctx.id, function}];
   if (r == 0) {
     const Driver& d = driver();
     int per_sm = 0, sms = 0;
@@ -193,8 +192,8 @@ std::int64_t resident_ctas(CUfunction function, const LaunchShape& shape) {
 
 }  // namespace
 
-void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, std::int64_t n, CUstream stream,
-                     KernelArgs& args) {
+void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,
+                     CUstream stream, KernelArgs& args) {
   const auto& g = kernel.generated;
   LaunchShape shape;
   if (g.persistent) {
@@ -204,14 +203,14 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, s
     if (g.rows_per_cta == 0) {
       // backward-weight: every CTA the GPU holds, over grid_x units of dW (SddSchedule splits the
       // units left from the last full wave among the CTAs that would idle)
-      shape.grid_x = g.grid_x > 0 ? static_cast<std::uint32_t>(resident_ctas(function, shape)) : 0;
+      shape.grid_x = g.grid_x > 0 ? static_cast<std::uint32_t>(resident_ctas(function, ctx, shape)) : 0;
     } else {
       // output tiles: row tiles of each output block column
       const std::int64_t tiles = g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta);
       if (tiles > INT_MAX)
         throw Error(fmt::format("bsjit: {}: n = {} gives {} output tiles; at most {} are supported", to_string(op),
                                 n, tiles, INT_MAX));
-      shape.grid_x = static_cast<std::uint32_t>(std::min(tiles, resident_ctas(function, shape)));
+      shape.grid_x = static_cast<std::uint32_t>(std::min(tiles, resident_ctas(function, ctx, shape)));
     }
   } else {
     shape = launch_shape(kernel, op, n);

@@ -46,10 +46,10 @@ cache::Request cache_request(const generator::GeneratedSource& g, const std::str
 // row tiles than a grid holds.
 LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n);
 
-// Launches kernel over n rows on stream: the grid of launch_shape (nothing when it is empty), and
-// for TMA kernels the tensor maps of args' operands.
-void launch_prepared(const PreparedKernel& kernel, CUfunction function, Op op, std::int64_t n, CUstream stream,
-                     KernelArgs& args);
+// Launches kernel (its function in ctx, the current context) over n rows on stream: the grid of
+// launch_shape (nothing when it is empty), and for TMA kernels the tensor maps of args' operands.
+void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,
+                     CUstream stream, KernelArgs& args);
 
 // Tuning records: which tile shape a (layout, op, block, dtype, feature axis, arch) uses at a batch
 // class (generator::variants index). tuning_key names the record.

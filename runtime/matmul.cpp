@@ -117,7 +117,7 @@ struct MatMul::Impl {
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
     if (l.prepared->generated.workspace_bytes > 0)
       args.workspace = workspace(ctx, s, *l.prepared);
-    runtime::launch_prepared(*l.prepared, l.function, op, n, s, args);
+    runtime::launch_prepared(*l.prepared, l.function, ctx, op, n, s, args);
   }
 };
 
@@ -206,7 +206,7 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
     runtime::KernelArgs args{a.get(), b.get(), out.get(), nullptr, static_cast<int>(n), 0, nullptr};
     if (prepared[i]->generated.workspace_bytes > 0)
       args.workspace = impl_->workspace(ctx, s, *prepared[i]);
-    double ms = runtime::median_ms([&] { runtime::launch_prepared(*prepared[i], f, op, n, s, args); }, s, 2, 10);
+    double ms = runtime::median_ms([&] { runtime::launch_prepared(*prepared[i], f, ctx, op, n, s, args); }, s, 2, 10);
     std::string tag = candidates[i].tiles ? generator::tiles_tag(*candidates[i].tiles) : "default";
     result.milliseconds.emplace_back(tag, ms);
     if (i == 0 || ms < best) best = ms, best_i = i;

@@ -416,7 +416,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
           args.workspace = static_cast<float*>(ws->get());
         }
         const auto [err, ms] = check_then_time(
-            env, [&] { runtime::launch_prepared(*p, f, op, N, env.stream, args); }, o,
+            env, [&] { runtime::launch_prepared(*p, f, ctx, op, N, env.stream, args); }, o,
             [&] { return sampled_error(L, b, N, op, x, w, dy, o); });
         std::string tag = generator::tiles_tag(*id.spec.tiles);
         fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n", b,
@@ -666,7 +666,7 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
     auto p = runtime::KernelRegistry::global().prepare(tiny, {tiny.hash().hex(), spec, arch}, cache::OnMiss::fail);
     CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
     runtime::KernelArgs args{xa, wa, ya, nullptr, 1, 0, nullptr};
-    runtime::launch_prepared(*p, f, Op::forward, 1, env.stream, args);  // encodes the tensor maps, if any, once
+    runtime::launch_prepared(*p, f, ctx, Op::forward, 1, env.stream, args);  // encodes the tensor maps, if any, once
     const auto shape = runtime::launch_shape(*p, Op::forward, 1);
     auto raw_args = runtime::kernel_params(args);
     double bare = measure([&] {
