@@ -118,7 +118,8 @@ struct Attention::Impl {
                                         {U(d * 2), U(heads * d * 2)}, {64, 1, r});
   }
 
-  std::pair<CUfunction, const generator::GeneratedAttention*> function(const runtime::Context& ctx, cache::OnMiss on_miss) {
+  std::pair<CUfunction, const generator::GeneratedAttention*> function(const runtime::Context& ctx,
+                                                                       cache::OnMiss on_miss) {
     {
       std::lock_guard lock(mutex);
       auto it = functions.find(ctx);
