@@ -8,12 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "bsjit/bsjit.hpp"
+#include "device_buffer.hpp"
 #include "op_check.hpp"
+#include "reference.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/module.hpp"
 
@@ -32,30 +33,6 @@ std::pair<runtime::Context, runtime::Context> reset_primary_context() {
   BSJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx, dev));
   BSJIT_CU(d.cuCtxSetCurrent(ctx));
   return {before, runtime::current_context()};
-}
-
-// A device buffer of the current context, for this test only (the reset frees it with its context).
-struct Buffer {
-  CUdeviceptr ptr = 0;
-  std::size_t bytes;
-  explicit Buffer(std::size_t n) : bytes(n) { BSJIT_CU(runtime::driver().cuMemAlloc(&ptr, n)); }
-  ~Buffer() {
-    if (ptr) runtime::driver().cuMemFree(ptr);
-  }
-  void* get() const { return reinterpret_cast<void*>(ptr); }
-};
-
-std::vector<std::uint16_t> random_bf16(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<std::uint16_t> out(n);
-  for (auto& x : out) {
-    const float f = u(rng);
-    std::uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    x = static_cast<std::uint16_t>(bits >> 16);
-  }
-  return out;
 }
 
 class ContextGpu : public ::testing::Test {
@@ -105,19 +82,17 @@ TEST_F(ContextGpu, AttentionRunsAgainAfterThePrimaryContextIsReset) {
   constexpr std::int64_t kBatch = 1, kHeads = 2, kSeq = 512, kDim = 64;
   const Attention attn({layouts::causal(kSeq / 64)}, {64, kDim, DType::bf16, QkvOrder::bshd, true, ""});
   const std::size_t elems = kBatch * kSeq * kHeads * kDim, bytes = elems * 2, lse_bytes = kBatch * kHeads * kSeq * 4;
-  const auto q = random_bf16(elems, 1), k = random_bf16(elems, 2), v = random_bf16(elems, 3);
-  const auto& d = runtime::driver();
+  std::mt19937_64 rng(1);
+  const auto q = reference::encode(DType::bf16, reference::random_values(DType::bf16, elems, rng)),
+             k = reference::encode(DType::bf16, reference::random_values(DType::bf16, elems, rng)),
+             v = reference::encode(DType::bf16, reference::random_values(DType::bf16, elems, rng));
   auto run = [&] {
-    Buffer bq(bytes), bk(bytes), bv(bytes), out(bytes), lse(lse_bytes);
-    BSJIT_CU(d.cuMemcpyHtoD(bq.ptr, q.data(), bytes));
-    BSJIT_CU(d.cuMemcpyHtoD(bk.ptr, k.data(), bytes));
-    BSJIT_CU(d.cuMemcpyHtoD(bv.ptr, v.data(), bytes));
-    BSJIT_CU(d.cuMemsetD8(out.ptr, 0xff, bytes));  // NaN in bf16
-    attn.forward(bq.get(), bk.get(), bv.get(), out.get(), reinterpret_cast<float*>(lse.get()), kBatch, kHeads);
-    BSJIT_CU(d.cuCtxSynchronize());
-    std::vector<std::uint16_t> host(elems);
-    BSJIT_CU(d.cuMemcpyDtoH(host.data(), out.ptr, bytes));
-    return host;
+    tools::DeviceBuffer bq(bytes), bk(bytes), bv(bytes), out(bytes), lse(lse_bytes);
+    bq.upload(q), bk.upload(k), bv.upload(v);
+    BSJIT_CU(runtime::driver().cuMemsetD8(out.ptr, 0xff, bytes));  // NaN in bf16
+    attn.forward(bq.get(), bk.get(), bv.get(), out.get(), static_cast<float*>(lse.get()), kBatch, kHeads);
+    BSJIT_CU(runtime::driver().cuCtxSynchronize());
+    return out.download<std::uint16_t>();
   };
   const auto first = run();
   std::size_t poisoned = 0;
