@@ -360,7 +360,7 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         for (int v = 0; v < static_cast<int>(specs.size()); ++v) {
           const auto spec = runtime::resolve_spec(hash, specs[v], item.options.arch, v);
           auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
-          runtime::KernelRegistry::global().function(p->key, *p->compiled, dev.ctx);
+          runtime::KernelRegistry::global().pin(p->compiled, dev.ctx, p);
         }
       });
     for (const AttentionItem& item : e.attention)
@@ -411,7 +411,7 @@ DeployReport warmup_directory(const fs::path& directory) {
           cache::KernelCache::global().insert(info.key, kernel, header.code_key);
         }
         BSJIT_CU(d.cuCtxSetCurrent(dev.ctx.handle));
-        runtime::KernelRegistry::global().function(info.key, *kernel, dev.ctx);
+        runtime::KernelRegistry::global().pin(kernel, dev.ctx);
         o.status = KernelOutcome::Status::loaded;
       } catch (const Error& err) {
         o.error = err.what();

@@ -42,12 +42,17 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   std::shared_ptr<Slot> slot;
   {
     std::lock_guard lock(mutex_);
+    if (prepared_.size() >= sweep_at_) {
+      // forget the ids nobody holds: a slot only the map holds is touched by no other thread
+      std::erase_if(prepared_, [](const auto& e) { return e.second.use_count() == 1 && e.second->prepared.expired(); });
+      sweep_at_ = std::max<std::size_t>(64, 2 * prepared_.size());
+    }
     auto& s = prepared_[id];
     if (!s) s = std::make_shared<Slot>();
     slot = s;
   }
   std::lock_guard slot_lock(slot->mutex);  // one id prepares once; other ids go on in parallel
-  if (slot->prepared) return slot->prepared;
+  if (auto held = slot->prepared.lock()) return held;
   check_arch(id.arch);
   auto p = std::make_shared<PreparedKernel>();
   p->generated = generator::generate_matmul(layout, id.spec);
@@ -170,26 +175,6 @@ CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, st
   return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer}, swizzle);
 }
 
-// CTAs of function the current context's GPU holds at once: SMs × CTAs per SM. Cached per function
-// and context (a function's handle may be reused by another function after its context's reset).
-std::int64_t resident_ctas(CUfunction function, const Context& ctx, const LaunchShape& shape) {
-  static std::mutex mutex;
-  static std::map<std::pair<unsigned long long, CUfunction>, std::int64_t> known;
-  std::lock_guard lock(mutex);
-  auto& r = known[{ctx.id, function}];
-  if (r == 0) {
-    const Driver& d = driver();
-    int per_sm = 0, sms = 0;
-    CUdevice dev;
-    BSJIT_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, function, static_cast<int>(shape.threads),
-                                                           shape.shared_bytes));
-    BSJIT_CU(d.cuCtxGetDevice(&dev));
-    BSJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-    r = std::max<std::int64_t>(1, static_cast<std::int64_t>(per_sm) * sms);
-  }
-  return r;
-}
-
 }  // namespace
 
 void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,
@@ -224,11 +209,19 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Co
   launch(function, shape, stream, args);
 }
 
-CUfunction KernelRegistry::function(const std::string& key, const CompiledKernel& kernel, const Context& ctx) {
-  std::lock_guard lock(mutex_);  // loading a module takes ~0.1 ms: no need for finer locks
-  auto& f = functions_[{key, ctx}];
-  if (!f) f = load(kernel, ctx).function;
-  return f;
+CUfunction KernelRegistry::pin(const cache::KernelCache::Compiled& kernel, const Context& ctx,
+                               std::shared_ptr<const PreparedKernel> prepared) {
+  SharedKernels::Handle loaded = SharedKernels::global().acquire(kernel, ctx);
+  std::lock_guard lock(mutex_);
+  Pinned& p = pinned_[{kernel.get(), ctx}];
+  if (!p.loaded) p.loaded = std::move(loaded);
+  if (!p.prepared) p.prepared = std::move(prepared);
+  return p.loaded->function;
+}
+
+std::size_t KernelRegistry::slots() {
+  std::lock_guard lock(mutex_);
+  return prepared_.size();
 }
 
 KernelRegistry& KernelRegistry::global() {

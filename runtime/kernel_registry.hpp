@@ -1,6 +1,9 @@
 // The process-wide registry of kernels ready to launch: generated source and compiled binary per
-// kernel id, and the loaded function per (kernel, context). MatMul objects and warm-up share it, so
-// a kernel warmed up at start costs a later MatMul nothing but a map lookup.
+// kernel id, while someone holds them. MatMul objects hold the kernels of their layout, loaded
+// through SharedKernels, and let them go with themselves, so that a training job whose sparsity
+// changes (a MatMul per new layout) keeps a bounded memory on the host and the GPU. Warm-up pins
+// what it loads for the life of the process, so a kernel warmed up at start costs a later MatMul
+// nothing but map lookups.
 #pragma once
 
 #include <cuda.h>
@@ -64,8 +67,10 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
 
 class KernelRegistry {
  public:
-  // Generates the kernel's source (once per id) and gets its binary from the cache (memory, disk,
-  // or NVRTC unless on_miss is fail). *compiled_now tells whether NVRTC ran in this call.
+  // Generates the kernel's source and gets its binary from the cache (memory, disk, or NVRTC unless
+  // on_miss is fail). *compiled_now tells whether NVRTC ran in this call. While someone holds the
+  // returned kernel, a prepare of the same id returns it; once nobody does, it is gone from here,
+  // and the next prepare generates the source again (the binary comes from the cache).
   std::shared_ptr<const PreparedKernel> prepare(const Layout& layout, const KernelId& id, cache::OnMiss on_miss,
                                                 bool* compiled_now = nullptr);
 
@@ -74,20 +79,31 @@ class KernelRegistry {
   std::vector<std::shared_ptr<const PreparedKernel>> prepare_all(
       const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss);
 
-  // The kernel's function in ctx, loading its module there the first time. Modules stay loaded for
-  // the life of the process.
-  CUfunction function(const std::string& key, const runtime::CompiledKernel& kernel, const Context& ctx);
+  // Loads kernel into ctx (SharedKernels: the one loaded there already, if any) and keeps it loaded,
+  // with `prepared` when given, for the life of the process (deploy's warm-up): a later MatMul of
+  // the kernel finds both without generating or loading anything. Returns its function.
+  CUfunction pin(const cache::KernelCache::Compiled& kernel, const Context& ctx,
+                 std::shared_ptr<const PreparedKernel> prepared = nullptr);
+
+  // Kernel ids the registry keeps a slot for: those held, and those released since its last sweep
+  // (tests, diagnostics).
+  std::size_t slots();
 
   static KernelRegistry& global();
 
  private:
   struct Slot {
     std::mutex mutex;
+    std::weak_ptr<const PreparedKernel> prepared;
+  };
+  struct Pinned {
+    SharedKernels::Handle loaded;
     std::shared_ptr<const PreparedKernel> prepared;
   };
   std::mutex mutex_;
   std::map<KernelId, std::shared_ptr<Slot>> prepared_;
-  std::map<std::pair<std::string, Context>, CUfunction> functions_;
+  std::size_t sweep_at_ = 64;  // prepared_'s size at which the next prepare forgets released ids
+  std::map<std::pair<const CompiledKernel*, Context>, Pinned> pinned_;
 };
 
 }  // namespace bsjit::runtime

@@ -45,12 +45,15 @@ struct MatMul::Impl {
   std::string layout_hash;
   std::array<std::vector<generator::MatMulSpec>, kOps> op_specs;  // generator::variants of each op
 
-  // What a launch needs, per context and op: filled on the first call in a context.
+  // What a launch needs, per context and op: filled on the first call in a context, held (the
+  // kernel loaded there, and its generated tables and launch shape) until this object goes.
   struct Launchable {
-    CUfunction function = nullptr;
+    runtime::SharedKernels::Handle loaded;
     std::shared_ptr<const runtime::PreparedKernel> prepared;
   };
-  std::mutex mutex;  // guards launchables and workspaces
+  // Kernels precompile() prepared, kept for the first call in a context (no second generation).
+  std::map<runtime::KernelId, std::shared_ptr<const runtime::PreparedKernel>> precompiled;
+  std::mutex mutex;  // guards launchables, precompiled and workspaces
   // The split kernels' workspace of each (context, stream) this object launched on, shared with
   // every other kernel and MatMul there (runtime::SplitWorkspaces); held here so that it lives as
   // long as this object may launch with it.
@@ -87,14 +90,14 @@ struct MatMul::Impl {
     {
       std::lock_guard lock(mutex);
       auto it = launchables.find(ctx);
-      if (it != launchables.end() && it->second[static_cast<int>(op)][v].function)
+      if (it != launchables.end() && it->second[static_cast<int>(op)][v].loaded)
         return it->second[static_cast<int>(op)][v];
     }
     const std::string arch = arch_for(ctx);
     auto on_miss = cache::KernelCache::global().run_time_on_miss();
     Launchable l;
     l.prepared = runtime::KernelRegistry::global().prepare(layout, id(spec_for(op, v, arch), arch), on_miss);  // unlocked
-    l.function = runtime::KernelRegistry::global().function(l.prepared->key, *l.prepared->compiled, ctx);
+    l.loaded = runtime::SharedKernels::global().acquire(l.prepared->compiled, ctx);
     std::lock_guard lock(mutex);
     launchables[ctx][static_cast<int>(op)][v] = l;
     return l;
@@ -117,7 +120,7 @@ struct MatMul::Impl {
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
     if (l.prepared->generated.workspace_bytes > 0)
       args.workspace = workspace(ctx, s, *l.prepared);
-    runtime::launch_prepared(*l.prepared, l.function, ctx, op, n, s, args);
+    runtime::launch_prepared(*l.prepared, l.loaded->function, ctx, op, n, s, args);
   }
 };
 
@@ -152,8 +155,10 @@ bool MatMul::precompile(Op op, const std::string& arch) const {
   bool any = false;
   for (int v = 0; v < static_cast<int>(impl_->specs(op).size()); ++v) {
     bool now = false;
-    runtime::KernelRegistry::global().prepare(impl_->layout, impl_->id(impl_->spec_for(op, v, arch), arch),
-                                              cache::OnMiss::compile, &now);
+    const runtime::KernelId id = impl_->id(impl_->spec_for(op, v, arch), arch);
+    auto p = runtime::KernelRegistry::global().prepare(impl_->layout, id, cache::OnMiss::compile, &now);
+    std::lock_guard lock(impl_->mutex);
+    impl_->precompiled[id] = std::move(p);
     any |= now;
   }
   return any;
@@ -201,7 +206,9 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   double best = 0;
   std::size_t best_i = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    CUfunction f = runtime::KernelRegistry::global().function(prepared[i]->key, *prepared[i]->compiled, ctx);
+    // loaded for the timing only: released after it (parked for a while, then unloaded)
+    const auto loaded = runtime::SharedKernels::global().acquire(prepared[i]->compiled, ctx);
+    CUfunction f = loaded->function;
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a.get(), b.get(), out.get(), nullptr, static_cast<int>(n), 0, nullptr};
     if (prepared[i]->generated.workspace_bytes > 0)

@@ -161,7 +161,42 @@ LoadedKernel load(const CompiledKernel& kernel, const Context& ctx) {
   return k;
 }
 
+namespace {
+
+struct Occupancy {
+  std::mutex mutex;
+  std::map<std::pair<unsigned long long, CUfunction>, std::int64_t> resident;  // by context id and function
+};
+Occupancy& occupancy() {
+  static auto* o = new Occupancy;  // never destroyed: unload may run in static destructors
+  return *o;
+}
+
+}  // namespace
+
+std::int64_t resident_ctas(CUfunction function, const Context& ctx, const LaunchShape& shape) {
+  Occupancy& o = occupancy();
+  std::lock_guard lock(o.mutex);
+  auto& r = o.resident[{ctx.id, function}];
+  if (r == 0) {
+    const Driver& d = driver();
+    int per_sm = 0, sms = 0;
+    CUdevice dev;
+    BSJIT_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, function, static_cast<int>(shape.threads),
+                                                           shape.shared_bytes));
+    BSJIT_CU(d.cuCtxGetDevice(&dev));
+    BSJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    r = std::max<std::int64_t>(1, static_cast<std::int64_t>(per_sm) * sms);
+  }
+  return r;
+}
+
 void unload(const LoadedKernel& k, const Context& ctx) {
+  {
+    Occupancy& o = occupancy();
+    std::lock_guard lock(o.mutex);
+    o.resident.erase({ctx.id, k.function});
+  }
   // A context reset since (same handle, new id) may hold a module or an allocation at the same
   // address as these: leave it be.
   if (!alive(ctx)) return;

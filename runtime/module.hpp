@@ -59,14 +59,15 @@ LoadedKernel load(const CompiledKernel& kernel, const Context& ctx);
 // gone (the driver freed them with it).
 void unload(const LoadedKernel& k, const Context& ctx);
 
-// The loaded kernels of the objects that launch them (Attention, AttentionOps), shared between
-// objects of one entry (the same masks and options) in one context, so that a service building an
-// object per request loads nothing the previous request left loaded, and its memory does not grow
-// with the requests: a kernel nobody holds stays loaded, parked, for the next object that asks
-// for it, up to kParked per process. One more, and the older half of them is unloaded at once:
-// unloading waits for the context's work, so a service meeting new masks all the time waits once
-// per kParked / 2 releases, not at every one. MatMul's kernels are kept by the KernelRegistry for
-// the life of the process (a model's layers are fixed, and deploy's warm-up loads them there).
+// The loaded kernels of the objects that launch them (MatMul, Attention, AttentionOps), shared
+// between objects of one kernel (the same layout or masks and options) in one context, so that a
+// service building an object per request, or a training job making a MatMul per new layout, loads
+// nothing the previous one left loaded, and its memory does not grow with them: a kernel nobody
+// holds stays loaded, parked, for the next object that asks for it, up to kParked per process.
+// One more, and the older half of them is unloaded at once: unloading waits for the context's
+// work, so a process meeting new layouts all the time waits once per kParked / 2 releases, not at
+// every one. Deploy's warm-up holds what it loads for the life of the process
+// (KernelRegistry::pin).
 class SharedKernels {
  public:
   using Handle = std::shared_ptr<const LoadedKernel>;
@@ -106,6 +107,11 @@ struct KernelArgs {
   // that takes fewer ignores the rest).
   CUtensorMap maps[3] = {};
 };
+
+// CTAs of function (loaded in ctx, launched with shape's threads and shared memory) that ctx's GPU
+// holds at once: SMs × CTAs per SM. Asked of the driver once per function and context; unload()
+// forgets it, since a function loaded later may get the same handle.
+std::int64_t resident_ctas(CUfunction function, const Context& ctx, const LaunchShape& shape);
 
 // cuLaunchKernel's parameter array for args: pointers into args, in the kernels' order.
 std::array<void*, 10> kernel_params(KernelArgs& args);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <random>
 
 #include "bsjit/attention_layouts.hpp"
@@ -202,6 +203,39 @@ TEST(Compiler, RegistryPreparesAllOnEveryCore) {
     EXPECT_NE(std::string(e.what()).find("sm_75"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(registry.prepare(a, mixed[1].second, cache::OnMiss::fail));
+}
+
+// The registry keeps a prepared kernel (generated source, tables, binary) while someone holds it,
+// and no longer: a process making a MatMul per new layout (dynamic sparsity) keeps neither every
+// layout's kernel nor a slot per layout.
+TEST(Compiler, RegistryKeepsAPreparedKernelWhileItIsHeld) {
+  set_cache_directory({});  // memory only
+  auto& registry = runtime::KernelRegistry::global();
+  const generator::MatMulSpec spec{Op::forward, 32, DType::bf16, FeatureAxis::last};
+  auto id_of = [&](const Layout& l) { return runtime::KernelId{l.hash().hex(), spec, "sm_80"}; };
+  const Layout base = small_random_layout(31);
+  auto held = registry.prepare(base, id_of(base), cache::OnMiss::compile);
+  EXPECT_EQ(registry.prepare(base, id_of(base), cache::OnMiss::fail), held) << "held: found again";
+  const std::weak_ptr<const runtime::PreparedKernel> released = held;
+  held.reset();
+  EXPECT_TRUE(released.expired()) << "nobody holds it: the registry does not either";
+  // 300 layouts of one shape (one compile; the rest share its code), each prepared and dropped
+  const std::size_t before = registry.slots();
+  const auto compiles = cache_stats().compiles;
+  std::mt19937_64 rng(32);
+  std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+  for (std::int64_t r = 0; r < 16; ++r) coords.push_back({r, r}), coords.push_back({r, (r + 5) % 16});
+  for (int i = 0; i < 300; ++i) {
+    std::vector<std::int64_t> to(16);
+    std::iota(to.begin(), to.end(), 0);
+    std::shuffle(to.begin(), to.end(), rng);
+    auto moved = coords;
+    for (auto& [r, c] : moved) c = to[c];
+    const Layout l = Layout::from_coords(16, 16, moved);
+    registry.prepare(l, id_of(l), cache::OnMiss::compile);
+  }
+  EXPECT_LE(cache_stats().compiles, compiles + 1) << "one shape, one compile";
+  EXPECT_LE(registry.slots(), std::max<std::size_t>(64, 2 * before) + 1) << "slots of released kernels are forgotten";
 }
 
 // A source compiles to the same bytes every time, so caches built twice from one manifest are

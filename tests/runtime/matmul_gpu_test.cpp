@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
+#include <set>
 
 #include "bsjit/bsjit.hpp"
 #include "op_check.hpp"
@@ -433,6 +435,76 @@ TEST(MatMulGpuSharedCode, LayoutsOfOneShapeRunWithTheirOwnTables) {
     }
   }
   EXPECT_GE(shared, 2) << "kernels of one source among the 6";
+}
+
+// A process making a MatMul per new layout (dynamic sparsity): objects of one layout share their
+// loaded kernels, a dropped object's kernels stay loaded (parked) for a later object up to
+// SharedKernels::kParked, beyond which the older half is unloaded, so loaded modules and their
+// tables' memory stay bounded however many layouts come; a kernel parked and taken back, or
+// unloaded and loaded again, computes right.
+TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  auto& shared = runtime::SharedKernels::global();
+  const MatMulOptions o{64, DType::bf16, FeatureAxis::last, ""};
+  const std::size_t per_object = generator::variants({Op::forward, 64, DType::bf16, FeatureAxis::last}).size();
+  // distinct layouts of one shape: column permutations of one random layout (they share one compile)
+  const Layout base = random_layout(64, 77);
+  std::vector<Layout> layouts;
+  std::set<std::string> hashes;
+  std::mt19937_64 rng(78);
+  const std::size_t count = runtime::SharedKernels::kParked + 8;
+  for (int tries = 0; layouts.size() < count && tries < 100000; ++tries) {
+    std::vector<std::int64_t> to(base.cols());
+    std::iota(to.begin(), to.end(), 0);
+    std::shuffle(to.begin(), to.end(), rng);
+    std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+    for (const auto& [r, c] : base.coords()) coords.push_back({r, to[c]});
+    Layout l = Layout::from_coords(base.rows(), base.cols(), coords);
+    if (hashes.insert(l.hash().hex()).second) layouts.push_back(std::move(l));
+  }
+  ASSERT_EQ(layouts.size(), count);
+  std::uint64_t seed = 17000;
+  auto expect_right = [&](const MatMul& mm, Op op, std::int64_t n, const std::string& what) {
+    auto r = check::run_and_check(mm, op, {n, false, false, seed++});
+    SCOPED_TRACE(fmt::format("{} {} n={}", what, to_string(op), n));
+    EXPECT_EQ(r.unwritten, 0);
+    EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+  };
+  const auto [held0, parked0] = shared.counts();
+  {
+    const MatMul a(layouts[0], o), b(layouts[0], o);
+    a.prepare(Op::forward), b.prepare(Op::forward);
+    EXPECT_EQ(shared.counts().first, held0 + per_object) << "two objects of one layout share its kernels";
+    expect_right(a, Op::forward, 333, "first object");
+    expect_right(b, Op::forward, 333, "second object");
+  }
+  EXPECT_EQ(shared.counts().first, held0) << "released with their objects";
+  for (std::size_t i = 1; i < layouts.size(); ++i) {
+    const MatMul mm(layouts[i], o);
+    mm.prepare(Op::forward);
+    EXPECT_EQ(shared.counts().first, held0 + per_object);
+    if (i % 16 == 0) expect_right(mm, Op::forward, 333, fmt::format("layout {}", i));
+  }
+  const auto [held, parked] = shared.counts();
+  EXPECT_EQ(held, held0);
+  EXPECT_LE(parked, runtime::SharedKernels::kParked) << "released kernels beyond the bound are unloaded";
+  EXPECT_GE(parked, runtime::SharedKernels::kParked / 2) << "the most recently released stay loaded";
+  {
+    const MatMul last(layouts.back(), o);
+    last.prepare(Op::forward);
+    EXPECT_EQ(shared.counts(), std::make_pair(held0 + per_object, parked - per_object))
+        << "the last layout's kernels were parked: taken back, not loaded again";
+    expect_right(last, Op::forward, 333, "taken back");
+  }
+  const auto parked_before_first = shared.counts().second;
+  {
+    const MatMul first(layouts[0], o);
+    first.prepare(Op::forward);
+    EXPECT_EQ(shared.counts().second, parked_before_first) << "the first layout's kernels were unloaded: loaded anew";
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+      for (std::int64_t n : {333, 40}) expect_right(first, op, n, "loaded again");
+  }
 }
 
 // fp32 as TF32 (opt-in): every op at b = 16-128 on the mma.sync kernels for 4-byte tiles (both batch

@@ -400,11 +400,12 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
       }
       std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
       for (const auto& id : ids) kernels.push_back({&L, id});
-      runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
-      for (const auto& id : ids) {
-        const Op op = id.spec.op;
-        auto p = runtime::KernelRegistry::global().prepare(L, id, cache::OnMiss::fail);
-        CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
+      const auto prepared = runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const Op op = ids[i].spec.op;
+        const auto& p = prepared[i];
+        const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);  // for this timing
+        CUfunction f = loaded->function;
         DeviceBuffer& o = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
         runtime::KernelArgs args{op == Op::backward_data ? ddy.get() : dx_in.get(),
                                  op == Op::backward_weight ? ddy.get() : dw_in.get(), o.get(), nullptr,
@@ -418,7 +419,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
         const auto [err, ms] = check_then_time(
             env, [&] { runtime::launch_prepared(*p, f, ctx, op, N, env.stream, args); }, o,
             [&] { return sampled_error(L, b, N, op, x, w, dy, o); });
-        std::string tag = generator::tiles_tag(*id.spec.tiles);
+        std::string tag = generator::tiles_tag(*ids[i].spec.tiles);
         fmt::print("sweep b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n", b,
                    d, to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, p->generated.grid_x, err,
                    err > 1e-2 ? "  WRONG" : "");
@@ -664,7 +665,8 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
                                             generator::variants({Op::forward, block, DType::bf16, FeatureAxis::last}).back(),
                                             arch, 1);
     auto p = runtime::KernelRegistry::global().prepare(tiny, {tiny.hash().hex(), spec, arch}, cache::OnMiss::fail);
-    CUfunction f = runtime::KernelRegistry::global().function(p->key, *p->compiled, ctx);
+    const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);  // the one mm holds
+    CUfunction f = loaded->function;
     runtime::KernelArgs args{xa, wa, ya, nullptr, 1, 0, nullptr};
     runtime::launch_prepared(*p, f, ctx, Op::forward, 1, env.stream, args);  // encodes the tensor maps, if any, once
     const auto shape = runtime::launch_shape(*p, Op::forward, 1);
