@@ -24,6 +24,31 @@ bool sync_launches() {
   return on;
 }
 
+// Makes a context current for the guard's scope, and the one current before current again at its
+// end (no driver call where ctx is current already). Throwing: a failure to switch is an Error;
+// else it is ignored, and the guard changes nothing (destructors).
+class ScopedCurrent {
+ public:
+  ScopedCurrent(CUcontext ctx, bool throwing) {
+    const Driver& d = driver();
+    CUresult r = d.cuCtxGetCurrent(&previous_);
+    if (r == CUDA_SUCCESS && previous_ != ctx) {
+      r = d.cuCtxSetCurrent(ctx);
+      switched_ = r == CUDA_SUCCESS;
+    }
+    if (throwing) BSJIT_CU(r);
+  }
+  ~ScopedCurrent() {
+    if (switched_) driver().cuCtxSetCurrent(previous_);
+  }
+  ScopedCurrent(const ScopedCurrent&) = delete;
+  ScopedCurrent& operator=(const ScopedCurrent&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
 }  // namespace
 
 Context current_context() {
@@ -59,13 +84,11 @@ bool alive(const Context& ctx) {
 
 std::string context_arch(const Context& ctx) {
   const Driver& d = driver();
-  CUcontext prev = nullptr;
-  BSJIT_CU(d.cuCtxGetCurrent(&prev));
-  if (prev != ctx.handle) BSJIT_CU(d.cuCtxSetCurrent(ctx.handle));
   CUdevice dev;
-  CUresult r = d.cuCtxGetDevice(&dev);
-  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
-  BSJIT_CU(r);
+  {
+    const ScopedCurrent current(ctx.handle, true);
+    BSJIT_CU(d.cuCtxGetDevice(&dev));
+  }
   int major = 0, minor = 0;
   BSJIT_CU(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   BSJIT_CU(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
@@ -137,9 +160,7 @@ CUresult fill_tables(const Driver& d, const CompiledKernel& kernel, CUmodule mod
 
 LoadedKernel load(const CompiledKernel& kernel, const Context& ctx) {
   const Driver& d = driver();
-  CUcontext prev = nullptr;
-  BSJIT_CU(d.cuCtxGetCurrent(&prev));
-  if (prev != ctx.handle) BSJIT_CU(d.cuCtxSetCurrent(ctx.handle));
+  const ScopedCurrent current(ctx.handle, true);
   LoadedKernel k;
   std::string what;
   CUresult r = d.cuModuleLoadData(&k.module, kernel.cubin.data());
@@ -148,7 +169,6 @@ LoadedKernel load(const CompiledKernel& kernel, const Context& ctx) {
     r = d.cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel.shared_bytes);
   if (r == CUDA_SUCCESS) r = fill_tables(d, kernel, k.module, &k.tables, &what);
   if (r != CUDA_SUCCESS && k.module) d.cuModuleUnload(k.module);
-  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
   if (r != CUDA_SUCCESS) {
     const char* name = "unknown";
     d.cuGetErrorName(r, &name);
@@ -201,13 +221,9 @@ void unload(const LoadedKernel& k, const Context& ctx) {
   // address as these: leave it be.
   if (!alive(ctx)) return;
   const Driver& d = driver();
-  CUcontext prev = nullptr;
-  d.cuCtxGetCurrent(&prev);
-  if (prev != ctx.handle) d.cuCtxSetCurrent(ctx.handle);
-  // (errors ignored: this runs in destructors)
+  const ScopedCurrent current(ctx.handle, false);  // (errors ignored: this runs in destructors)
   if (k.module) d.cuModuleUnload(k.module);
   if (k.tables) d.cuMemFree(k.tables);
-  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
 }
 
 SharedKernels& SharedKernels::global() {
@@ -322,12 +338,8 @@ DeviceMemory::DeviceMemory(std::size_t n) : bytes(n) {
 }
 DeviceMemory::~DeviceMemory() {
   if (!ptr || !alive(ctx)) return;  // gone with its context (a new one may hold the same address)
-  const Driver& d = driver();
-  CUcontext prev = nullptr;
-  d.cuCtxGetCurrent(&prev);
-  if (prev != ctx.handle) d.cuCtxSetCurrent(ctx.handle);
-  d.cuMemFree(ptr);
-  if (prev != ctx.handle) d.cuCtxSetCurrent(prev);
+  const ScopedCurrent current(ctx.handle, false);
+  driver().cuMemFree(ptr);
 }
 
 SplitWorkspaces& SplitWorkspaces::global() {
