@@ -389,6 +389,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
         if (std::find(env.ops.begin(), env.ops.end(), std::string(to_string(op))) == env.ops.end()) continue;
         generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
         spec.wgmma = generator::has_wgmma(arch);
+        spec.small_batch = N <= generator::kSmallBatchRows;  // sweep-small: the small batch's shapes too
         for (const auto& t : generator::tile_candidates(spec)) {
           const std::string tag = generator::tiles_tag(t);
           if (!env.tiles.empty() &&
@@ -692,7 +693,8 @@ int main(int argc, char** argv) {
   CLI::App app{"bsjit-bench: suites W, small and jit of BENCH.md, with cuBLAS, cuSPARSE and copy baselines"};
   std::vector<std::string> suites{"W", "small", "jit"};
   const Grid kSuiteW{{"balanced", "bernoulli"}, {16, 32, 64, 128}, {0.5, 0.25, 0.1, 0.05}};
-  const Grid kSmallBatch{{"balanced"}, {32, 64}, {0.1}};
+  // the small batch's table: its balanced layouts drawn first, as when it had no other
+  const Grid kSmallBatch{{"balanced", "bernoulli"}, {32, 64}, {0.1}};
   std::vector<int> blocks = kSuiteW.blocks;
   std::vector<double> densities = kSuiteW.densities;
   std::vector<std::string> kinds = kSuiteW.kinds;
@@ -706,7 +708,8 @@ int main(int argc, char** argv) {
       app.add_option("-b,--block", blocks, "block sizes of suite W and the sweeps (sweep-small: 32, 64 unless given)")
           ->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
-  app.add_option("-k,--layouts", kinds, "balanced, bernoulli")->delimiter(',');
+  auto* kinds_option =
+      app.add_option("-k,--layouts", kinds, "balanced, bernoulli (suite small: balanced unless given)")->delimiter(',');
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
   std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
   app.add_option("-o,--ops", ops, "the ops the sweeps time")->delimiter(',');
@@ -749,7 +752,10 @@ int main(int argc, char** argv) {
       if (s == "W")
         run_w(env, 8192, 4096, kSuiteW, {kinds, blocks, densities}, rows, false);
       else if (s == "small")
-        run_w(env, 64, 16384, kSmallBatch, kSmallBatch, small_rows, true);
+        run_w(env, 64, 16384, kSmallBatch,
+              {kinds_option->count() ? kinds : std::vector<std::string>{"balanced"}, kSmallBatch.blocks,
+               kSmallBatch.densities},
+              small_rows, true);
       else if (s == "jit") run_jit(env, jit);
       else if (s == "tf32")
         run_tf32(env, blocks, densities, tf32_rows);
@@ -776,7 +782,8 @@ int main(int argc, char** argv) {
     }
     if (!small_rows.empty()) {
       fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W ==\n");
-      for (const auto& r : small_rows) fmt::print("b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.b, r.op, r.ms, r.sol);
+      for (const auto& r : small_rows)
+        fmt::print("{:9} b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.layout, r.b, r.op, r.ms, r.sol);
     }
     if (!tf32_rows.empty()) {
       fmt::print("\n== fp32 inputs (N=8192, C=K=4096, balanced): TFLOP/s, fraction of the matching cuBLAS rate ==\n");
