@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <queue>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -324,8 +326,10 @@ TileConfig finish_wgmma(const MatMulSpec& spec, TileConfig t) {
   // b = 32: the TMA kernel unswapped (wgmma m64n32k16 on tiles swizzled over 64 bytes), for small
   // batches (choose_tiles)
   const bool block_ok = b == 64 || b == 128 || (b == 32 && t.tma && !t.swapped);
+  // split columns: the small batch's unswapped TMA kernel (its workspace holds kSmallBatchRows rows)
+  const bool split_ok = !t.split || (t.tma && t.persistent && !t.swapped && spec.small_batch);
   const bool ok = spec.wgmma && spec.op != Op::backward_weight && block_ok && rows_ok && t.bm <= 256 &&
-                  t.stages >= (t.tma ? 2 : 3) && t.shared_bytes <= 227 * 1024 &&
+                  t.stages >= (t.tma ? 2 : 3) && t.shared_bytes <= 227 * 1024 && split_ok &&
                   (t.tma || !t.persistent);  // only the TMA kernel loops over tiles
   if (!ok)
     throw Error(fmt::format("tile shape {} is not valid for {} at block {}{}", tiles_tag(t), to_string(spec.op), b,
@@ -500,6 +504,12 @@ TileConfig tma_shape(int bm, int warpgroups, int stages, bool persistent = false
   return t;
 }
 
+// The small batch's TMA shape t with its columns split (TileConfig::split; persistent).
+TileConfig split_shape(TileConfig t) {
+  t.persistent = t.split = true;
+  return t;
+}
+
 TileConfig wgmma_shape(int bm, int warpgroups, int stages) {
   TileConfig t;
   t.wgmma = true, t.bm = bm, t.warps_m = warpgroups, t.stages = stages;
@@ -555,8 +565,8 @@ std::string tiles_tag(const TileConfig& t) {
                        t.warps_m, t.stages, staged);
   if (t.col_blocks > 0) return fmt::format("cols{}-tma{}-s{}{}", t.col_blocks, t.warps_m, t.stages, staged);
   if (t.wgmma)
-    return fmt::format("{}{}-bm{}-s{}{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages, t.persistent ? "-p" : "",
-                       t.swapped ? "-sw" : "", staged);
+    return fmt::format("{}{}-bm{}-s{}{}{}{}{}", t.tma ? "tma" : "wg", t.warps_m, t.bm, t.stages,
+                       t.persistent ? "-p" : "", t.split ? "-split" : "", t.swapped ? "-sw" : "", staged);
   return fmt::format("bm{}-bk{}-w{}x{}-s{}{}", t.bm, t.bk, t.warps_m, t.warps_n, t.stages,
                      t.group > 1 ? fmt::format("-g{}", t.group) : "");
 }
@@ -628,6 +638,9 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
         }
     if (spec.wgmma && b == 32)  // small batch: more stages of 6 KB
       for (int stages : {6, 8, 12}) shapes.push_back(tma_shape(64, 1, stages, true));
+    if (spec.wgmma && spec.small_batch)  // the small batch's columns split (only valid there)
+      for (int stages : b == 32 ? std::vector<int>{6, 8, 12} : std::vector<int>{4, 6, 8})
+        shapes.push_back(split_shape(tma_shape(64, 1, stages)));
     if (spec.wgmma && b == 64)  // pairs of columns: consumers of both columns' 64 features × 128 or 64 rows
       for (auto [bm, wg, stages] : {std::tuple{256, 2, 4}, {256, 2, 3}, {256, 4, 3}, {128, 2, 6}, {128, 1, 6}})
         shapes.push_back(paired_shape(bm, wg, stages));
@@ -933,6 +946,121 @@ std::vector<int> balanced_groups(const std::vector<std::vector<std::pair<int, in
   return out;
 }
 
+// The small batch's columns split (TileConfig::split): the layout's blocks, column j reading LUT
+// entries offsets[j] .. offsets[j + 1], dealt to at most max_ctas CTAs (one wave) so that no CTA
+// copies much more than the mean share. First whole columns, longest first, each to the CTA with
+// the least work so far; then, while the busiest CTA holds more than the cap (the mean share times
+// kSlack), the tail of its longest item (what it holds over the cap, at least a minimum piece, at
+// most what the least busy CTA has room for, and leaving a minimum piece) moves to the least busy
+// CTA: pieces only where a column would hold up the op, each piece's partials added by the
+// column's last. Why: at N = 64 a CTA per column waits out its column's blocks at a rate a CTA
+// reaches alone, so the longest column sets the time. N = 64, C = K = 16384, d = 0.1 (H200, one
+// CTA per column): b = 64 forward 0.0205 ms on the balanced layout (every column 26 blocks)
+// against 0.0223 on the Bernoulli one (14-39 blocks), and backward-data, whose columns are the
+// balanced layout's rows (12-40), 0.0237; b = 32 0.0304 against 0.0350 and 0.0340 (24-76 blocks;
+// 51 on average). Measured (sweep-small, balanced, ms, split / best unsplit): b = 64
+// backward-data 0.0223 with 8 stages on one CTA per SM against 0.0234, but 0.0295 with 6 stages
+// on two CTAs per SM (more pieces) and 0.0322 with 4 on three; forward (no column cut) 0.0211
+// against 0.0200; b = 32 0.0341-0.0404 against 0.0303-0.0332. The pieces cost more than the
+// balance gains (their epilogue's fence, arrival and reads of the other partials end the column
+// late), so these shapes are tuning candidates, not the default.
+struct SplitColumns {
+  std::int64_t ctas = 0;
+  std::vector<int> cta_items;  // CTA p takes item p, then items cta_items[p] .. cta_items[p + 1]
+  // 8 ints per item, as DsdTile (templates/bsjit/matmul.cuh) reads them: position, begin, end,
+  // split (-1: a whole column), first_plane, piece, pieces, 0
+  std::vector<int> items;
+  int splits = 0, planes = 0;  // split columns, and their pieces (the partial planes of a row tile)
+};
+
+SplitColumns split_columns(const std::vector<int>& offsets, std::int64_t max_ctas, std::int64_t block, std::int64_t bm) {
+  // A piece's partial costs a write and a read of bm × block fp32 (from L2): a piece copies at least
+  // twice those bytes of W (b = 32: 16 blocks, b = 64: 8, b = 128: 4), a CTA at least twice that.
+  // CTAs: one per column at least (as unsplit), up to a wave.
+  constexpr double kSlack = 1.15;
+  const std::int64_t columns = static_cast<std::int64_t>(offsets.size()) - 1, total = offsets.back();
+  const std::int64_t min_piece = std::max<std::int64_t>(1, 2 * 2 * bm * block * 4 / (2 * block * block));
+  SplitColumns out;
+  out.ctas = std::clamp<std::int64_t>(std::max(columns, (total + 2 * min_piece - 1) / (2 * min_piece)), 1, max_ctas);
+  const auto cap = std::max<std::int64_t>(
+      2 * min_piece, static_cast<std::int64_t>(std::ceil(kSlack * static_cast<double>(total) / static_cast<double>(out.ctas))));
+  struct Item {
+    int column, begin, end;
+  };
+  std::vector<std::vector<Item>> held(out.ctas);
+  std::set<std::pair<std::int64_t, std::int64_t>> loads;  // (blocks, CTA)
+  for (std::int64_t p = 0; p < out.ctas; ++p) loads.insert({0, p});
+  auto give = [&](std::int64_t p, std::int64_t load, const Item& item) {
+    loads.erase({load, p});
+    held[p].push_back(item);
+    loads.insert({load + item.end - item.begin, p});
+  };
+  std::vector<int> order(columns);
+  std::iota(order.begin(), order.end(), 0);
+  auto length = [&](int j) { return offsets[j + 1] - offsets[j]; };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return length(a) > length(b); });
+  for (int j : order) {
+    const auto [load, p] = *loads.begin();
+    give(p, load, {j, offsets[j], offsets[j + 1]});
+  }
+  while (true) {
+    const auto [most, p] = *loads.rbegin();
+    const auto [least, q] = *loads.begin();
+    if (most <= cap) break;
+    auto& mine = held[p];
+    auto longest = std::max_element(mine.begin(), mine.end(),
+                                    [](const Item& a, const Item& b) { return a.end - a.begin < b.end - b.begin; });
+    const std::int64_t tail = std::min(std::max(most - cap, min_piece), cap - least);
+    if (tail < min_piece || longest->end - longest->begin < tail + min_piece) break;
+    const Item moved{longest->column, static_cast<int>(longest->end - tail), longest->end};
+    longest->end = moved.begin;
+    loads.erase({most, p});
+    loads.insert({most - tail, p});
+    give(q, least, moved);
+  }
+  // CTAs without an item go (each CTA's first item sits at its own index of the table, read at the
+  // kernel's start beside its offsets); each CTA's pieces before its whole columns, so that their
+  // partials are written, and added by the last, while later items run
+  std::erase_if(held, [](const std::vector<Item>& mine) { return mine.empty(); });
+  out.ctas = static_cast<std::int64_t>(held.size());
+  // each split column's pieces in order, its split and planes numbered by column
+  std::map<int, std::vector<std::pair<int, std::int64_t>>> pieces;  // column → (begin, CTA)
+  for (std::int64_t p = 0; p < out.ctas; ++p)
+    for (const Item& it : held[p]) pieces[it.column].push_back({it.begin, p});
+  std::map<std::pair<int, int>, std::array<int, 4>> numbered;  // (column, begin) → split, first plane, piece, pieces
+  for (auto& [column, ps] : pieces) {
+    std::sort(ps.begin(), ps.end());
+    const int q = static_cast<int>(ps.size());
+    for (int i = 0; i < q; ++i) numbered[{column, ps[i].first}] = {q > 1 ? out.splits : -1, out.planes, i, q};
+    if (q > 1) ++out.splits, out.planes += q;
+  }
+  auto entry = [&](const Item& it) {
+    const auto& n = numbered.at({it.column, it.begin});
+    return std::array<int, 8>{it.column, it.begin, it.end, n[0], n[1], n[2], n[3], 0};
+  };
+  for (auto& mine : held)
+    std::stable_partition(mine.begin(), mine.end(), [&](const Item& it) { return entry(it)[3] >= 0; });
+  // tables of one size for every layout of the shape: the items padded to columns + 2 · max_ctas
+  // (a moved tail holds at least min_piece blocks, so there are at most total / min_piece ≤
+  // 2 · ctas of them), CTA p's first at p, the others from max_ctas on, CTA p's from cta_items[p]
+  // to cta_items[p + 1] (max_ctas + 1 offsets)
+  out.items.assign(8 * (columns + 2 * max_ctas), 0);
+  std::int64_t rest = max_ctas;
+  out.cta_items.push_back(static_cast<int>(rest));
+  for (std::size_t p = 0; p < held.size(); ++p) {
+    for (std::size_t i = 0; i < held[p].size(); ++i) {
+      const std::int64_t at = i == 0 ? static_cast<std::int64_t>(p) : rest++;
+      if (at >= columns + 2 * max_ctas)
+        throw Error(fmt::format("internal: more split items than the table holds ({} columns)", columns));
+      const auto e = entry(held[p][i]);
+      std::copy(e.begin(), e.end(), out.items.begin() + 8 * at);
+    }
+    out.cta_items.push_back(static_cast<int>(rest));
+  }
+  out.cta_items.resize(max_ctas + 1, out.cta_items.back());
+  return out;
+}
+
 // CTAs of a pipelined shape one SM holds (227 KB of shared memory, 2048 threads).
 std::int64_t ctas_per_sm(const TileConfig& t) {
   return std::clamp<std::int64_t>(227 * 1024 / t.shared_bytes, 1, 2048 / t.threads);
@@ -1231,7 +1359,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       // others in order
       std::vector<int> order(out_blocks), offsets{0}, lut;
       std::iota(order.begin(), order.end(), 0);
-      if (t.tma && t.persistent) {
+      if (t.tma && t.persistent && !t.split) {
         std::vector<std::int64_t> steps;
         for (const auto& entries : per_out) steps.push_back(static_cast<std::int64_t>(entries.size()));
         order = balanced_order(steps, resident_ctas(t), true);
@@ -1245,6 +1373,25 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       tables =
           "// The output block column at position j, kOutColumns[j], reads entries kLutOffsets[j] ..\n"
           "// kLutOffsets[j+1] of kLut, each a pair (input block, W block index).\n";
+      if (t.split) {
+        // the small batch's columns split: grid x is the CTAs the blocks are dealt to (split_columns)
+        const std::int64_t max_ctas = resident_ctas(t), row_tiles = (kSmallBatchRows + t.bm - 1) / t.bm;
+        SplitColumns split = split_columns(offsets, max_ctas, b, t.bm);
+        g.grid_x = split.ctas;
+        g.split = true;
+        g.max_rows = kSmallBatchRows;
+        if (row_tiles * max_ctas > kernels::kSplitCounters)
+          throw Error(fmt::format("internal: {} split counters needed, the workspace holds {}", row_tiles * max_ctas,
+                                  kernels::kSplitCounters));
+        if (split.planes > 0)
+          g.workspace_bytes = (kernels::kSplitCounters + row_tiles * split.planes * t.bm * b) * 4;
+        tables += "// The small batch's CTAs (one wave): CTA p takes item p of kItems, then items kCtaItems[p] ..\n"
+                  "// kCtaItems[p+1]: (position, first entry, end, split column or -1, its first partial plane,\n"
+                  "// piece, pieces, 0).\n";
+        tables += add_table(g.tables, "kCtaItems", std::move(split.cta_items));
+        tables += add_table(g.tables, "kItems", std::move(split.items));
+        tables += add_table(g.tables, "kSplitPlanes", {split.planes});
+      }
       tables += add_table(g.tables, "kOutColumns", std::move(order));
       tables += add_table(g.tables, "kLutOffsets", std::move(offsets));
       tables += add_table(g.tables, "kLut", std::move(lut));
@@ -1276,9 +1423,13 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
        : grouping ? "  __device__ static const int* group_steps() { return kGroupSteps; }\n"
                     "  __device__ static const int* steps() { return kSteps; }\n"
                     "  __device__ static const int* group_columns() { return kGroupColumns; }\n"
-                  : "  __device__ static const int* out_columns() { return kOutColumns; }\n"
-                    "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
-                    "  __device__ static const int* lut() { return kLut; }\n");
+                  : std::string("  __device__ static const int* out_columns() { return kOutColumns; }\n"
+                                "  __device__ static const int* lut_offsets() { return kLutOffsets; }\n"
+                                "  __device__ static const int* lut() { return kLut; }\n") +
+                        (t.split ? "  __device__ static const int* cta_items() { return kCtaItems; }\n"
+                                   "  __device__ static const int* items() { return kItems; }\n"
+                                   "  __device__ static const int* split_planes() { return kSplitPlanes; }\n"
+                                 : ""));
   const char* kernel = t.paired           ? "dsd_paired_kernel"
                        : t.columns > 0    ? "dsd_grouped_kernel"
                        : t.tile_edge > 0  ? "sdd_tiled_kernel"
@@ -1332,7 +1483,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       "  static constexpr bool kTransW = {trans};\n"
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
       "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
-      "  static constexpr bool kPersistent = {persistent}, kSwapped = {swapped};\n"
+      "  static constexpr bool kPersistent = {persistent}, kSwapped = {swapped}, kSplit = {split};\n"
       "{grouped}"
       "{units}"
       "{accessors}"
@@ -1350,6 +1501,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
+      fmt::arg("split", t.split ? "true" : "false"),
       fmt::arg("accessors", accessors),
       fmt::arg("header", t.paired        ? "matmul_paired.cuh"
                          : t.columns > 0 ? "matmul_grouped.cuh"

@@ -30,6 +30,11 @@ struct TileConfig {
   bool wgmma = false;            // Hopper warpgroup kernel (sm_90a): bm rows on warps_m warpgroups, bk = 64
   bool tma = false;              // wgmma with a TMA producer warpgroup and mbarriers (warp-specialized)
   bool persistent = false;       // TMA dsd: one wave of CTAs looping over output tiles
+  // Small-batch TMA dsd (unswapped; also persistent): the layout's blocks dealt to one wave of CTAs
+  // in about equal shares, output block columns longer than a share split into pieces on several
+  // CTAs (fp32 partials in the workspace, added by the column's last piece): a long column no
+  // longer holds up the whole op.
+  bool split = false;
   // TMA dsd (b ≥ 64): the swapped product Yᵀ = Wᵀ·Xᵀ, each consumer warpgroup computing 64 output
   // features of bm / (warps_m / (b / 64)) rows with W's slice as wgmma's A (m64 n128/n256 k16).
   bool swapped = false;
@@ -120,6 +125,10 @@ struct GeneratedSource {
   // tiles are grid_x output block columns × ceil(n / rows_per_cta) row tiles. Backward-weight
   // (rows_per_cta = 0): grid x = the CTAs the GPU holds, over grid_x units of dW (SddSchedule).
   bool persistent = false;
+  // Split kernels (TileConfig::split): grid x is exactly grid_x CTAs, each taking its share of the
+  // layout's blocks, for n ≤ max_rows (the workspace holds their partials for that many rows).
+  bool split = false;
+  std::int64_t max_rows = 0;
   DType dtype = DType::f32;
   // The layout's tables, which the source declares and runtime::load fills (device_tables.hpp).
   DeviceTables tables;

@@ -122,6 +122,7 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
     t.swapped = j.value("swapped", false);
     t.paired = j.value("paired", false);
     t.staged = j.value("staged", false);
+    t.split = j.value("split", false);
     generator::MatMulSpec tuned = spec;
     tuned.tiles = t;
     generator::choose_tiles(tuned);  // throws when the shape does not fit this spec
@@ -143,7 +144,7 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
   o["bm"] = t.bm, o["bk"] = t.bk, o["warps_m"] = t.warps_m, o["warps_n"] = t.warps_n, o["stages"] = t.stages,
   o["group"] = t.group, o["wgmma"] = t.wgmma, o["tma"] = t.tma, o["persistent"] = t.persistent,
   o["columns"] = t.columns, o["tile_edge"] = t.tile_edge, o["tile_cols"] = t.tile_cols, o["row_blocks"] = t.row_blocks,
-  o["band_rows"] = t.band_rows, o["swapped"] = t.swapped, o["paired"] = t.paired, o["staged"] = t.staged,
+  o["band_rows"] = t.band_rows, o["swapped"] = t.swapped, o["paired"] = t.paired, o["staged"] = t.staged, o["split"] = t.split,
   o["tag"] = generator::tiles_tag(t);
   cache::KernelCache::global().store_tuning(key, tuning_stem(spec, arch, variant), j.dump());
 }
@@ -185,7 +186,13 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Co
     shape.threads = static_cast<std::uint32_t>(g.tiles.threads);
     shape.shared_bytes = static_cast<std::uint32_t>(g.shared_bytes);
     shape.grid_y = 1;
-    if (g.rows_per_cta == 0) {
+    if (g.split) {
+      // the small batch's split columns: the CTAs the generator dealt the blocks to, whatever the GPU
+      if (n > g.max_rows)
+        throw Error(fmt::format("bsjit: {}: n = {} is over the {} rows the small-batch kernel {} is built for",
+                                to_string(op), n, g.max_rows, g.label));
+      shape.grid_x = static_cast<std::uint32_t>(g.grid_x);
+    } else if (g.rows_per_cta == 0) {
       // backward-weight: every CTA the GPU holds, over grid_x units of dW (SddSchedule splits the
       // units left from the last full wave among the CTAs that would idle)
       shape.grid_x = g.grid_x > 0 ? static_cast<std::uint32_t>(resident_ctas(function, ctx, shape)) : 0;

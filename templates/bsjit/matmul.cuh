@@ -659,6 +659,98 @@ __device__ __forceinline__ void dsd_tma_stages(const Ring& ring, const float* __
   if (total > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);  // the tile's last stage
 }
 
+// One output tile of dsd_tma_kernel: the output column at `position` (Cfg::out_columns()), rows
+// m0 .. m0 + BM, LUT entries begin .. end. split ≥ 0 (Cfg::kSplit): the entries are piece `piece`
+// of the column's `pieces`, whose partials lie at planes first_plane .. and whose arrivals the
+// counter `split` counts (dsd_add_pieces).
+struct DsdTile {
+  int position, m0, begin, end, split, first_plane, piece, pieces;
+};
+
+// The tiles one CTA of dsd_tma_kernel computes, in order. Unsplit, tile t is the column at position
+// t % kOutBlocks of row tile t / kOutBlocks: persistent, CTA p takes tiles p, p + P, ...; otherwise
+// one tile per CTA (grid x = columns, y = row tiles). Split (the small batch): the CTA's items
+// (whole columns and pieces of long ones, dealt by the generator so that every CTA copies about
+// as many blocks), in each row tile: item blockIdx.x of Cfg::items(), then those from
+// Cfg::cta_items()[blockIdx.x] to the next CTA's (the first read beside its offsets).
+template <class Cfg>
+struct DsdTiles {
+  int count, first, stride, items;
+  __device__ __forceinline__ explicit DsdTiles(int n) {
+    const int row_tiles = (n + Cfg::kBM - 1) / Cfg::kBM;
+    if constexpr (Cfg::kSplit) {
+      first = Cfg::cta_items()[blockIdx.x];
+      items = 1 + Cfg::cta_items()[blockIdx.x + 1] - first;
+      stride = 0;
+      count = items * row_tiles;
+    } else {
+      const int tiles = Cfg::kOutBlocks * row_tiles;
+      first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
+      stride = Cfg::kPersistent ? gridDim.x : tiles;
+      items = 0;
+      count = first < tiles ? (tiles - first + stride - 1) / stride : 0;
+    }
+  }
+  __device__ __forceinline__ DsdTile at(int i) const {
+    if constexpr (Cfg::kSplit) {
+      const int k = i % items;
+      const int* e = Cfg::items() + 8 * (k == 0 ? static_cast<int>(blockIdx.x) : first + k - 1);
+      return {e[0], i / items * Cfg::kBM, e[1], e[2], e[3], e[4], e[5], e[6]};
+    } else {
+      const int tile = first + i * stride, position = tile % Cfg::kOutBlocks;  // n ≤ 2^31 - 1
+      return {position, tile / Cfg::kOutBlocks * Cfg::kBM, Cfg::lut_offsets()[position],
+              Cfg::lut_offsets()[position + 1], -1, 0, 0, 1};
+    }
+  }
+};
+
+// A piece of a split column (Cfg::kSplit), its product in the consumers' accumulators d (row0: the
+// consumer's first row of the tile): written as fp32 to its plane of the workspace; the column's
+// last piece to arrive adds all the pieces' partials, in piece order (deterministic), into d and
+// returns true, to store them; the others return false. Workspace: the arrival counters (one per
+// split column and row tile; the last piece sets its own back to 0 for the next launch), then
+// Cfg::split_planes()[0] planes of BM × b partials per row tile. Every consumer thread calls it.
+template <class Cfg, int TILES>
+__device__ __forceinline__ bool dsd_add_pieces(float (&d)[TILES][Cfg::kBlock / 2], const DsdTile& tile, int row0,
+                                               float* workspace) {
+  constexpr int b = Cfg::kBlock, kConsumerThreads = Cfg::kWarpsM * 128;
+  constexpr long long kPlane = static_cast<long long>(Cfg::kBM) * b;
+  const int row_tile = tile.m0 / Cfg::kBM;
+  unsigned* counter = reinterpret_cast<unsigned*>(workspace) + row_tile * gridDim.x + tile.split;
+  float* planes = workspace + kSplitCounters +
+                  (static_cast<long long>(row_tile) * Cfg::split_planes()[0] + tile.first_plane) * kPlane;
+  float* mine = planes + tile.piece * kPlane;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+    wgmma_for_each_pair<b>(row0 + t * 64, [&](int r, int c, int e) {
+      *reinterpret_cast<float2*>(mine + r * b + c) = make_float2(d[t][e], d[t][e + 1]);
+    });
+  __threadfence();
+  named_barrier_sync(1, kConsumerThreads);
+  __shared__ int last;
+  if (threadIdx.x == 128) last = atomicAdd(counter, 1u) == static_cast<unsigned>(tile.pieces - 1);
+  named_barrier_sync(1, kConsumerThreads);
+  if (!last) return false;
+  __threadfence();
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+#pragma unroll
+    for (int e = 0; e < b / 2; ++e) d[t][e] = 0.0f;
+#pragma unroll 1
+  for (int j = 0; j < tile.pieces; ++j) {
+    const float* plane = planes + j * kPlane;
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+      wgmma_for_each_pair<b>(row0 + t * 64, [&](int r, int c, int e) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(plane + r * b + c));
+        d[t][e] += v.x;
+        d[t][e + 1] += v.y;
+      });
+  }
+  if (threadIdx.x == 128) *counter = 0;
+  return true;
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dsd_tma_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
@@ -674,6 +766,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b &&
                     (b == 64 || b == 128 || (b == 32 && !Cfg::kSwapped)),
                 "16-bit, feature axis last, b = 64 or 128 (or 32, unswapped)");
+  static_assert(!Cfg::kSplit || !Cfg::kSwapped, "split columns: the unswapped kernel");
   static_assert(Cfg::kThreads == kConsumerThreads + 128 && kRows * kConsumers == Cfg::kBM && kTiles * 64 == kRows,
                 "one producer warpgroup, kWarpsM consumer warpgroups owning whole m64 tiles");
   static_assert(S >= 2 && DsdTmaPlan<Cfg>::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
@@ -685,14 +778,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   // Output tiles (BM rows × one block column), column fastest so that CTAs running together
-  // share rows of X in L2. Persistent: gridDim.x CTAs take tiles blockIdx.x, + gridDim.x, ...; the
-  // producer runs on into the next tile while the consumers store the last one. Otherwise one tile
-  // per CTA (grid x = columns, y = row tiles).
-  // Tile t is the column at position t % kOutBlocks (Cfg::out_columns(): the generator's balanced
-  // order) of row tile t / kOutBlocks.
-  const int tiles = Cfg::kOutBlocks * ((n + Cfg::kBM - 1) / Cfg::kBM);
-  const int first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
-  const int stride = Cfg::kPersistent ? gridDim.x : tiles;
+  // share rows of X in L2 (DsdTiles). Persistent or split, the producer runs on into the next tile
+  // while the consumers store the last one.
+  const DsdTiles<Cfg> work(n);
   ring.init(kConsumerThreads);
   // Swapped at b = 128 (one or two consumers): a consumer stores a tile while it computes the next,
   // a piece of 64 rows in each of the next tile's first stages, its accumulators rounded to 16 bits
@@ -719,18 +807,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = threadIdx.x;
     if (lane == 0) prefetch_tensormap(map_a), prefetch_tensormap(map_w);
     int step = 0;  // this CTA's stages so far, over all its tiles
-    int next_begin = Cfg::lut_offsets()[first % Cfg::kOutBlocks];
-    int next_end = Cfg::lut_offsets()[first % Cfg::kOutBlocks + 1];
-    for (int tile = first; tile < tiles; tile += stride) {
-      const int m0 = tile / Cfg::kOutBlocks * Cfg::kBM;  // n ≤ 2^31 - 1
-      const int begin = next_begin, entries = next_end - begin, total = entries * kSlicesPerEntry;
-      if (tile + stride < tiles) {
-        next_begin = Cfg::lut_offsets()[(tile + stride) % Cfg::kOutBlocks];
-        next_end = Cfg::lut_offsets()[(tile + stride) % Cfg::kOutBlocks + 1];
-      }
+    DsdTile next = work.count > 0 ? work.at(0) : DsdTile{};
+    for (int i = 0; i < work.count; ++i) {
+      const DsdTile tile = next;
+      const int m0 = tile.m0, begin = tile.begin, entries = tile.end - begin, total = entries * kSlicesPerEntry;
+      if (i + 1 < work.count) next = work.at(i + 1);
       int in_block = 0, w_block = 0;  // lane l: entry 32·⌊j / 32⌋ + l
-      for (int i = 0; i < total; ++i, ++step) {
-        const int j = i / kSlicesPerEntry, k0 = (i % kSlicesPerEntry) * kSlice;
+      for (int s = 0; s < total; ++s, ++step) {
+        const int j = s / kSlicesPerEntry, k0 = (s % kSlicesPerEntry) * kSlice;
         if (j % 32 == 0 && k0 == 0 && j + lane < entries)
           in_block = Cfg::lut()[2 * (begin + j + lane)], w_block = Cfg::lut()[2 * (begin + j + lane) + 1];
         const int x_col = __shfl_sync(0xffffffffu, in_block, j % 32) * b + k0;
@@ -767,11 +851,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 128) prefetch_tensormap(map_out);
   int step = 0, piece = 0;
-  for (int tile = first; tile < tiles; tile += stride) {
-    const int position = tile % Cfg::kOutBlocks, m0 = tile / Cfg::kOutBlocks * Cfg::kBM;
-    const int col = Cfg::out_columns()[position];
-    const int begin = Cfg::lut_offsets()[position];
-    const int total = (Cfg::lut_offsets()[position + 1] - begin) * kSlicesPerEntry;
+  for (int item = 0; item < work.count; ++item) {
+    const DsdTile tile = work.at(item);
+    const int m0 = tile.m0, col = Cfg::out_columns()[tile.position];
+    const int begin = tile.begin, total = (tile.end - begin) * kSlicesPerEntry;
     if constexpr (!Cfg::kSwapped) {
       float d[kTiles][b / 2];
 #pragma unroll
@@ -786,6 +869,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           [](int) {});
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
+      if constexpr (Cfg::kSplit)
+        if (tile.split >= 0 && !dsd_add_pieces<Cfg, kTiles>(d, tile, consumer * kRows, workspace)) continue;
       // Accumulator d[t][4i + 2h + e]: row 16·warp + lane / 4 + 8h of m64 tile t, column 8i + 2·(lane % 4) + e.
       // Each warp stores its 16 rows, kSlice columns at a time, through its part of the staging tile.
       unsigned char* warp_tile = out_tile + warp * 16 * kRow;  // two whole swizzle atoms

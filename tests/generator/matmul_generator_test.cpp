@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <regex>
@@ -65,6 +67,120 @@ TEST(Generator, Snapshots) {
     EXPECT_EQ(snapshot, want.str()) << "generated source or tables for " << g.label << " changed; if intended, "
                                     << "rerun with BSJIT_UPDATE_SNAPSHOTS=1 and review the diff";
   }
+}
+
+// The small batch's split columns (TileConfig::split, a tuning candidate on Hopper): the CTAs' items cover
+// every column's LUT entries once, whole or in pieces that follow each other in piece order (the
+// pieces of a column agree on its split, planes and count); no CTA takes much more than the mean
+// share, as a CTA per column did; layouts of one shape share one source.
+TEST(Generator, SmallBatchSplitsLongColumns) {
+  std::mt19937_64 rng(91);
+  for (int b : {32, 64, 128})
+    for (Op op : {Op::forward, Op::backward_data}) {
+      SCOPED_TRACE(fmt::format("{} b{}", to_string(op), b));
+      // 16384 features: a suite-small layout at d = 0.1 (Bernoulli), then the same with one column and
+      // one row holding every block
+      const std::int64_t r = 16384 / b;
+      std::vector<std::uint8_t> m(r * r);
+      for (auto& v : m) v = rng() % 10 == 0;
+      for (int full = 0; full < 2; ++full) {
+        if (full)
+          for (std::int64_t i = 0; i < r; ++i) m[i * r + 3] = 1, m[5 * r + i] = 1;
+        const Layout layout = Layout::from_dense(r, r, m);
+        MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = true;
+        const auto v = variants(spec);
+        ASSERT_EQ(v.size(), 2u);
+        MatMulSpec small = v[1];  // a split shape (a tuning candidate of the small batch)
+        for (const auto& t : tile_candidates(small))
+          if (t.split && !small.tiles) small.tiles = t;
+        ASSERT_TRUE(small.tiles);
+        const GeneratedSource g = generate_matmul(layout, small);
+        ASSERT_TRUE(g.tiles.split && g.split && g.persistent) << g.label;
+        EXPECT_NE(g.source.find("kSplit = true"), std::string::npos);
+        EXPECT_EQ(g.max_rows, kSmallBatchRows);
+        const auto offsets = table(g, "kLutOffsets"), cta_items = table(g, "kCtaItems"), items = table(g, "kItems");
+        const int planes = table(g, "kSplitPlanes").at(0);
+        const std::int64_t columns = static_cast<std::int64_t>(offsets.size()) - 1, total = offsets.back();
+        ASSERT_GE(g.grid_x, std::min<std::int64_t>(columns, static_cast<std::int64_t>(cta_items.size()) - 1));
+        ASSERT_LT(g.grid_x, static_cast<std::int64_t>(cta_items.size()));
+        std::vector<int> covered(total, 0);
+        std::map<int, std::vector<std::array<int, 5>>> pieces;  // column → (piece, begin, end, split, first plane)
+        std::int64_t most = 0;
+        const int max_ctas = static_cast<int>(cta_items.size()) - 1;
+        std::vector<int> real;  // the items' indices: CTA p's first at p, its others from cta_items[p]
+        for (std::int64_t p = 0; p < g.grid_x; ++p) {
+          std::int64_t load = 0;
+          std::vector<int> mine{static_cast<int>(p)};
+          for (int i = cta_items[p]; i < cta_items[p + 1]; ++i) mine.push_back(i);
+          if (p == 0) {
+            EXPECT_EQ(cta_items[0], max_ctas) << "the CTAs' other items after every CTA's first";
+          }
+          bool whole_seen = false;
+          for (int i : mine) {
+            real.push_back(i);
+            const int* e = items.data() + 8 * i;
+            const int pos = e[0], begin = e[1], end = e[2], split = e[3];
+            ASSERT_TRUE(pos >= 0 && pos < columns && begin >= offsets[pos] && end <= offsets[pos + 1] && begin <= end);
+            for (int k = begin; k < end; ++k) ++covered[k];
+            load += end - begin;
+            if (split < 0) {
+              EXPECT_TRUE(begin == offsets[pos] && end == offsets[pos + 1]) << "a whole column";
+              whole_seen = true;
+            } else {
+              EXPECT_FALSE(whole_seen) << "a CTA's pieces before its whole columns";
+              pieces[pos].push_back({e[5], begin, end, split, e[4]});
+            }
+          }
+          most = std::max(most, load);
+        }
+        for (int k = 0; k < total; ++k) ASSERT_EQ(covered[k], 1) << "entry " << k;
+        // a split column's pieces: 0 .. q - 1, each starting where the one before ends, one split
+        // and one first plane for all; the splits numbered 0, 1, ..., their planes one after another
+        int next_plane = 0;
+        std::set<int> splits;
+        std::vector<std::pair<int, std::vector<std::array<int, 5>>>> by_plane;
+        for (auto& [pos, ps] : pieces) by_plane.push_back({ps[0][4], ps});
+        std::sort(by_plane.begin(), by_plane.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+        for (auto& [first_plane, ps] : by_plane) {
+          std::sort(ps.begin(), ps.end());
+          EXPECT_GE(ps.size(), 2u);
+          EXPECT_EQ(first_plane, next_plane);
+          next_plane += static_cast<int>(ps.size());
+          int at = -1;
+          for (std::size_t i = 0; i < ps.size(); ++i) {
+            EXPECT_EQ(ps[i][0], static_cast<int>(i));
+            if (i > 0) {
+              EXPECT_EQ(ps[i][1], at) << "pieces in order";
+            }
+            at = ps[i][2];
+            EXPECT_EQ(ps[i][3], ps[0][3]);
+            EXPECT_EQ(ps[i][4], first_plane);
+          }
+          splits.insert(ps[0][3]);
+        }
+        for (int i : real)
+          if (items[8 * i + 3] >= 0) {
+            EXPECT_EQ(items[8 * i + 6], static_cast<int>(pieces[items[8 * i]].size())) << "each piece knows the count";
+          }
+        EXPECT_EQ(next_plane, planes);
+        EXPECT_EQ(static_cast<int>(splits.size()), splits.empty() ? 0 : *splits.rbegin() + 1);
+        EXPECT_EQ(g.workspace_bytes > 0, planes > 0);
+        // the busiest CTA against the mean share and against one CTA per column
+        std::int64_t widest = 0;
+        for (std::int64_t j = 0; j < columns; ++j) widest = std::max<std::int64_t>(widest, offsets[j + 1] - offsets[j]);
+        const double mean = static_cast<double>(total) / static_cast<double>(g.grid_x);
+        EXPECT_LE(static_cast<double>(most), 1.3 * mean + 1) << "balanced";
+        if (full) {
+          EXPECT_GT(planes, 0) << "the full column is cut";
+          EXPECT_LT(most, widest) << "no CTA waits out the full column";
+        }
+        // a permutation of the columns: the same source
+        std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+        for (const auto& [rr, c] : layout.coords()) moved.push_back({rr, (c + 7) % r});
+        EXPECT_EQ(generate_matmul(Layout::from_coords(r, r, moved), small).source, g.source);
+      }
+    }
 }
 
 // The lookup tables, which the generated source declares, describe exactly the layout.

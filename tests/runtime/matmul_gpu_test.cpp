@@ -437,6 +437,61 @@ TEST(MatMulGpuSharedCode, LayoutsOfOneShapeRunWithTheirOwnTables) {
   EXPECT_GE(shared, 2) << "kernels of one source among the 6";
 }
 
+// The small batch's split columns (TileConfig::split, a Hopper tuning candidate at N ≤ 128, forced
+// here through a tuning record of the small-batch variant): a column and
+// a row holding every block (48) beside sparse ones, so that forward and backward-data each cut a
+// column into pieces on several CTAs, whose partials the column's last piece adds; b = 32, 64 and
+// 128, one and two row tiles, gated and accumulating, the last case twice (each launch leaves its
+// counters at 0 for the next). A split kernel refuses more rows than its workspace holds.
+TEST(MatMulGpuSplit, SmallBatchPiecesMatchReference) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const runtime::Context ctx = runtime::current_context();
+  if (runtime::context_arch(ctx) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  std::uint64_t seed = 19000;
+  int cut = 0;
+  for (int b : {32, 64, 128}) {
+    const std::int64_t r = 48;
+    std::mt19937_64 rng(600 + b);
+    std::vector<std::uint8_t> m(r * r);
+    for (auto& v : m) v = rng() % 100 < 5;
+    for (std::int64_t i = 0; i < r; ++i) m[i * r + 3] = 1, m[5 * r + i] = 1;
+    const Layout layout = Layout::from_dense(r, r, m);
+    for (Op op : {Op::forward, Op::backward_data}) {
+      generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      generator::MatMulSpec small = generator::variants(spec).at(1);
+      for (const auto& t : generator::tile_candidates(small))
+        if (t.split && !small.tiles) small.tiles = t;
+      ASSERT_TRUE(small.tiles);
+      runtime::store_tuning(layout.hash().hex(), small, "sm_90a", 1, *small.tiles);
+      const MatMul mm(layout, {b, DType::bf16, FeatureAxis::last, "sm_90a"});
+      EXPECT_EQ(mm.kernel_label(op, 64), generator::kernel_label(small)) << "the tuned split shape runs";
+      const auto g = generator::generate_matmul(layout, small);
+      EXPECT_TRUE(g.split) << g.label;
+      cut += g.workspace_bytes > 0;
+      for (const Variant& v : {Variant{1, false, false}, Variant{64, false, false}, Variant{77, true, false},
+                               Variant{128, false, true}, Variant{100, true, true}, Variant{100, true, true}}) {
+        auto res = check::run_and_check(mm, op, {v.n, v.accumulate, v.gated, seed++});
+        tally().add(DType::bf16, res.relative_error);
+        SCOPED_TRACE(fmt::format("{} b{} n={} gate={} accumulate={}", to_string(op), b, v.n, v.gated, v.accumulate));
+        EXPECT_EQ(res.unwritten, 0);
+        EXPECT_LE(res.relative_error, check::tolerance(DType::bf16));
+      }
+      if (b == 64 && op == Op::forward) {
+        auto p = runtime::KernelRegistry::global().prepare(layout, {layout.hash().hex(), small, "sm_90a"},
+                                                           cache::OnMiss::compile);
+        const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);
+        runtime::KernelArgs args;
+        EXPECT_THROW(runtime::launch_prepared(*p, loaded->function, ctx, op, generator::kSmallBatchRows + 1, nullptr,
+                                              args),
+                     Error);
+      }
+    }
+  }
+  EXPECT_EQ(cut, 6) << "every kernel cut its full column";
+}
+
 // A process making a MatMul per new layout (dynamic sparsity): objects of one layout share their
 // loaded kernels, a dropped object's kernels stay loaded (parked) for a later object up to
 // SharedKernels::kParked, beyond which the older half is unloaded, so loaded modules and their

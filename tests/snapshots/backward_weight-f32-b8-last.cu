@@ -21,7 +21,7 @@ struct Config {
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 24, kOutDim = 32;
   static constexpr int kOutBlocks = 0;  // output block columns (dsd)
-  static constexpr bool kPersistent = false, kSwapped = false;
+  static constexpr bool kPersistent = false, kSwapped = false, kSplit = false;
   __device__ static const int* coords() { return kCoords; }
 };
 

@@ -24,7 +24,7 @@ struct Config {
   static constexpr bool kTransW = false;
   static constexpr long long kInDim = 96, kOutDim = 128;
   static constexpr int kOutBlocks = 4;  // output block columns (dsd)
-  static constexpr bool kPersistent = false, kSwapped = false;
+  static constexpr bool kPersistent = false, kSwapped = false, kSplit = false;
   __device__ static const int* out_columns() { return kOutColumns; }
   __device__ static const int* lut_offsets() { return kLutOffsets; }
   __device__ static const int* lut() { return kLut; }
