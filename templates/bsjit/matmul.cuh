@@ -659,6 +659,48 @@ __device__ __forceinline__ void dsd_tma_stages(const Ring& ring, const float* __
   if (total > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);  // the tile's last stage
 }
 
+// The reduction of split pieces (backward-weight's SddSchedule pieces, the small batch's split
+// columns): a piece's accumulators d (TILES m64 tiles from row row0, N columns from col0, of planes
+// of `width` floats a row) go to its plane; the last of the `pieces` to arrive (counter) adds every
+// plane, in piece order (deterministic), into d, sets the counter back to 0 for the next launch and
+// returns true; the others return false. Planes: `planes`, `plane` floats apart. leader: the thread
+// that counts. Every one of the kConsumerThreads consumer threads calls it.
+template <int kConsumerThreads, int TILES, int N>
+__device__ __forceinline__ bool add_piece_partials(float (&d)[TILES][N / 2], int row0, int col0, int width,
+                                                   float* planes, long long plane, int piece, int pieces,
+                                                   unsigned* counter, int leader) {
+  float* mine = planes + piece * plane;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+    wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
+      *reinterpret_cast<float2*>(mine + r * width + col0 + c) = make_float2(d[t][e], d[t][e + 1]);
+    });
+  __threadfence();
+  named_barrier_sync(1, kConsumerThreads);
+  __shared__ int last;
+  if (threadIdx.x == leader) last = atomicAdd(counter, 1u) == static_cast<unsigned>(pieces - 1);
+  named_barrier_sync(1, kConsumerThreads);
+  if (!last) return false;
+  __threadfence();
+#pragma unroll
+  for (int t = 0; t < TILES; ++t)
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
+#pragma unroll 1
+  for (int j = 0; j < pieces; ++j) {
+    const float* from = planes + j * plane;
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(from + r * width + col0 + c));
+        d[t][e] += v.x;
+        d[t][e + 1] += v.y;
+      });
+  }
+  if (threadIdx.x == leader) *counter = 0;
+  return true;
+}
+
 // One output tile of dsd_tma_kernel: the output column at `position` (Cfg::out_columns()), rows
 // m0 .. m0 + BM, LUT entries begin .. end. split ≥ 0 (Cfg::kSplit): the entries are piece `piece`
 // of the column's `pieces`, whose partials lie at planes first_plane .. and whose arrivals the
@@ -713,42 +755,14 @@ struct DsdTiles {
 template <class Cfg, int TILES>
 __device__ __forceinline__ bool dsd_add_pieces(float (&d)[TILES][Cfg::kBlock / 2], const DsdTile& tile, int row0,
                                                float* workspace) {
-  constexpr int b = Cfg::kBlock, kConsumerThreads = Cfg::kWarpsM * 128;
+  constexpr int b = Cfg::kBlock;
   constexpr long long kPlane = static_cast<long long>(Cfg::kBM) * b;
   const int row_tile = tile.m0 / Cfg::kBM;
   unsigned* counter = reinterpret_cast<unsigned*>(workspace) + row_tile * gridDim.x + tile.split;
   float* planes = workspace + kSplitCounters +
                   (static_cast<long long>(row_tile) * Cfg::split_planes()[0] + tile.first_plane) * kPlane;
-  float* mine = planes + tile.piece * kPlane;
-#pragma unroll
-  for (int t = 0; t < TILES; ++t)
-    wgmma_for_each_pair<b>(row0 + t * 64, [&](int r, int c, int e) {
-      *reinterpret_cast<float2*>(mine + r * b + c) = make_float2(d[t][e], d[t][e + 1]);
-    });
-  __threadfence();
-  named_barrier_sync(1, kConsumerThreads);
-  __shared__ int last;
-  if (threadIdx.x == 128) last = atomicAdd(counter, 1u) == static_cast<unsigned>(tile.pieces - 1);
-  named_barrier_sync(1, kConsumerThreads);
-  if (!last) return false;
-  __threadfence();
-#pragma unroll
-  for (int t = 0; t < TILES; ++t)
-#pragma unroll
-    for (int e = 0; e < b / 2; ++e) d[t][e] = 0.0f;
-#pragma unroll 1
-  for (int j = 0; j < tile.pieces; ++j) {
-    const float* plane = planes + j * kPlane;
-#pragma unroll
-    for (int t = 0; t < TILES; ++t)
-      wgmma_for_each_pair<b>(row0 + t * 64, [&](int r, int c, int e) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(plane + r * b + c));
-        d[t][e] += v.x;
-        d[t][e + 1] += v.y;
-      });
-  }
-  if (threadIdx.x == 128) *counter = 0;
-  return true;
+  return add_piece_partials<Cfg::kWarpsM * 128, TILES, b>(d, row0, 0, b, planes, kPlane, tile.piece, tile.pieces,
+                                                          counter, 128);
 }
 
 template <class Cfg>
@@ -1143,35 +1157,9 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
     const int leftover = schedule.leftover(item);
     unsigned* counter = reinterpret_cast<unsigned*>(workspace) + leftover;
     float* planes = workspace + kSplitCounters + leftover * schedule.q * kPlane;
-    float* mine = planes + item.piece * kPlane;
-#pragma unroll
-    for (int t = 0; t < TILES; ++t)
-      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-        *reinterpret_cast<float2*>(mine + r * C + col0 + c) = make_float2(d[t][e], d[t][e + 1]);
-      });
-    __threadfence();
-    named_barrier_sync(1, kConsumerThreads);
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(schedule.q - 1);
-    named_barrier_sync(1, kConsumerThreads);
-    if (!last) return;
-    __threadfence();
-#pragma unroll
-    for (int t = 0; t < TILES; ++t)
-#pragma unroll
-      for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
-#pragma unroll 1
-    for (int j = 0; j < schedule.q; ++j) {
-      const float* plane = planes + j * kPlane;
-#pragma unroll
-      for (int t = 0; t < TILES; ++t)
-        wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(plane + r * C + col0 + c));
-          d[t][e] += v.x;
-          d[t][e + 1] += v.y;
-        });
-    }
-    if (threadIdx.x == 0) *counter = 0;
+    if (!add_piece_partials<kConsumerThreads, TILES, N>(d, row0, col0, C, planes, kPlane, item.piece, schedule.q,
+                                                        counter, 0))
+      return;
   }
   const int unit = item.unit;
   if constexpr (Cfg::kStagedStore) {
