@@ -1034,12 +1034,14 @@ SplitColumns split_columns(const std::vector<int>& offsets, std::int64_t max_cta
     for (int i = 0; i < q; ++i) numbered[{column, ps[i].first}] = {q > 1 ? out.splits : -1, out.planes, i, q};
     if (q > 1) ++out.splits, out.planes += q;
   }
-  auto entry = [&](const Item& it) {
-    const auto& n = numbered.at({it.column, it.begin});
-    return std::array<int, 8>{it.column, it.begin, it.end, n[0], n[1], n[2], n[3], 0};
-  };
-  for (auto& mine : held)
-    std::stable_partition(mine.begin(), mine.end(), [&](const Item& it) { return entry(it)[3] >= 0; });
+  std::vector<std::vector<std::array<int, 8>>> entries(held.size());  // the table's rows, per CTA
+  for (std::size_t p = 0; p < held.size(); ++p) {
+    for (const Item& it : held[p]) {
+      const auto& n = numbered.at({it.column, it.begin});
+      entries[p].push_back({it.column, it.begin, it.end, n[0], n[1], n[2], n[3], 0});
+    }
+    std::stable_partition(entries[p].begin(), entries[p].end(), [](const auto& e) { return e[3] >= 0; });
+  }
   // tables of one size for every layout of the shape: the items padded to columns + 2 · max_ctas
   // (a moved tail holds at least min_piece blocks, so there are at most total / min_piece ≤
   // 2 · ctas of them), CTA p's first at p, the others from max_ctas on, CTA p's from cta_items[p]
@@ -1047,13 +1049,12 @@ SplitColumns split_columns(const std::vector<int>& offsets, std::int64_t max_cta
   out.items.assign(8 * (columns + 2 * max_ctas), 0);
   std::int64_t rest = max_ctas;
   out.cta_items.push_back(static_cast<int>(rest));
-  for (std::size_t p = 0; p < held.size(); ++p) {
-    for (std::size_t i = 0; i < held[p].size(); ++i) {
+  for (std::size_t p = 0; p < entries.size(); ++p) {
+    for (std::size_t i = 0; i < entries[p].size(); ++i) {
       const std::int64_t at = i == 0 ? static_cast<std::int64_t>(p) : rest++;
       if (at >= columns + 2 * max_ctas)
         throw Error(fmt::format("internal: more split items than the table holds ({} columns)", columns));
-      const auto e = entry(held[p][i]);
-      std::copy(e.begin(), e.end(), out.items.begin() + 8 * at);
+      std::copy(entries[p][i].begin(), entries[p][i].end(), out.items.begin() + 8 * at);
     }
     out.cta_items.push_back(static_cast<int>(rest));
   }
