@@ -64,12 +64,16 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
 }
 
 std::vector<std::shared_ptr<const PreparedKernel>> KernelRegistry::prepare_all(
-    const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss) {
+    const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss,
+    std::vector<char>* compiled_now) {
   std::vector<std::shared_ptr<const PreparedKernel>> prepared(kernels.size());
   std::vector<std::string> errors(kernels.size());
+  if (compiled_now) compiled_now->assign(kernels.size(), 0);
   parallel_for(kernels.size(), 0, [&](std::size_t i) {
     try {
-      prepared[i] = prepare(*kernels[i].first, kernels[i].second, on_miss);
+      bool now = false;
+      prepared[i] = prepare(*kernels[i].first, kernels[i].second, on_miss, &now);
+      if (compiled_now) (*compiled_now)[i] = now ? 1 : 0;
     } catch (const std::exception& e) {
       errors[i] = e.what();
     }

@@ -76,8 +76,10 @@ class KernelRegistry {
 
   // prepare() of every (layout, id) on all cores, one kernel per core at a time (NVRTC runs
   // single-threaded): [i] is kernels[i]'s. Throws the first failure (by index) once all have ended.
+  // (*compiled_now)[i], where given (sized as kernels), is 1 when NVRTC ran for kernels[i].
   std::vector<std::shared_ptr<const PreparedKernel>> prepare_all(
-      const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss);
+      const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss,
+      std::vector<char>* compiled_now = nullptr);
 
   // Loads kernel into ctx (SharedKernels: the one loaded there already, if any) and keeps it loaded,
   // with `prepared` when given, for the life of the process (deploy's warm-up): a later MatMul of

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <map>
@@ -81,6 +82,23 @@ struct MatMul::Impl {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
   }
 
+  // The kernels of ops for arch, each (op, variant) once, in the order given.
+  struct OpKernel {
+    Op op;
+    int variant;
+    runtime::KernelId id;
+  };
+  std::vector<OpKernel> kernels(const std::vector<Op>& ops, const std::string& arch) const {
+    std::vector<OpKernel> out;
+    for (Op op : ops) {
+      bool seen = false;
+      for (const auto& k : out) seen |= k.op == op;
+      if (seen) continue;
+      for (int v = 0; v < static_cast<int>(specs(op).size()); ++v) out.push_back({op, v, id(spec_for(op, v, arch), arch)});
+    }
+    return out;
+  }
+
   // Which variant runs n rows.
   int variant(Op op, std::int64_t n) const {
     return n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
@@ -151,17 +169,18 @@ void MatMul::backward_weight(const void* x, const void* dy, void* dw, std::int64
   impl_->run(Op::backward_weight, x, dy, dw, n, stream, o);
 }
 
-bool MatMul::precompile(Op op, const std::string& arch) const {
-  bool any = false;
-  for (int v = 0; v < static_cast<int>(impl_->specs(op).size()); ++v) {
-    bool now = false;
-    const runtime::KernelId id = impl_->id(impl_->spec_for(op, v, arch), arch);
-    auto p = runtime::KernelRegistry::global().prepare(impl_->layout, id, cache::OnMiss::compile, &now);
-    std::lock_guard lock(impl_->mutex);
-    impl_->precompiled[id] = std::move(p);
-    any |= now;
-  }
-  return any;
+bool MatMul::precompile(Op op, const std::string& arch) const { return precompile(std::vector<Op>{op}, arch); }
+
+bool MatMul::precompile(const std::vector<Op>& ops, const std::string& arch) const {
+  runtime::check_arch(arch);
+  const auto kernels = impl_->kernels(ops, arch);
+  std::vector<std::pair<const Layout*, runtime::KernelId>> ids;
+  for (const auto& k : kernels) ids.push_back({&impl_->layout, k.id});
+  std::vector<char> now(ids.size(), 0);
+  const auto prepared = runtime::KernelRegistry::global().prepare_all(ids, cache::OnMiss::compile, &now);
+  std::lock_guard lock(impl_->mutex);
+  for (std::size_t i = 0; i < ids.size(); ++i) impl_->precompiled[ids[i].second] = prepared[i];
+  return std::find(now.begin(), now.end(), 1) != now.end();
 }
 
 TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
@@ -227,9 +246,18 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   return result;
 }
 
-void MatMul::prepare(Op op) const {
+void MatMul::prepare(Op op) const { prepare(std::vector<Op>{op}); }
+
+void MatMul::prepare(const std::vector<Op>& ops) const {
   const runtime::Context ctx = runtime::current_context();
-  for (int v = 0; v < static_cast<int>(impl_->specs(op).size()); ++v) impl_->launchable(op, v, ctx);
+  const auto kernels = impl_->kernels(ops, impl_->arch_for(ctx));
+  std::vector<std::pair<const Layout*, runtime::KernelId>> ids;
+  for (const auto& k : kernels) ids.push_back({&impl_->layout, k.id});
+  // compiled (or read from the cache) on every core, held here while each is loaded in turn:
+  // launchable then finds them in the registry
+  const auto prepared =
+      runtime::KernelRegistry::global().prepare_all(ids, cache::KernelCache::global().run_time_on_miss());
+  for (const auto& k : kernels) impl_->launchable(k.op, k.variant, ctx);
 }
 
 std::string MatMul::generated_source(Op op) const {

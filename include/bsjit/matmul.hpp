@@ -69,6 +69,11 @@ class MatMul {
   // Compiles op's kernel for arch into the cache without touching a GPU (build machines).
   // Returns true when it was compiled now, false when the cache already held it.
   bool precompile(Op op, const std::string& arch) const;
+  // The same for several ops, their kernels compiled side by side (one per core). A layer's three
+  // products and their small-batch variants are six kernels of 0.3-1 s each on Hopper, so this
+  // takes about as long as the slowest of them instead of their sum. Returns true when any was
+  // compiled now.
+  bool precompile(const std::vector<Op>& ops, const std::string& arch) const;
 
   // Times every tile shape bsjit can use for op at n rows on the current GPU (on scratch inputs of
   // that size, on stream), keeps the fastest for this layout, block, dtype and feature axis at this
@@ -80,6 +85,10 @@ class MatMul {
   // Gets op's kernel ready in the current context (compiled or loaded from the cache, module
   // loaded), so the first call pays nothing. Throws in strict mode when the cache lacks it.
   void prepare(Op op) const;
+  // The same for several ops, compiling the kernels the cache lacks side by side (as precompile
+  // does): mm.prepare({Op::forward, Op::backward_data, Op::backward_weight}) before a training
+  // step's first call.
+  void prepare(const std::vector<Op>& ops) const;
 
   // The generated CUDA source of op's kernel (for inspection and debugging).
   std::string generated_source(Op op) const;

@@ -92,6 +92,28 @@ TEST(MatMulApi, ShapesAndPrecompileWithoutGpu) {
   EXPECT_THROW(mm.precompile(Op::forward, "sm_61"), Error);
 }
 
+// precompile of several ops at once: every op's kernels (both batch variants) compiled side by side,
+// each once, the same entries that one op at a time finds.
+TEST(MatMulApi, PrecompileOfSeveralOpsCompilesEachKernelOnce) {
+  set_cache_directory({});
+  const Layout layout = Layout::from_coords(3, 5, {{0, 1}, {1, 4}, {2, 0}, {2, 3}});
+  const MatMulOptions o{32, DType::bf16, FeatureAxis::last, ""};
+  const MatMul mm(layout, o);
+  const std::vector<Op> all{Op::forward, Op::backward_data, Op::backward_weight};
+  std::int64_t kernels = 0;
+  for (Op op : all) kernels += static_cast<std::int64_t>(generator::variants({op, 32, DType::bf16, FeatureAxis::last}).size());
+  ASSERT_GT(kernels, 3) << "the small-batch variants are part of it";
+  auto before = cache_stats();
+  EXPECT_TRUE(mm.precompile({Op::forward, Op::backward_data, Op::backward_weight, Op::forward}, "sm_90a"));
+  EXPECT_EQ(cache_stats().compiles - before.compiles, kernels) << "each kernel once, a repeated op adds none";
+  EXPECT_FALSE(mm.precompile(all, "sm_90a"));
+  const MatMul same(layout, o);
+  for (Op op : all) EXPECT_FALSE(same.precompile(op, "sm_90a")) << to_string(op) << ": found, not compiled again";
+  EXPECT_EQ(cache_stats().compiles - before.compiles, kernels);
+  EXPECT_FALSE(mm.precompile(std::vector<Op>{}, "sm_90a"));
+  EXPECT_THROW(mm.precompile(all, "sm_61"), Error);
+}
+
 TEST(MatMulApi, LayoutsOfOneShapeCompileOnce) {
   set_cache_directory({});
   MatMul a(Layout::from_coords(4, 4, {{0, 0}, {1, 2}, {3, 3}}), {64, DType::bf16, FeatureAxis::last, ""}),

@@ -562,6 +562,37 @@ TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
   }
 }
 
+// prepare of several ops: every kernel a layer's calls need is compiled (side by side) and loaded
+// before the first call, so that, with the cache strict from then on, all three ops at both batch
+// variants run without a compile, and right.
+TEST(MatMulGpuPrepare, SeveralOpsAtOnceLeaveNothingToCompile) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  struct StrictAfter {  // strict until the end of the test, whatever happens
+    ~StrictAfter() { set_strict_cache(false); }
+  } restore;
+  for (int block : {32, 128}) {
+    const MatMul mm(random_layout(block, 18000 + block), {block, DType::bf16, FeatureAxis::last, ""});
+    const auto before = cache_stats();
+    mm.prepare({Op::forward, Op::backward_data, Op::backward_weight});
+    EXPECT_GT(cache_stats().compiles + cache_stats().disk_hits, before.compiles + before.disk_hits)
+        << "a new layout's entries were made";
+    set_strict_cache(true);
+    const auto prepared = cache_stats();
+    std::uint64_t seed = 18100;
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+      for (std::int64_t n : {333, 40}) {
+        SCOPED_TRACE(fmt::format("b={} {} n={}", block, to_string(op), n));
+        check::CheckResult r;
+        ASSERT_NO_THROW(r = check::run_and_check(mm, op, {n, false, false, seed++}));
+        EXPECT_EQ(r.unwritten, 0);
+        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+      }
+    EXPECT_EQ(cache_stats().compiles, prepared.compiles) << "the calls compiled nothing";
+    set_strict_cache(false);
+  }
+}
+
 // fp32 as TF32 (opt-in): every op at b = 16-128 on the mma.sync kernels for 4-byte tiles (both batch
 // variants: n = 77 runs the small-batch one), against the double-precision reference, within the
 // 16-bit tolerance (TF32 keeps 10 mantissa bits, as fp16 does); above exact fp32's errors, so the

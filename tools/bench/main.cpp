@@ -486,6 +486,29 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
           fmt::format("cold compile, {} {}, {} blocks (median of 3), ms", generator::kernel_label(spec), arch, blocks),
           ms[1]);
     }
+  // A layer's kernels, cold (a shape this process has not compiled, so no shared code): the three
+  // ops' six kernels (both batch variants) by MatMul::precompile one op at a time, and of all three
+  // at once, side by side on the cores.
+  {
+    const std::vector<Op> all{Op::forward, Op::backward_data, Op::backward_weight};
+    std::vector<double> serial, together;
+    for (int rep = 0; rep < 3; ++rep)
+      for (const bool at_once : {false, true}) {
+        const std::int64_t side = 64 + 2 * rep + (at_once ? 1 : 0);
+        const MatMul mm(balanced_layout(side, side, 0.25, rng), {64, DType::bf16, FeatureAxis::last, "sm_90a"});
+        auto t = Clock::now();
+        if (at_once)
+          mm.precompile(all, "sm_90a");
+        else
+          for (Op op : all) mm.precompile(op, "sm_90a");
+        (at_once ? together : serial).push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      }
+    std::sort(serial.begin(), serial.end());
+    std::sort(together.begin(), together.end());
+    figures.emplace_back("a layer's kernels cold, b = 64 bf16 sm_90a (3 ops x 2 variants), one op at a time (median of 3), ms",
+                         serial[1]);
+    figures.emplace_back("a layer's kernels cold, all three ops at once (median of 3), ms", together[1]);
+  }
   // A new layout of a compiled shape (a model's next layer, a changed sparsity pattern): the first
   // layout's columns rotated, built from its code with no NVRTC run (docs/CACHE.md).
   generator::MatMulSpec wide_dw{Op::backward_weight, 128, DType::bf16, FeatureAxis::last};
