@@ -98,6 +98,15 @@ struct MatMul::Impl {
     }
     return out;
   }
+  // Those kernels from the registry (compiled side by side where the cache lacks them, on_miss
+  // allowing); (*now)[i]: whether NVRTC ran for kernels[i].
+  std::vector<std::shared_ptr<const runtime::PreparedKernel>> prepare_all(const std::vector<OpKernel>& kernels,
+                                                                         cache::OnMiss on_miss,
+                                                                         std::vector<char>* now = nullptr) const {
+    std::vector<std::pair<const Layout*, runtime::KernelId>> ids;
+    for (const auto& k : kernels) ids.push_back({&layout, k.id});
+    return runtime::KernelRegistry::global().prepare_all(ids, on_miss, now);
+  }
 
   // Which variant runs n rows.
   int variant(Op op, std::int64_t n) const {
@@ -174,12 +183,10 @@ bool MatMul::precompile(Op op, const std::string& arch) const { return precompil
 bool MatMul::precompile(const std::vector<Op>& ops, const std::string& arch) const {
   runtime::check_arch(arch);
   const auto kernels = impl_->kernels(ops, arch);
-  std::vector<std::pair<const Layout*, runtime::KernelId>> ids;
-  for (const auto& k : kernels) ids.push_back({&impl_->layout, k.id});
-  std::vector<char> now(ids.size(), 0);
-  const auto prepared = runtime::KernelRegistry::global().prepare_all(ids, cache::OnMiss::compile, &now);
+  std::vector<char> now;
+  const auto prepared = impl_->prepare_all(kernels, cache::OnMiss::compile, &now);
   std::lock_guard lock(impl_->mutex);
-  for (std::size_t i = 0; i < ids.size(); ++i) impl_->precompiled[ids[i].second] = prepared[i];
+  for (std::size_t i = 0; i < kernels.size(); ++i) impl_->precompiled[kernels[i].id] = prepared[i];
   return std::find(now.begin(), now.end(), 1) != now.end();
 }
 
@@ -251,12 +258,9 @@ void MatMul::prepare(Op op) const { prepare(std::vector<Op>{op}); }
 void MatMul::prepare(const std::vector<Op>& ops) const {
   const runtime::Context ctx = runtime::current_context();
   const auto kernels = impl_->kernels(ops, impl_->arch_for(ctx));
-  std::vector<std::pair<const Layout*, runtime::KernelId>> ids;
-  for (const auto& k : kernels) ids.push_back({&impl_->layout, k.id});
   // compiled (or read from the cache) on every core, held here while each is loaded in turn:
   // launchable then finds them in the registry
-  const auto prepared =
-      runtime::KernelRegistry::global().prepare_all(ids, cache::KernelCache::global().run_time_on_miss());
+  const auto prepared = impl_->prepare_all(kernels, cache::KernelCache::global().run_time_on_miss());
   for (const auto& k : kernels) impl_->launchable(k.op, k.variant, ctx);
 }
 
