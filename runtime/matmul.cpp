@@ -113,13 +113,15 @@ struct MatMul::Impl {
     return n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
   }
 
+  // op's variant v as loaded in ctx already; empty where it is not.
+  Launchable loaded(Op op, int v, const runtime::Context& ctx) {
+    std::lock_guard lock(mutex);
+    auto it = launchables.find(ctx);
+    return it != launchables.end() ? it->second[static_cast<int>(op)][v] : Launchable{};
+  }
+
   Launchable launchable(Op op, int v, const runtime::Context& ctx) {
-    {
-      std::lock_guard lock(mutex);
-      auto it = launchables.find(ctx);
-      if (it != launchables.end() && it->second[static_cast<int>(op)][v].loaded)
-        return it->second[static_cast<int>(op)][v];
-    }
+    if (Launchable l = loaded(op, v, ctx); l.loaded) return l;
     const std::string arch = arch_for(ctx);
     auto on_miss = cache::KernelCache::global().run_time_on_miss();
     Launchable l;
@@ -257,7 +259,9 @@ void MatMul::prepare(Op op) const { prepare(std::vector<Op>{op}); }
 
 void MatMul::prepare(const std::vector<Op>& ops) const {
   const runtime::Context ctx = runtime::current_context();
-  const auto kernels = impl_->kernels(ops, impl_->arch_for(ctx));
+  std::vector<Impl::OpKernel> kernels;  // those not loaded in ctx yet: a repeated prepare starts no thread
+  for (auto& k : impl_->kernels(ops, impl_->arch_for(ctx)))
+    if (!impl_->loaded(k.op, k.variant, ctx).loaded) kernels.push_back(std::move(k));
   // compiled (or read from the cache) on every core, held here while each is loaded in turn:
   // launchable then finds them in the registry
   const auto prepared = impl_->prepare_all(kernels, cache::KernelCache::global().run_time_on_miss());

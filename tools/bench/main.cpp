@@ -491,7 +491,7 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   // at once, side by side on the cores.
   {
     const std::vector<Op> all{Op::forward, Op::backward_data, Op::backward_weight};
-    std::vector<double> serial, together;
+    std::vector<double> per_op, together;
     for (int rep = 0; rep < 3; ++rep)
       for (const bool at_once : {false, true}) {
         const std::int64_t side = 64 + 2 * rep + (at_once ? 1 : 0);
@@ -501,12 +501,12 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
           mm.precompile(all, "sm_90a");
         else
           for (Op op : all) mm.precompile(op, "sm_90a");
-        (at_once ? together : serial).push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+        (at_once ? together : per_op).push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
       }
-    std::sort(serial.begin(), serial.end());
+    std::sort(per_op.begin(), per_op.end());
     std::sort(together.begin(), together.end());
     figures.emplace_back("a layer's kernels cold, b = 64 bf16 sm_90a (3 ops x 2 variants), one op at a time (median of 3), ms",
-                         serial[1]);
+                         per_op[1]);
     figures.emplace_back("a layer's kernels cold, all three ops at once (median of 3), ms", together[1]);
   }
   // A new layout of a compiled shape (a model's next layer, a changed sparsity pattern): the first
