@@ -589,6 +589,10 @@ TEST(MatMulGpuPrepare, SeveralOpsAtOnceLeaveNothingToCompile) {
         EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
       }
     EXPECT_EQ(made(cache_stats()), made(prepared)) << "the calls found every kernel in memory";
+    const auto loaded = cache_stats();
+    mm.prepare({Op::forward, Op::backward_data, Op::backward_weight});
+    EXPECT_EQ(cache_stats().memory_hits, loaded.memory_hits) << "a repeated prepare looks up no kernel: all are loaded";
+    EXPECT_EQ(made(cache_stats()), made(loaded));
     set_strict_cache(false);
   }
 }

@@ -152,6 +152,9 @@ struct Row {
   double d;
   std::string op;
   double ms, tflops, sol, vs_cublas, vs_cusparse, error, floor_ms;
+  // cuBLAS's time for the dense GEMM that does the op's work: as many FLOPs, outputs and the same
+  // reduction length per output (dense_equivalent) over ours; below 1 where cuBLAS is faster
+  double vs_dense_eq = NAN;
 };
 
 struct Env {
@@ -206,6 +209,23 @@ Measured check_then_time(const Env& env, const std::function<void()>& call, Devi
   return {err, time_ms(call, env.stream, 3, env.reps)};
 }
 
+// The dense GEMM that does an op's work on L with block b at batch N, as cuBLAS's (n, c, k): the
+// same FLOPs, the same output and the mean reduction length of an output, C' = blocks · b / columns
+// (on suite W's balanced layouts every forward output column's, exactly). Forward and
+// backward-data: Y[N, K] = X[N, C'] · W[C', K]; backward-weight: dW's blocks as a [C', K] output
+// with reduction N. It moves less than the sparse op (X's C' columns instead of all of them, no
+// index reads), so it bounds from above what a block-sparse kernel of cuBLAS's quality reaches on
+// the cell: a cell whose SOL target asks more than this GEMM's rate asks more than dense does.
+struct DenseEquivalent {
+  std::int64_t n, c, k;
+};
+DenseEquivalent dense_equivalent(const Layout& L, int b, std::int64_t N, Op op) {
+  const std::int64_t K = L.cols() * b;
+  std::int64_t reduction = (L.blocks() * b + L.cols() / 2) / L.cols();
+  reduction = std::max<std::int64_t>(8, (reduction + 4) / 8 * 8);  // whole 16-byte rows for cuBLAS's fast kernels
+  return op == Op::backward_weight ? DenseEquivalent{reduction, N, K} : DenseEquivalent{N, reduction, K};
+}
+
 void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, const Grid& selected,
            std::vector<Row>& rows, bool small) {
   const std::int64_t C = CK, K = CK;
@@ -246,7 +266,14 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, c
     const double bytes = 2.0 * (N * C + N * K + L.blocks() * b * b);
     const double floor_ms = std::max(d_eff * t_dense, bytes / env.copy_bw * 1e3);
     double t_sparse = cusparse_bell_ms(L, b, N, o.x.get(), o.y.get(), env.stream, env.reps);
+    // forward and backward-data share their dense equivalent's shape
+    const auto dense_eq_ms = [&](Op op) {
+      const DenseEquivalent eq = dense_equivalent(L, b, N, op);
+      return cublas_dense_ms(eq.n, eq.c, eq.k, Dense::bf16, env.stream, env.reps);
+    };
+    const double t_eq_data = dense_eq_ms(Op::forward), t_eq_weight = dense_eq_ms(Op::backward_weight);
     for (Op op : kOps) {
+      const double t_eq = op == Op::backward_weight ? t_eq_weight : t_eq_data;
       auto [call, out] = op_call(mm, op, o, dw_in, dw_out, N, env.stream);
       const auto [err, ms] =
           check_then_time(env, call, *out, [&, out = out] { return sampled_error(L, b, N, op, x, w, dy, *out); });
@@ -260,11 +287,12 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, c
             t_dense / ms,
             op == Op::forward && t_sparse > 0 ? t_sparse / ms : NAN,
             err,
-            floor_ms};
+            floor_ms,
+            t_eq / ms};
       if (small) r.sol = (L.blocks() * b * b * 2.0 / (ms * 1e-3)) / env.copy_bw;  // fraction of copy bw on W
       rows.push_back(r);
-      fmt::print("{:8} b{:<3} d{:<5} {:15} {:8.4f} ms {:6.1f} TF/s  {}{:.2f}  x{:.2f} cuBLAS  {}  err {:.1e}{}\n", kind,
-                 b, d, r.op, ms, r.tflops, small ? "W-bw " : "SOL ", r.sol, r.vs_cublas,
+      fmt::print("{:8} b{:<3} d{:<5} {:15} {:8.4f} ms {:6.1f} TF/s  {}{:.2f}  x{:.2f} cuBLAS  x{:.2f} dense-eq({:.4f} ms)  {}  err {:.1e}{}\n",
+                 kind, b, d, r.op, ms, r.tflops, small ? "W-bw " : "SOL ", r.sol, r.vs_cublas, r.vs_dense_eq, t_eq,
                  std::isnan(r.vs_cusparse) ? std::string("")
                                            : fmt::format("x{:.2f} cuSPARSE({:.3f} ms)", r.vs_cusparse, t_sparse),
                  err, err > 1e-2 ? "  WRONG" : "");
@@ -802,11 +830,23 @@ int main(int argc, char** argv) {
         fmt::print("{:9} {:>4} {:>5} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:8.2f}\n",
                    rows[i].layout, rows[i].b, rows[i].d, rows[i].tflops, rows[i].sol, rows[i + 1].tflops,
                    rows[i + 1].sol, rows[i + 2].tflops, rows[i + 2].sol, rows[i].vs_cusparse);
+      // the dense equivalent's own SOL fraction (floor over its time: sol / vs_dense_eq) beside ours
+      fmt::print("\n== suite W: cuBLAS on the dense equivalent (same FLOPs, outputs, reduction length): its SOL "
+                 "fraction, and ours over it ==\n");
+      fmt::print("{:9} {:>4} {:>5} | {:>11} | {:>11} | {:>11}\n", "layout", "b", "d", "forward", "backward_data",
+                 "backward_w");
+      for (std::size_t i = 0; i + 2 < rows.size(); i += 3)
+        fmt::print("{:9} {:>4} {:>5} | {:4.2f} x{:4.2f} | {:4.2f} x{:4.2f} | {:4.2f} x{:4.2f}\n", rows[i].layout,
+                   rows[i].b, rows[i].d, rows[i].sol / rows[i].vs_dense_eq, rows[i].vs_dense_eq,
+                   rows[i + 1].sol / rows[i + 1].vs_dense_eq, rows[i + 1].vs_dense_eq,
+                   rows[i + 2].sol / rows[i + 2].vs_dense_eq, rows[i + 2].vs_dense_eq);
     }
     if (!small_rows.empty()) {
-      fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W ==\n");
+      fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W; the dense "
+                 "equivalent's, and ours over it ==\n");
       for (const auto& r : small_rows)
-        fmt::print("{:9} b{:<3} {:15} {:8.4f} ms  {:4.2f}\n", r.layout, r.b, r.op, r.ms, r.sol);
+        fmt::print("{:9} b{:<3} {:15} {:8.4f} ms  {:4.2f}   dense-eq {:4.2f}  x{:4.2f}\n", r.layout, r.b, r.op, r.ms,
+                   r.sol, r.sol / r.vs_dense_eq, r.vs_dense_eq);
     }
     if (!tf32_rows.empty()) {
       fmt::print("\n== fp32 inputs (N=8192, C=K=4096, balanced): TFLOP/s, fraction of the matching cuBLAS rate ==\n");
@@ -844,6 +884,7 @@ int main(int argc, char** argv) {
                                     {"sol", r.sol},
                                     {"vs_cublas", r.vs_cublas},
                                     {"vs_cusparse", std::isnan(r.vs_cusparse) ? 0.0 : r.vs_cusparse},
+                                    {"vs_dense_equivalent", std::isnan(r.vs_dense_eq) ? 0.0 : r.vs_dense_eq},
                                     {"error", r.error},
                                     {"floor_ms", r.floor_ms}});
     for (const auto& r : attention_rows)
@@ -855,12 +896,12 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";
     if (!csv_path.empty()) {
       std::ofstream csv(csv_path);
-      csv << "suite,layout,block,density,op,ms,tflops,sol,vs_cublas,vs_cusparse,error\n";
+      csv << "suite,layout,block,density,op,ms,tflops,sol,vs_cublas,vs_cusparse,error,vs_dense_equivalent\n";
       for (auto* set : {&rows, &small_rows, &tf32_rows})
         for (const auto& r : *set)
-          csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e}\n",
+          csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e},{:.3f}\n",
                              set == &rows ? "W" : set_name(set), r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol,
-                             r.vs_cublas, r.vs_cusparse, r.error);
+                             r.vs_cublas, r.vs_cusparse, r.error, r.vs_dense_eq);
       // suite A: the head dim in the density column; TFLOP/s of the attended pairs (4 · D FLOPs
       // each forward, 10 · D backward), so that compare.py (and ab.sh) compare these cells too
       for (const auto& r : attention_rows) {
@@ -869,7 +910,7 @@ int main(int argc, char** argv) {
                                                       {"attention_bwd", r.backward_ms},
                                                       {"attention_decomposed", r.decomposed_ms}};
         for (const auto& [op, ms] : ops)
-          csv << fmt::format("A,{},{},{},{},{:.5f},{:.2f},0,0,0,{:.2e}\n", r.mask, r.block, r.head_dim, op, ms,
+          csv << fmt::format("A,{},{},{},{},{:.5f},{:.2f},0,0,0,{:.2e},0\n", r.mask, r.block, r.head_dim, op, ms,
                              forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms, r.error);
       }
     }
