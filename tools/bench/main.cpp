@@ -214,8 +214,8 @@ Measured check_then_time(const Env& env, const std::function<void()>& call, Devi
 // (on suite W's balanced layouts every forward output column's, exactly). Forward and
 // backward-data: Y[N, K] = X[N, C'] · W[C', K]; backward-weight: dW's blocks as a [C', K] output
 // with reduction N. It moves less than the sparse op (X's C' columns instead of all of them, no
-// index reads), so it bounds from above what a block-sparse kernel of cuBLAS's quality reaches on
-// the cell: a cell whose SOL target asks more than this GEMM's rate asks more than dense does.
+// index reads), so it is an optimistic reference, most of all at low density: a cell whose SOL
+// target asks more than this GEMM reaches asks more than cuBLAS does with the same work.
 struct DenseEquivalent {
   std::int64_t n, c, k;
 };
