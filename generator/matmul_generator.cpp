@@ -1394,7 +1394,16 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
         tables += add_table(g.tables, "kSplitPlanes", {split.planes});
       }
       tables += add_table(g.tables, "kOutColumns", std::move(order));
-      tables += add_table(g.tables, "kLutOffsets", std::move(offsets));
+      // One CTA per tile (the TMA kernel not persistent: the small batch at b >= 64), whose threads all
+      // read their column's two offsets first, and only then its entries and its first copies: the
+      // offsets in constant memory. N = 64, C = K = 16384, d = 0.1, b = 64, three rounds, main and this
+      // interleaved in one call: balanced forward 0.0207-0.0210 -> 0.0205-0.0207 ms, backward-data
+      // 0.0234-0.0238 -> 0.0232-0.0233, Bernoulli forward 0.0223-0.0226 -> 0.0221-0.0225 (b = 32,
+      // persistent, level). Up to 16 KB of them: constant memory holds 64 KB a module.
+      const bool offsets_constant =
+          t.tma && !t.persistent && capacity(DeviceTable{"", offsets}) * sizeof(int) <= 16 * 1024;
+      tables += add_table(g.tables, "kLutOffsets", std::move(offsets),
+                          offsets_constant ? TableStorage::constant : TableStorage::array);
       tables += add_table(g.tables, "kLut", std::move(lut));
     }
   }

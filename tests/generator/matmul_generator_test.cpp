@@ -73,6 +73,43 @@ TEST(Generator, Snapshots) {
 // every column's LUT entries once, whole or in pieces that follow each other in piece order (the
 // pieces of a column agree on its split, planes and count); no CTA takes much more than the mean
 // share, as a CTA per column did; layouts of one shape share one source.
+// The small batch's default kernel at b = 64 (one CTA per column, not persistent) reads its column's
+// LUT offsets from constant memory; the persistent kernels, and offsets past 16 KB, from global memory.
+TEST(Generator, LutOffsetsInConstantMemoryOnlyForOneTilePerCta) {
+  std::mt19937_64 rng(17);
+  const auto storage = [](const GeneratedSource& g) {
+    for (const auto& t : g.tables)
+      if (t.name == "kLutOffsets") return t.storage;
+    ADD_FAILURE() << "no kLutOffsets in " << g.label;
+    return TableStorage::pointer;
+  };
+  for (std::int64_t features : {16384, 8 * 65536}) {
+    const std::int64_t r = features / 64;
+    std::vector<std::uint8_t> m(r * 4);  // r block rows, 4 block columns ...
+    for (auto& v : m) v = rng() % 10 == 0;
+    const Layout narrow = Layout::from_dense(r, 4, m), wide = Layout::from_dense(4, r, m);  // ... or r columns
+    for (Op op : {Op::forward, Op::backward_data}) {
+      MatMulSpec spec{op, 64, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true;
+      const MatMulSpec small = variants(spec).at(1);
+      MatMulSpec large = variants(spec).at(0);  // the persistent swapped TMA kernel (b = 128's default)
+      for (const auto& t : tile_candidates(large))
+        if (t.tma && t.persistent && t.swapped && !large.tiles) large.tiles = t;
+      ASSERT_TRUE(large.tiles);
+      const Layout& many = op == Op::forward ? wide : narrow;  // many output block columns
+      const GeneratedSource s = generate_matmul(many, small), l = generate_matmul(many, large);
+      SCOPED_TRACE(fmt::format("{} {} features: {}, {}", to_string(op), features, s.label, l.label));
+      ASSERT_TRUE(s.tiles.tma && !s.persistent);
+      ASSERT_TRUE(l.persistent);
+      EXPECT_EQ(storage(s), features == 16384 ? TableStorage::constant : TableStorage::array);
+      EXPECT_EQ(storage(l), TableStorage::array);
+      if (features == 16384) {
+        EXPECT_NE(s.source.find("__constant__ int kLutOffsets["), std::string::npos);
+      }
+    }
+  }
+}
+
 TEST(Generator, SmallBatchSplitsLongColumns) {
   std::mt19937_64 rng(91);
   for (int b : {32, 64, 128})
