@@ -634,7 +634,8 @@ std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
         for (int stages : {3, 4, 5, 6, 8}) {
           shapes.push_back(wgmma_shape(bm, wg, stages));
           shapes.push_back(tma_shape(bm, wg, stages));
-          if (stages == 4 || stages == 5) shapes.push_back(tma_shape(bm, wg, stages, true));
+          if (stages == 4 || stages == 5 || (spec.small_batch && stages == 8))
+            shapes.push_back(tma_shape(bm, wg, stages, true));
         }
     if (spec.wgmma && b == 32)  // small batch: more stages of 6 KB
       for (int stages : {6, 8, 12}) shapes.push_back(tma_shape(64, 1, stages, true));
@@ -698,7 +699,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     }
     // small batch on sm_90a: one consumer of 64 rows and 6 stages. N = 64, C = K = 16384, d = 0.1,
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
-    // 0.045 → 0.025 against the mma.sync shape below.
+    // 0.045 → 0.025 against the mma.sync shape below. Uneven columns at b = 64: layout_choice.
     if (spec.wgmma && spec.small_batch && b >= 64) return finish_tma(spec, tma_shape(64, 1, 6));
     // b = 32: the same kernel on tiles 32 wide, persistent (512 output block columns at K = 16384 on
     // 2-4 CTAs per SM) with 8 stages. A probe of its copies alone (tools/probes/stream_once.cu: W's
@@ -920,6 +921,32 @@ std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int
       sum += steps[*it];
       left.erase(it);
     }
+  }
+  return order;
+}
+
+// The small batch's persistent order (N within one row tile: CTA p takes positions p, p + P, ...
+// below units, and nothing else): the units dealt most steps first, each to the CTA with the least
+// steps so far that has a position left (longest processing time first). balanced_order's classes
+// are those of many row tiles, where every CTA meets every position of its class; with one row tile
+// a CTA meets only its own positions, and balanced_order left the busiest CTA of suite small's b = 64
+// backward-data (columns of 12-40 blocks) at far more than the mean. N = 64, C = K = 16384, d = 0.1
+// (H200, three rounds, TFLOP/s): b = 32 (its default, persistent, 8 stages) Bernoulli backward-data
+// 97 -> 101-103.5, forward 101 -> 102-103, balanced within 1%; b = 64 with 8 stages on one CTA per SM,
+// see layout_choice. With more row tiles (N up to kSmallBatchRows) the order still covers every unit.
+// order[position] = unit.
+std::vector<int> one_wave_order(const std::vector<std::int64_t>& steps, std::int64_t ctas) {
+  const std::int64_t units = static_cast<std::int64_t>(steps.size());
+  std::vector<int> order(units), by_steps(units);
+  std::iota(by_steps.begin(), by_steps.end(), 0);
+  std::stable_sort(by_steps.begin(), by_steps.end(), [&](int a, int b) { return steps[a] > steps[b]; });
+  std::vector<std::int64_t> load(ctas, 0), taken(ctas, 0);
+  for (int u : by_steps) {
+    std::int64_t best = -1;
+    for (std::int64_t p = 0; p < ctas; ++p)
+      if (p + taken[p] * ctas < units && (best < 0 || load[p] < load[best])) best = p;
+    order[best + ctas * taken[best]++] = u;
+    load[best] += steps[u];
   }
   return order;
 }
@@ -1213,10 +1240,33 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // and 204 / 183, d = 0.05 158 / 155 and 155 / 148 (since the grouped kernel's zeros come from a warp's
 // stores and its steps convert no pointers; before, 0.1 179 / 186 and 0.05 142 / 154 forward). So the
 // TMA kernel where the grouped one would take more than 0.7 steps per block (not measured past 0.64).
+//
+// The small batch at b = 64 (one CTA per output block column by default, two per SM) runs its
+// columns persistent on one CTA per SM with 8 stages where they are uneven: a lone CTA streams its
+// column at the rate its own stages allow, so with a CTA per column the longest column sets the
+// time, while one wave of CTAs dealt the columns longest first (one_wave_order) evens the CTAs'
+// shares. N = 64, C = K = 16384, d = 0.1 (H200, three rounds, TFLOP/s, one CTA a column against
+// tma1-bm64-s8-p): balanced forward (every column 26 blocks) 165-170 against 162-165, balanced
+// backward-data (12-40) 147-148 against 162-163, Bernoulli forward (14-39) 152-155 against 160-163,
+// Bernoulli backward-data 152-153 against 161-164; 10 and 12 stages 3-4% under 8, and 12 stages in
+// balanced_order 138. So persistent where the longest column holds over kUnevenColumns times the
+// mean (between the two measured points, 1.0 and 1.5, not measured between them).
+constexpr double kUnevenColumns = 1.25;
+
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
   if (spec.tiles) return spec;
   if (spec.op != Op::backward_weight) {
     const TileConfig t = choose_tiles(spec);
+    if (spec.small_batch && spec.block == 64 && t.tma && !t.persistent && layout.blocks() > 0) {
+      const auto per_out = output_columns(layout, spec.op == Op::backward_data);
+      std::size_t longest = 0;
+      for (const auto& c : per_out) longest = std::max(longest, c.size());
+      const double mean = static_cast<double>(layout.blocks()) / static_cast<double>(per_out.size());
+      if (static_cast<double>(longest) <= kUnevenColumns * mean) return spec;
+      MatMulSpec chosen = spec;
+      chosen.tiles = finish_tma(spec, tma_shape(64, 1, 8, true));
+      return chosen;
+    }
     if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {
       const auto per_out = output_columns(layout, spec.op == Op::backward_data);
       const std::int64_t steps = grouped_steps(per_out, group_by_chunks(per_out, t.columns, 2), t.columns, 2);
@@ -1363,7 +1413,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       if (t.tma && t.persistent && !t.split) {
         std::vector<std::int64_t> steps;
         for (const auto& entries : per_out) steps.push_back(static_cast<std::int64_t>(entries.size()));
-        order = balanced_order(steps, resident_ctas(t), true);
+        order = spec.small_batch ? one_wave_order(steps, resident_ctas(t)) : balanced_order(steps, resident_ctas(t), true);
       }
       lut.reserve(2 * layout.blocks());
       for (int c : order) {

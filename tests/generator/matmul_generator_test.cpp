@@ -85,9 +85,14 @@ TEST(Generator, LutOffsetsInConstantMemoryOnlyForOneTilePerCta) {
   };
   for (std::int64_t features : {16384, 8 * 65536}) {
     const std::int64_t r = features / 64;
-    std::vector<std::uint8_t> m(r * 4);  // r block rows, 4 block columns ...
-    for (auto& v : m) v = rng() % 10 == 0;
-    const Layout narrow = Layout::from_dense(r, 4, m), wide = Layout::from_dense(4, r, m);  // ... or r columns
+    // r block rows, 4 block columns, or r columns, one block in each of the r (even columns: the
+    // one-CTA-per-column kernel; uneven ones run persistent, SmallBatchUnevenColumnsRunPersistent)
+    std::vector<std::uint8_t> narrow_m(r * 4), wide_m(r * 4);
+    for (std::int64_t i = 0; i < r; ++i) {
+      const std::int64_t c = static_cast<std::int64_t>(rng() % 4);
+      narrow_m[i * 4 + c] = 1, wide_m[c * r + i] = 1;
+    }
+    const Layout narrow = Layout::from_dense(r, 4, narrow_m), wide = Layout::from_dense(4, r, wide_m);
     for (Op op : {Op::forward, Op::backward_data}) {
       MatMulSpec spec{op, 64, DType::bf16, FeatureAxis::last};
       spec.wgmma = true;
@@ -108,6 +113,64 @@ TEST(Generator, LutOffsetsInConstantMemoryOnlyForOneTilePerCta) {
       }
     }
   }
+}
+
+// The small batch at b = 64 keeps a CTA per output block column where the columns are even, and runs
+// persistent (one wave, 8 stages) where the longest holds over 1.25 times the mean; the persistent
+// small-batch kernels (b = 32's default too) deal the columns longest first: CTA p, taking positions
+// p, p + P, ..., gets no more than the mean share plus one column, and every column has one position.
+TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
+  std::mt19937_64 rng(23);
+  for (int b : {32, 64})
+    for (Op op : {Op::forward, Op::backward_data})
+      for (int uneven = 0; uneven < 2; ++uneven) {
+        SCOPED_TRACE(fmt::format("{} b{} uneven {}", to_string(op), b, uneven));
+        // 16384 features at d = 0.1: every output column (a column of W forward, a row backward-data)
+        // holds the same count of blocks at random places, or a Bernoulli layout
+        const std::int64_t r = 16384 / b, per = r / 10;
+        std::vector<std::uint8_t> m(r * r);
+        std::vector<std::int64_t> idx(r);
+        std::iota(idx.begin(), idx.end(), 0);
+        for (std::int64_t o = 0; o < r; ++o) {
+          if (uneven) {
+            for (std::int64_t i = 0; i < r; ++i) m[o * r + i] = rng() % 10 == 0;
+            continue;
+          }
+          std::shuffle(idx.begin(), idx.end(), rng);
+          for (std::int64_t k = 0; k < per; ++k)
+            (op == Op::forward ? m[idx[k] * r + o] : m[o * r + idx[k]]) = 1;
+        }
+        const Layout layout = Layout::from_dense(r, r, m);
+        MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = true;
+        const GeneratedSource g = generate_matmul(layout, variants(spec).at(1));
+        ASSERT_TRUE(g.tiles.tma && !g.tiles.split) << g.label;
+        const bool persistent = b == 32 || uneven;
+        EXPECT_EQ(g.persistent, persistent) << g.label;
+        if (b == 64) {
+          EXPECT_EQ(g.tiles.stages, uneven ? 8 : 6) << g.label;
+        }
+        if (!persistent) continue;
+        const auto offsets = table(g, "kLutOffsets"), columns = table(g, "kOutColumns");
+        const std::int64_t units = static_cast<std::int64_t>(columns.size());
+        ASSERT_EQ(units, r);
+        std::vector<int> seen(units, 0);
+        for (int c : columns) ++seen.at(c);
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), units) << "every column at one position";
+        const std::int64_t ctas = 132 * (227 * 1024 / g.shared_bytes);
+        std::int64_t most = 0, longest = 0;
+        for (std::int64_t p = 0; p < ctas; ++p) {
+          std::int64_t load = 0;
+          for (std::int64_t at = p; at < units; at += ctas) load += offsets[at + 1] - offsets[at];
+          most = std::max(most, load);
+        }
+        for (std::int64_t at = 0; at < units; ++at) longest = std::max<std::int64_t>(longest, offsets[at + 1] - offsets[at]);
+        const double mean = static_cast<double>(layout.blocks()) / static_cast<double>(std::min(ctas, units));
+        EXPECT_LE(static_cast<double>(most), mean + static_cast<double>(longest)) << g.label;
+        if (ctas < units) {  // two columns a CTA or more: the shares even out to within a column's
+          EXPECT_LE(static_cast<double>(most), 1.1 * mean) << g.label;
+        }
+      }
 }
 
 TEST(Generator, SmallBatchSplitsLongColumns) {
