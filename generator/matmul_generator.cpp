@@ -928,12 +928,13 @@ std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int
 // The small batch's persistent order (N within one row tile: CTA p takes positions p, p + P, ...
 // below units, and nothing else): the units dealt most steps first, each to the CTA with the least
 // steps so far that has a position left (longest processing time first). balanced_order's classes
-// are those of many row tiles, where every CTA meets every position of its class; with one row tile
-// a CTA meets only its own positions: on Bernoulli(0.1) layouts of 16384 features at b = 64 it left
-// the busiest of one CTA per SM 58-61 blocks against a mean of 50-55 (Generator test). N = 64, C = K = 16384, d = 0.1
-// (H200, three rounds, TFLOP/s): b = 32 (its default, persistent, 8 stages) Bernoulli backward-data
-// 97 -> 101-103.5, forward 101 -> 102-103, balanced within 1%; b = 64 with 8 stages on one CTA per SM,
-// see layout_choice. With more row tiles (N up to kSmallBatchRows) the order still covers every unit.
+// are those of many row tiles, where every CTA meets every position of its class; with one row
+// tile a CTA meets only its own positions: on Bernoulli(0.1) layouts of 16384 features at b = 64
+// it left the busiest of one CTA per SM 58-61 blocks against a mean of 50-55 (Generator test).
+// N = 64, C = K = 16384, d = 0.1 (H200, three rounds, TFLOP/s): b = 32 (its default, persistent,
+// 8 stages) Bernoulli backward-data 97 -> 101-103.5, forward 101 -> 102-103, balanced within 1%;
+// b = 64 with 8 stages on one CTA per SM, see layout_choice. With more row tiles (N up to
+// kSmallBatchRows) the order still covers every unit.
 // order[position] = unit.
 std::vector<int> one_wave_order(const std::vector<std::int64_t>& steps, std::int64_t ctas) {
   const std::int64_t units = static_cast<std::int64_t>(steps.size());
@@ -1413,7 +1414,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       if (t.tma && t.persistent && !t.split) {
         std::vector<std::int64_t> steps;
         for (const auto& entries : per_out) steps.push_back(static_cast<std::int64_t>(entries.size()));
-        order = spec.small_batch ? one_wave_order(steps, resident_ctas(t)) : balanced_order(steps, resident_ctas(t), true);
+        order =
+            spec.small_batch ? one_wave_order(steps, resident_ctas(t)) : balanced_order(steps, resident_ctas(t), true);
       }
       lut.reserve(2 * layout.blocks());
       for (int c : order) {

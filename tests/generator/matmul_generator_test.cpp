@@ -137,8 +137,7 @@ TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
             continue;
           }
           std::shuffle(idx.begin(), idx.end(), rng);
-          for (std::int64_t k = 0; k < per; ++k)
-            (op == Op::forward ? m[idx[k] * r + o] : m[o * r + idx[k]]) = 1;
+          for (std::int64_t k = 0; k < per; ++k) (op == Op::forward ? m[idx[k] * r + o] : m[o * r + idx[k]]) = 1;
         }
         const Layout layout = Layout::from_dense(r, r, m);
         MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
@@ -164,7 +163,8 @@ TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
           for (std::int64_t at = p; at < units; at += ctas) load += offsets[at + 1] - offsets[at];
           most = std::max(most, load);
         }
-        for (std::int64_t at = 0; at < units; ++at) longest = std::max<std::int64_t>(longest, offsets[at + 1] - offsets[at]);
+        for (std::int64_t at = 0; at < units; ++at)
+          longest = std::max<std::int64_t>(longest, offsets[at + 1] - offsets[at]);
         const double mean = static_cast<double>(layout.blocks()) / static_cast<double>(std::min(ctas, units));
         EXPECT_LE(static_cast<double>(most), mean + static_cast<double>(longest)) << g.label;
         if (ctas < units) {  // two columns a CTA or more: the shares even out to within a column's
