@@ -863,6 +863,33 @@ std::vector<std::vector<std::pair<int, int>>> output_columns(const Layout& layou
 // another count runs them correctly, with a less even schedule).
 constexpr std::int64_t kSms = 132;
 
+// The small batch's persistent order (N within one row tile: CTA p takes positions p, p + P, ...
+// below units, and nothing else): the units dealt most steps first, each to the CTA with the least
+// steps so far that has a position left (longest processing time first). balanced_order's classes
+// are those of many row tiles, where every CTA meets every position of its class; with one row
+// tile a CTA meets only its own positions: on Bernoulli(0.1) layouts of 16384 features at b = 64
+// it left the busiest of one CTA per SM 58-61 blocks against a mean of 50-55 (Generator test).
+// N = 64, C = K = 16384, d = 0.1 (H200, three rounds, TFLOP/s): b = 32 (its default, persistent,
+// 8 stages) Bernoulli backward-data 97 -> 101-103.5, forward 101 -> 102-103, balanced within 1%;
+// b = 64 with 8 stages on one CTA per SM, see layout_choice. With more row tiles (N up to
+// kSmallBatchRows) the order still covers every unit. balanced_order deals its classes the same way.
+// order[position] = unit.
+std::vector<int> one_wave_order(const std::vector<std::int64_t>& steps, std::int64_t ctas) {
+  const std::int64_t units = static_cast<std::int64_t>(steps.size());
+  std::vector<int> order(units), by_steps(units);
+  std::iota(by_steps.begin(), by_steps.end(), 0);
+  std::stable_sort(by_steps.begin(), by_steps.end(), [&](int a, int b) { return steps[a] > steps[b]; });
+  std::vector<std::int64_t> load(ctas, 0), taken(ctas, 0);
+  for (int u : by_steps) {
+    std::int64_t best = -1;
+    for (std::int64_t p = 0; p < ctas; ++p)
+      if (p + taken[p] * ctas < units && (best < 0 || load[p] < load[best])) best = p;
+    order[best + ctas * taken[best]++] = u;
+    load[best] += steps[u];
+  }
+  return order;
+}
+
 // The order of the units of a persistent dsd kernel (output block columns of dsd_tma_kernel, pairs
 // or groups of them of the paired and grouped kernels): tile t is the unit at position t % units of
 // row tile t / units, and CTA p of P takes tiles p, p + P, ..., so it meets the positions p + kP
@@ -893,17 +920,7 @@ std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int
   std::vector<int> order(units);
   if (units == 0) return order;
   const std::int64_t g = std::gcd(ctas, units), per_class = units / g;
-  std::vector<int> by_steps(units);
-  std::iota(by_steps.begin(), by_steps.end(), 0);
-  std::stable_sort(by_steps.begin(), by_steps.end(), [&](int a, int b) { return steps[a] > steps[b]; });
-  std::vector<std::int64_t> load(g, 0), filled(g, 0);
-  for (int u : by_steps) {
-    std::int64_t best = -1;
-    for (std::int64_t i = 0; i < g; ++i)
-      if (filled[i] < per_class && (best < 0 || load[i] < load[best])) best = i;
-    order[best + g * filled[best]++] = u;
-    load[best] += steps[u];
-  }
+  order = one_wave_order(steps, g);  // class c: positions c, c + g, ..., as a CTA's of one row tile
   if (!smooth) return order;
   // With `smooth`, each class's cycle (positions k, k + s, k + 2s, ... of the class, s = P / g mod
   // units / g) keeps its running steps near the straight line: at each, the unit that brings the
@@ -921,33 +938,6 @@ std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int
       sum += steps[*it];
       left.erase(it);
     }
-  }
-  return order;
-}
-
-// The small batch's persistent order (N within one row tile: CTA p takes positions p, p + P, ...
-// below units, and nothing else): the units dealt most steps first, each to the CTA with the least
-// steps so far that has a position left (longest processing time first). balanced_order's classes
-// are those of many row tiles, where every CTA meets every position of its class; with one row
-// tile a CTA meets only its own positions: on Bernoulli(0.1) layouts of 16384 features at b = 64
-// it left the busiest of one CTA per SM 58-61 blocks against a mean of 50-55 (Generator test).
-// N = 64, C = K = 16384, d = 0.1 (H200, three rounds, TFLOP/s): b = 32 (its default, persistent,
-// 8 stages) Bernoulli backward-data 97 -> 101-103.5, forward 101 -> 102-103, balanced within 1%;
-// b = 64 with 8 stages on one CTA per SM, see layout_choice. With more row tiles (N up to
-// kSmallBatchRows) the order still covers every unit.
-// order[position] = unit.
-std::vector<int> one_wave_order(const std::vector<std::int64_t>& steps, std::int64_t ctas) {
-  const std::int64_t units = static_cast<std::int64_t>(steps.size());
-  std::vector<int> order(units), by_steps(units);
-  std::iota(by_steps.begin(), by_steps.end(), 0);
-  std::stable_sort(by_steps.begin(), by_steps.end(), [&](int a, int b) { return steps[a] > steps[b]; });
-  std::vector<std::int64_t> load(ctas, 0), taken(ctas, 0);
-  for (int u : by_steps) {
-    std::int64_t best = -1;
-    for (std::int64_t p = 0; p < ctas; ++p)
-      if (p + taken[p] * ctas < units && (best < 0 || load[p] < load[best])) best = p;
-    order[best + ctas * taken[best]++] = u;
-    load[best] += steps[u];
   }
   return order;
 }
