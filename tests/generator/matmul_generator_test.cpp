@@ -147,7 +147,7 @@ TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
         const bool persistent = b == 32 || uneven;
         EXPECT_EQ(g.persistent, persistent) << g.label;
         if (b == 64) {
-          EXPECT_EQ(g.tiles.stages, uneven ? 8 : 6) << g.label;
+          EXPECT_EQ(g.tiles.stages, uneven ? 8 : 4) << g.label;
         }
         if (!persistent) continue;
         const auto offsets = table(g, "kLutOffsets"), columns = table(g, "kOutColumns");
