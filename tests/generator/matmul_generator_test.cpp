@@ -69,10 +69,6 @@ TEST(Generator, Snapshots) {
   }
 }
 
-// The small batch's split columns (TileConfig::split, a tuning candidate on Hopper): the CTAs' items cover
-// every column's LUT entries once, whole or in pieces that follow each other in piece order (the
-// pieces of a column agree on its split, planes and count); no CTA takes much more than the mean
-// share, as a CTA per column did; layouts of one shape share one source.
 // The small batch's default kernel at b = 64 (one CTA per column, not persistent) reads its column's
 // LUT offsets from constant memory; the persistent kernels, and offsets past 16 KB, from global memory.
 TEST(Generator, LutOffsetsInConstantMemoryOnlyForOneTilePerCta) {
@@ -173,6 +169,10 @@ TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
       }
 }
 
+// The small batch's split columns (TileConfig::split, a tuning candidate on Hopper): the CTAs' items cover
+// every column's LUT entries once, whole or in pieces that follow each other in piece order (the
+// pieces of a column agree on its split, planes and count); no CTA takes much more than the mean
+// share, as a CTA per column did; layouts of one shape share one source.
 TEST(Generator, SmallBatchSplitsLongColumns) {
   std::mt19937_64 rng(91);
   for (int b : {32, 64, 128})
