@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "bsjit/error.hpp"
+
 namespace bsjit::bench {
 namespace {
 
@@ -52,6 +54,27 @@ TEST(SuiteLayouts, BalancedColumnsHoldEqualCountsAndOutsideCellsAreDrawnToo) {
   EXPECT_EQ(table_layouts(4096, kTable, {{"balanced"}, {128}, {0.3}})[0], cells[1]) << "the same draw every run";
   EXPECT_EQ(table_layouts(4096, kTable, {{"balanced"}, {128}, {0.2, 0.3}})[1], cells[1])
       << "whichever other cells the run has";
+}
+
+// skewP: columns of two lengths in turn, the longer about 1 + P/100 times the mean, drawn the same
+// every run; a misspelt kind is refused, not drawn as some other kind.
+TEST(SuiteLayouts, SkewedColumnsAlternateTwoLengthsAndUnknownKindsThrow) {
+  const std::vector<Layout> cells = table_layouts(16384, kTable, {{"skew20", "skew40"}, {64}, {0.1}});
+  ASSERT_EQ(cells.size(), 2u);
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const double spread = i == 0 ? 0.2 : 0.4;
+    const std::int64_t longer = std::llround(25.6 * (1 + spread)), shorter = std::llround(25.6 * (1 - spread));
+    std::vector<std::int64_t> in_column(256, 0);
+    for (auto [r, c] : cells[i].coords()) ++in_column[c];
+    for (std::int64_t c = 0; c < 256; ++c)
+      EXPECT_EQ(in_column[c], c % 2 == 0 ? longer : shorter) << "cell " << i << ", column " << c;
+    const double mean = static_cast<double>(cells[i].blocks()) / 256.0;
+    EXPECT_NEAR(static_cast<double>(longer) / mean, 1 + spread, 0.03);
+  }
+  EXPECT_NE(cells[0], table_layouts(16384, kTable, {{"balanced"}, {64}, {0.1}})[0]);
+  EXPECT_EQ(table_layouts(16384, kTable, {{"skew40"}, {64}, {0.1}})[0], cells[1]) << "the same draw every run";
+  for (const char* kind : {"balance", "skew", "skew0", "skew100", "skewx", "Bernoulli"})
+    EXPECT_THROW(table_layouts(4096, kTable, {{kind}, {128}, {0.1}}), Error) << kind;
 }
 
 }  // namespace
