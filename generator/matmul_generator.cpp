@@ -1235,16 +1235,17 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // stores and its steps convert no pointers; before, 0.1 179 / 186 and 0.05 142 / 154 forward). So the
 // TMA kernel where the grouped one would take more than 0.7 steps per block (not measured past 0.64).
 //
-// The small batch at b = 64 (one CTA per output block column by default) runs its
-// columns persistent on one CTA per SM with 8 stages where they are uneven: a lone CTA streams its
-// column at the rate its own stages allow, so with a CTA per column the longest column sets the
-// time, while one wave of CTAs dealt the columns longest first (one_wave_order) evens the CTAs'
-// shares. N = 64, C = K = 16384, d = 0.1 (H200, three rounds, TFLOP/s, one CTA a column with 6
-// stages, two per SM, against tma1-bm64-s8-p): balanced forward (every column 26 blocks) 165-170 against 162-165,
-// balanced backward-data (12-40) 147-148 against 162-163, Bernoulli forward (14-39) 152-155 against 160-163, Bernoulli
-// backward-data 152-153 against 161-164; 10 and 12 stages 3-4% under 8, and 12 stages in balanced_order 138. So
-// persistent where the longest column holds over kUnevenColumns times the mean (between the two measured points, 1.0
-// and 1.5, not measured between them).
+// The small batch at b = 64 (one CTA per output block column by default) runs its columns
+// persistent on one CTA per SM with 8 stages where they are uneven: a lone CTA streams its column
+// at the rate its own stages allow, so with a CTA per column the longest column sets the time,
+// while one wave of CTAs dealt the columns longest first (one_wave_order) evens the CTAs' shares.
+// N = 64, C = K = 16384, d = 0.1 (H200, three rounds, TFLOP/s, one CTA a column with 6 stages, two
+// per SM, against tma1-bm64-s8-p): balanced forward (every column 26 blocks) 165-170 against
+// 162-165, balanced backward-data (12-40) 147-148 against 162-163, Bernoulli forward (14-39)
+// 152-155 against 160-163, Bernoulli backward-data 152-153 against 161-164; 10 and 12 stages 3-4%
+// under 8, and 12 stages in balanced_order 138. So persistent where the longest column holds over
+// kUnevenColumns times the mean (between the two measured points, 1.0 and 1.5, not measured
+// between them).
 constexpr double kUnevenColumns = 1.25;
 
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {

@@ -760,8 +760,10 @@ int main(int argc, char** argv) {
           ->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   auto* kinds_option =
-      app.add_option("-k,--layouts", kinds, "balanced, bernoulli, skewP (columns of two lengths, the longer 1 + P/100 times the mean: skew20; "
-                     "suite small: balanced unless given)")->delimiter(',');
+      app.add_option("-k,--layouts", kinds,
+                     "balanced, bernoulli, skewP (columns of two lengths, the longer 1 + P/100 times the mean: skew20; "
+                     "suite small: balanced unless given)")
+          ->delimiter(',');
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
   std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
   app.add_option("-o,--ops", ops, "the ops the sweeps time")->delimiter(',');
