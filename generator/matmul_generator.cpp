@@ -701,8 +701,9 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
     // 0.045 → 0.025 against the mma.sync shape below. At b = 64 4 stages (three CTAs per SM): the
     // balanced forward (every column 26 blocks), sweep-small, five runs in two calls: 0.0195-0.0197 ms
-    // against 0.0200-0.0204 with 6 (5 stages 0.0199-0.0203); b = 128 not measured. Uneven columns at
-    // b = 64: layout_choice.
+    // against 0.0200-0.0204 with 6 (5 stages 0.0199-0.0203). b = 128 keeps 6: one sweep (24th
+    // session) had 8 stages 3-5% faster on three of four cells and 1.5% slower on the balanced
+    // forward, not yet repeated. Uneven columns at b = 64: layout_choice.
     if (spec.wgmma && spec.small_batch && b >= 64) return finish_tma(spec, tma_shape(64, 1, b == 64 ? 4 : 6));
     // b = 32: the same kernel on tiles 32 wide, persistent (512 output block columns at K = 16384 on
     // 2-4 CTAs per SM) with 8 stages. A probe of its copies alone (tools/probes/stream_once.cu: W's
@@ -1244,8 +1245,10 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // 162-165, balanced backward-data (12-40) 147-148 against 162-163, Bernoulli forward (14-39)
 // 152-155 against 160-163, Bernoulli backward-data 152-153 against 161-164; 10 and 12 stages 3-4%
 // under 8, and 12 stages in balanced_order 138. So persistent where the longest column holds over
-// kUnevenColumns times the mean (between the two measured points, 1.0 and 1.5, not measured
-// between them).
+// kUnevenColumns times the mean. Between them (24th session, sweep-small -k skewP, columns of two
+// lengths, two runs, forward ms, s4 against s8-p): longest 1.1× the mean 0.0200-0.0203 against
+// 0.0212-0.0214, 1.2× 0.0209-0.0214 against 0.0212-0.0214, 1.3× 0.0215-0.0218 against 0.0212,
+// 1.45× 0.0226-0.0227 against 0.0215-0.0217: the crossing near 1.2-1.3.
 constexpr double kUnevenColumns = 1.25;
 
 MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
