@@ -697,7 +697,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
       if (spec.wgmma && b == 32) return finish_tma(spec, staged(rows_shape(8, 2, 4)));
       return finish_pipelined(spec, b == 16 ? pipelined_shape(b, 32, 1, 1, 2) : pipelined_shape(b, 64, 2, 2, 2));
     }
-    // small batch on sm_90a: one consumer of 64 rows and 6 stages. N = 64, C = K = 16384, d = 0.1,
+    // small batch on sm_90a: one consumer of 64 rows, 6 stages at first. N = 64, C = K = 16384, d = 0.1,
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
     // 0.045 → 0.025 against the mma.sync shape below. At b = 64 4 stages (three CTAs per SM): the
     // balanced forward (every column 26 blocks), sweep-small, five runs in two calls: 0.0195-0.0197 ms
