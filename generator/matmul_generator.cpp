@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <queue>
 #include <set>
 #include <tuple>
@@ -19,6 +20,9 @@
 
 namespace bsjit::generator {
 namespace {
+
+// Per output block column, its (input block, W block index) pairs (output_columns).
+using Columns = std::vector<std::vector<std::pair<int, int>>>;
 
 std::string_view device_type(DType dtype) {
   switch (dtype) {
@@ -54,9 +58,8 @@ void choose_thread_tile(TileConfig& t) {
 // ascending within a class (CTAs running together, on the same rows of X, then read X in about the
 // same order). Sets grid_x to the number of groups and sub_fill to the fraction of the sub-blocks
 // that a consumer computes (those of the steps of its classes) where one of its slots holds a block.
-std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& per_out, const std::vector<int>& order,
-                           int columns, int sub, int consumers, std::int64_t& grid_x, double& sub_fill,
-                           DeviceTables& tables) {
+std::string grouped_tables(const Columns& per_out, const std::vector<int>& order, int columns, int sub, int consumers,
+                           std::int64_t& grid_x, double& sub_fill, DeviceTables& tables) {
   const int record = 2 + sub * columns, positions = static_cast<int>(order.size());
   const int groups = (positions + columns - 1) / columns, per = columns / consumers;
   std::vector<int> group_steps, steps, group_columns;
@@ -118,7 +121,7 @@ std::string grouped_tables(const std::vector<std::vector<std::pair<int, int>>>& 
 // step stream of X tiles and W blocks moves 0.75 of the unpaired kernel's bytes at b = 64, d = 0.5,
 // 0.83-0.88 at lower densities (docs/PERFORMANCE.md). Costs the sum over input blocks of the
 // squared number of columns holding them.
-std::vector<int> pair_columns(const std::vector<std::vector<std::pair<int, int>>>& per_out) {
+std::vector<int> pair_columns(const Columns& per_out) {
   const int columns = static_cast<int>(per_out.size());
   int in_blocks = 0;
   for (const auto& entries : per_out)
@@ -156,7 +159,7 @@ std::vector<int> pair_columns(const std::vector<std::vector<std::pair<int, int>>
 // 0.57 (d = 0.1), 0.30 to 0.25 (b = 16, d = 0.1) and 0.50 to 0.38 (d = 0.05) against groups of
 // consecutive columns. The search scans every column per pick; past 4096 columns the groups are
 // consecutive. Returns the columns group by group, -1 filling the last.
-std::vector<int> group_by_chunks(const std::vector<std::vector<std::pair<int, int>>>& per_out, int columns, int sub) {
+std::vector<int> group_by_chunks(const Columns& per_out, int columns, int sub) {
   const int n = static_cast<int>(per_out.size());
   std::vector<int> order;
   if (n > 4096) {
@@ -207,8 +210,7 @@ std::vector<int> group_by_chunks(const std::vector<std::vector<std::pair<int, in
 }
 
 // The steps of the grouped kernel's tables for groups in `order`: per group, its chunks.
-std::int64_t grouped_steps(const std::vector<std::vector<std::pair<int, int>>>& per_out, const std::vector<int>& order,
-                           int columns, int sub) {
+std::int64_t grouped_steps(const Columns& per_out, const std::vector<int>& order, int columns, int sub) {
   std::int64_t steps = 0;
   for (std::size_t g = 0; g < order.size(); g += columns) {
     std::set<int> chunks;
@@ -852,8 +854,8 @@ double tile_fill(const Layout& layout, std::int64_t rows, std::int64_t cols) {
 
 // For each output block column j: pairs (input block, W block index), input block ascending.
 // forward: columns of the layout; backward-data (trans_w): rows (the layout of Wᵀ).
-std::vector<std::vector<std::pair<int, int>>> output_columns(const Layout& layout, bool trans_w) {
-  std::vector<std::vector<std::pair<int, int>>> per_out(trans_w ? layout.rows() : layout.cols());
+Columns output_columns(const Layout& layout, bool trans_w) {
+  Columns per_out(trans_w ? layout.rows() : layout.cols());
   const auto& coords = layout.coords();
   for (std::size_t i = 0; i < coords.size(); ++i) {
     auto [r, c] = coords[i];
@@ -863,6 +865,22 @@ std::vector<std::vector<std::pair<int, int>>> output_columns(const Layout& layou
   for (auto& entries : per_out) std::sort(entries.begin(), entries.end());
   return per_out;
 }
+
+// One op's output columns of a layout, built on first use: the layout's choice of tiles and the
+// kernel's tables both read them, and a layout of 65536 blocks takes milliseconds to sort.
+class LazyColumns {
+ public:
+  LazyColumns(const Layout& layout, bool trans_w) : layout_(layout), trans_w_(trans_w) {}
+  const Columns& get() {
+    if (!columns_) columns_ = output_columns(layout_, trans_w_);
+    return *columns_;
+  }
+
+ private:
+  const Layout& layout_;
+  bool trans_w_;
+  std::optional<Columns> columns_;
+};
 
 // SMs of an H100 / H200 (SXM), the GPUs the Hopper kernels' schedules are planned for (a GPU with
 // another count runs them correctly, with a less even schedule).
@@ -949,8 +967,8 @@ std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int
 
 // A grouped kernel's column order (groups of `columns` consecutive positions) with its groups in
 // balanced_order by their steps (chunks of sub input blocks holding a block of the group).
-std::vector<int> balanced_groups(const std::vector<std::vector<std::pair<int, int>>>& per_out,
-                                 const std::vector<int>& order, int columns, int sub, std::int64_t ctas) {
+std::vector<int> balanced_groups(const Columns& per_out, const std::vector<int>& order, int columns, int sub,
+                                 std::int64_t ctas) {
   const std::size_t groups = (order.size() + columns - 1) / columns;
   std::vector<std::int64_t> steps(groups);
   for (std::size_t gi = 0; gi < groups; ++gi) {
@@ -1095,7 +1113,7 @@ std::int64_t resident_ctas(const TileConfig& t) { return kSms * ctas_per_sm(t); 
 
 // The share of the blocks that pair_columns' pairs hold both of (their steps copy one X tile for
 // two W blocks).
-double paired_share(const std::vector<std::vector<std::pair<int, int>>>& per_out) {
+double paired_share(const Columns& per_out) {
   const std::vector<int> order = pair_columns(per_out);
   std::int64_t blocks = 0, shared = 0;
   for (std::size_t p = 0; p + 1 < order.size(); p += 2) {
@@ -1252,12 +1270,13 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // 1.45× 0.0226-0.0227 against 0.0215-0.0217: the crossing near 1.2-1.3.
 constexpr double kUnevenColumns = 1.25;
 
-MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
+// columns: the layout's output columns for spec.op (LazyColumns).
+MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec, LazyColumns& columns) {
   if (spec.tiles) return spec;
   if (spec.op != Op::backward_weight) {
     const TileConfig t = choose_tiles(spec);
     if (spec.small_batch && spec.block == 64 && t.tma && !t.persistent && layout.blocks() > 0) {
-      const auto per_out = output_columns(layout, spec.op == Op::backward_data);
+      const Columns& per_out = columns.get();
       std::size_t longest = 0;
       for (const auto& c : per_out) longest = std::max(longest, c.size());
       const double mean = static_cast<double>(layout.blocks()) / static_cast<double>(per_out.size());
@@ -1267,7 +1286,7 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
       return chosen;
     }
     if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {
-      const auto per_out = output_columns(layout, spec.op == Op::backward_data);
+      const Columns& per_out = columns.get();
       const std::int64_t steps = grouped_steps(per_out, group_by_chunks(per_out, t.columns, 2), t.columns, 2);
       if (static_cast<double>(steps) <= 0.7 * static_cast<double>(layout.blocks())) return spec;
       MatMulSpec chosen = spec;
@@ -1275,7 +1294,7 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
       return chosen;
     }
     if (spec.block != 64 || !t.tma || !t.swapped || spec.small_batch) return spec;
-    if (spec.op == Op::forward && paired_share(output_columns(layout, false)) < 0.4) return spec;
+    if (spec.op == Op::forward && paired_share(columns.get()) < 0.4) return spec;
     MatMulSpec chosen = spec;
     chosen.tiles = finish_paired(spec, paired_shape(256, 2, 4));
     return chosen;
@@ -1290,7 +1309,8 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec) {
 }  // namespace
 
 GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requested) {
-  const MatMulSpec spec = layout_choice(layout, requested);
+  LazyColumns columns(layout, requested.op == Op::backward_data);
+  const MatMulSpec spec = layout_choice(layout, requested, columns);
   GeneratedSource g;
   g.tiles = choose_tiles(spec);
   const TileConfig& t = g.tiles;
@@ -1394,7 +1414,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
     out_blocks = trans_w ? layout.rows() : layout.cols();
-    const auto per_out = output_columns(layout, trans_w);
+    const Columns& per_out = columns.get();
     g.rows_per_cta = t.bm;
     if (t.paired) {
       tables = grouped_tables(per_out, balanced_groups(per_out, pair_columns(per_out), 2, 1, resident_ctas(t)), 2, 1, 2,

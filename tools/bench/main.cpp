@@ -401,74 +401,76 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
   DeviceBuffer dx_in(N * C * 2), ddy(N * K * 2), dy_out(N * K * 2), dx_out(N * C * 2);
   dx_in.upload(x.bits);
   ddy.upload(dy.bits);
-  std::mt19937_64 rng(42);
+  const Grid cells{kinds, blocks, densities};
+  const std::vector<Layout> layouts = table_layouts(CK, cells, cells);  // in the cells' order
   const runtime::Context ctx = runtime::current_context();
   const std::string arch = runtime::default_kernel_arch(runtime::context_arch(ctx));
+  // every tile candidate of the selected ops on one cell's layout
+  auto sweep_cell = [&](const std::string& kind, int b, double d, const Layout& L) {
+    HostBf16 w = random_bf16(L.blocks() * b * b, 3 + b);
+    DeviceBuffer dw_in(w.bits.size() * 2), dw_out(w.bits.size() * 2);
+    dw_in.upload(w.bits);
+    const double flops = 2.0 * N * L.blocks() * b * b;
+    // compile every candidate of the three ops in parallel first
+    std::vector<runtime::KernelId> ids;
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+      if (std::find(env.ops.begin(), env.ops.end(), std::string(to_string(op))) == env.ops.end()) continue;
+      generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+      spec.wgmma = generator::has_wgmma(arch);
+      spec.small_batch = N <= generator::kSmallBatchRows;  // sweep-small: the small batch's shapes too
+      for (const auto& t : generator::tile_candidates(spec)) {
+        const std::string tag = generator::tiles_tag(t);
+        if (!env.tiles.empty() && std::none_of(env.tiles.begin(), env.tiles.end(),
+                                               [&](const std::string& p) { return tag.rfind(p, 0) == 0; }))
+          continue;
+        spec.tiles = t;
+        ids.push_back({L.hash().hex(), spec, arch});
+      }
+    }
+    std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
+    for (const auto& id : ids) kernels.push_back({&L, id});
+    const auto prepared = runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const Op op = ids[i].spec.op;
+      const auto& p = prepared[i];
+      const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);  // for this timing
+      CUfunction f = loaded->function;
+      DeviceBuffer& o = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
+      runtime::KernelArgs args{op == Op::backward_data ? ddy.get() : dx_in.get(),
+                               op == Op::backward_weight ? ddy.get() : dw_in.get(),
+                               o.get(),
+                               nullptr,
+                               static_cast<int>(N),
+                               0,
+                               nullptr};
+      std::unique_ptr<DeviceBuffer> ws;
+      if (p->generated.workspace_bytes > 0) {
+        ws = std::make_unique<DeviceBuffer>(p->generated.workspace_bytes);
+        BSJIT_CU(runtime::driver().cuMemsetD8(ws->ptr, 0, ws->bytes));
+        args.workspace = static_cast<float*>(ws->get());
+      }
+      const auto [err, ms] = check_then_time(
+          env, [&] { runtime::launch_prepared(*p, f, ctx, op, N, env.stream, args); }, o,
+          [&] { return sampled_error(L, b, N, op, x, w, dy, o); });
+      std::string tag = generator::tiles_tag(*ids[i].spec.tiles);
+      fmt::print("sweep {:9} b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n",
+                 kind, b, d, to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, p->generated.grid_x,
+                 err, err > 1e-2 ? "  WRONG" : "");
+      std::fflush(stdout);
+      out.push_back({{"layout", kind},
+                     {"block", b},
+                     {"density", d},
+                     {"op", to_string(op)},
+                     {"tiles", tag},
+                     {"ms", ms},
+                     {"tflops", flops / ms / 1e9},
+                     {"error", err}});
+    }
+  };
+  std::size_t next = 0;
   for (const auto& kind : kinds)
     for (int b : blocks)
-      for (double d : densities) {
-        Layout L = draw_layout(kind, C / b, K / b, d, rng);
-        HostBf16 w = random_bf16(L.blocks() * b * b, 3 + b);
-        DeviceBuffer dw_in(w.bits.size() * 2), dw_out(w.bits.size() * 2);
-        dw_in.upload(w.bits);
-        const double flops = 2.0 * N * L.blocks() * b * b;
-        // compile every candidate of the three ops in parallel first
-        std::vector<runtime::KernelId> ids;
-        for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
-          if (std::find(env.ops.begin(), env.ops.end(), std::string(to_string(op))) == env.ops.end()) continue;
-          generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
-          spec.wgmma = generator::has_wgmma(arch);
-          spec.small_batch = N <= generator::kSmallBatchRows;  // sweep-small: the small batch's shapes too
-          for (const auto& t : generator::tile_candidates(spec)) {
-            const std::string tag = generator::tiles_tag(t);
-            if (!env.tiles.empty() && std::none_of(env.tiles.begin(), env.tiles.end(),
-                                                   [&](const std::string& p) { return tag.rfind(p, 0) == 0; }))
-              continue;
-            spec.tiles = t;
-            ids.push_back({L.hash().hex(), spec, arch});
-          }
-        }
-        std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
-        for (const auto& id : ids) kernels.push_back({&L, id});
-        const auto prepared = runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-          const Op op = ids[i].spec.op;
-          const auto& p = prepared[i];
-          const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);  // for this timing
-          CUfunction f = loaded->function;
-          DeviceBuffer& o = op == Op::forward ? dy_out : op == Op::backward_data ? dx_out : dw_out;
-          runtime::KernelArgs args{op == Op::backward_data ? ddy.get() : dx_in.get(),
-                                   op == Op::backward_weight ? ddy.get() : dw_in.get(),
-                                   o.get(),
-                                   nullptr,
-                                   static_cast<int>(N),
-                                   0,
-                                   nullptr};
-          std::unique_ptr<DeviceBuffer> ws;
-          if (p->generated.workspace_bytes > 0) {
-            ws = std::make_unique<DeviceBuffer>(p->generated.workspace_bytes);
-            BSJIT_CU(runtime::driver().cuMemsetD8(ws->ptr, 0, ws->bytes));
-            args.workspace = static_cast<float*>(ws->get());
-          }
-          const auto [err, ms] = check_then_time(
-              env, [&] { runtime::launch_prepared(*p, f, ctx, op, N, env.stream, args); }, o,
-              [&] { return sampled_error(L, b, N, op, x, w, dy, o); });
-          std::string tag = generator::tiles_tag(*ids[i].spec.tiles);
-          fmt::print(
-              "sweep {:9} b{:<3} d{:<5} {:15} {:22} {:8.4f} ms {:6.1f} TF/s  smem {:6}  units {:5}  err {:.1e}{}\n",
-              kind, b, d, to_string(op), tag, ms, flops / ms / 1e9, p->generated.shared_bytes, p->generated.grid_x, err,
-              err > 1e-2 ? "  WRONG" : "");
-          std::fflush(stdout);
-          out.push_back({{"layout", kind},
-                         {"block", b},
-                         {"density", d},
-                         {"op", to_string(op)},
-                         {"tiles", tag},
-                         {"ms", ms},
-                         {"tflops", flops / ms / 1e9},
-                         {"error", err}});
-        }
-      }
+      for (double d : densities) sweep_cell(kind, b, d, layouts[next++]);
 }
 
 // --- JIT figures -----------------------------------------------------------------------------
@@ -768,7 +770,8 @@ int main(int argc, char** argv) {
                  "sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
   auto* block_option =
-      app.add_option("-b,--block", blocks, "block sizes of suite W and the sweeps (sweep-small: 32, 64 unless given)")
+      app.add_option("-b,--block", blocks,
+                     "block sizes of suite W, suite small and the sweeps (small, sweep-small: 32, 64 unless given)")
           ->delimiter(',');
   app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   auto* kinds_option =
@@ -811,6 +814,9 @@ int main(int argc, char** argv) {
   env.tiles = tiles;
     env.copy_bw = copy_bandwidth(env.stream, 10);
     fmt::print("device-to-device copy: {:.2f} TB/s (read + write)\n", env.copy_bw / 1e12);
+    // suite small and the sweeps: the kinds given, else balanced (suite W: its own two unless given)
+    const std::vector<std::string> kinds_or_balanced =
+        kinds_option->count() ? kinds : std::vector<std::string>{"balanced"};
     std::vector<Row> rows, small_rows, tf32_rows;
     std::vector<std::pair<std::string, double>> jit;
     std::vector<AttentionRow> attention_rows;
@@ -819,8 +825,7 @@ int main(int argc, char** argv) {
         run_w(env, 8192, 4096, kSuiteW, {kinds, blocks, densities}, rows, false);
       else if (s == "small")
         run_w(env, 64, 16384, kSmallBatch,
-              {kinds_option->count() ? kinds : std::vector<std::string>{"balanced"}, kSmallBatch.blocks,
-               kSmallBatch.densities},
+              {kinds_or_balanced, block_option->count() > 0 ? blocks : kSmallBatch.blocks, kSmallBatch.densities},
               small_rows, true);
       else if (s == "jit") run_jit(env, jit);
       else if (s == "tf32")
@@ -829,13 +834,11 @@ int main(int argc, char** argv) {
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;
-        const std::vector<std::string> sweep_kinds =
-            kinds_option->count() ? kinds : std::vector<std::string>{"balanced"};
         if (s == "sweep")
-          run_sweep(env, 8192, 4096, sweep_kinds, blocks, densities, sweep);
+          run_sweep(env, 8192, 4096, kinds_or_balanced, blocks, densities, sweep);
         else
-          run_sweep(env, 64, 16384, sweep_kinds, block_option->count() > 0 ? blocks : std::vector<int>{32, 64}, {0.1},
-                    sweep);
+          run_sweep(env, 64, 16384, kinds_or_balanced, block_option->count() > 0 ? blocks : kSmallBatch.blocks,
+                    kSmallBatch.densities, sweep);
         if (!json_path.empty()) std::ofstream(json_path + "." + s + ".json") << sweep.dump(1) << "\n";
       }
       else throw Error("unknown suite " + s);
