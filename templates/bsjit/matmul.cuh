@@ -1165,11 +1165,22 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
   if constexpr (Cfg::kStagedStore) {
     store_sdd_staged<Cfg, TILES, N>(d, row0, col0, units, blocks, map_dw, warp_staging);
   } else {
+    // A thread's pairs of an m64 tile (wgmma_for_each_pair) lie in one block row (rows r and r + 8
+    // of a 16-row group, b ≥ 16) and in runs of kRun groups of 8 columns within one block: each
+    // run's block and gate are read once (DwWriter::put_run). Written per pair, the lookups were
+    // half of the b = 32 row bands' code and of their cold compile (rows16-tma2-s3: NVRTC 1.45-1.50 s,
+    // 0.68-0.75 s with no stores at all; 25th session).
+    constexpr int b = Cfg::kBlock, kRun = N % b == 0 ? b / 8 : b % N == 0 ? N / 8 : 1;
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
 #pragma unroll
-    for (int t = 0; t < TILES; ++t)
-      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-        units.put(units.block(unit, r, col0 + c), r, col0 + c, d[t][e], d[t][e + 1]);
-      });
+    for (int t = 0; t < TILES; ++t) {
+      const int r = row0 + t * 64 + warp * 16 + lane / 4;
+#pragma unroll
+      for (int i = 0; i < N / 8; i += kRun) {
+        const int c = col0 + 8 * i + 2 * (lane % 4);
+        units.template put_run<N, kRun>(units.block(unit, r, c), r, c, d[t], i);
+      }
+    }
   }
 }
 
@@ -1344,12 +1355,22 @@ struct DwWriter {
     item.last = item.first;
     return item;
   }
-  __device__ __forceinline__ void put(int block, int r, int c, float v0, float v1) const {
+  // A run of a thread's accumulator pairs d[4 i + 2 h], d[4 i + 2 h + 1] (i from i0, RUN of them; h = 0,
+  // 1), at elements (r + 8 h, c + 8 (i - i0)) of the tile, all in one block (-1: none).
+  template <int N, int RUN>
+  __device__ __forceinline__ void put_run(int block, int r, int c, const float (&d)[N / 2], int i0) const {
     constexpr int b = Cfg::kBlock;
     if (block < 0) return;
     const float g = gate == nullptr ? 1.0f : gate[block];
-    if (g == 0.0f) v0 = v1 = 0.0f;
-    store_pair(dw + static_cast<long long>(block) * b * b + (r % b) * b + c % b, v0 * g, v1 * g, accumulate);
+    typename Cfg::T* p = dw + static_cast<long long>(block) * b * b + (r % b) * b + c % b;
+#pragma unroll
+    for (int i = 0; i < RUN; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = 4 * (i0 + i) + 2 * h;
+        const float v0 = g == 0.0f ? 0.0f : d[e] * g, v1 = g == 0.0f ? 0.0f : d[e + 1] * g;  // 0, not 0 · inf
+        store_pair(p + 8 * h * b + 8 * i, v0, v1, accumulate);
+      }
   }
 };
 
