@@ -542,23 +542,60 @@ struct PackedFeatures {
   int row_base;
 };
 
-// Rounds a swapped consumer's accumulators into `tile`; with accumulate, Y's old values are added in
-// fp32 first (rounded once).
+// Adds Y's old values to a swapped consumer's accumulators (R rows from row_base, 64 features from
+// feature0; every consumer thread calls it), in fp32, so that the result is rounded once. They come
+// in through the consumer's two staging tiles (out_tile), 64 rows at a time as store_feature_piece
+// writes them: each thread copies 16-byte chunks of the rows Y holds (whole 128-byte rows, row-major)
+// into the swizzled tile, and ldmatrix.trans hands each thread the old values of its accumulators.
+// Loaded per accumulator instead (a 16-bit load and a row check each, R / 2 of them: a branch each),
+// the path was a third of the b = 128 forward's cold compile (NVRTC alone: 559-662 ms, 385 with no
+// accumulate path at all, 475-479 this way; 27th session). The paired kernel (two calls) gained nothing.
 template <class Cfg, int R>
-__device__ __forceinline__ void pack_features(float (&d)[R / 2], PackedFeatures<R>& tile,
-                                              const typename Cfg::T* __restrict__ out, long long feature0, int row_base,
-                                              int n, int accumulate) {
+__device__ __forceinline__ void add_old_features(float (&d)[R / 2], const typename Cfg::T* __restrict__ out,
+                                                 unsigned char* out_tile, long long feature0, int row_base, int n,
+                                                 int consumer) {
   using T = typename Cfg::T;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  if (accumulate) {
+  if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();  // the consumer's stores have read both tiles
+  consumer_barrier(consumer);
 #pragma unroll
-    for (int i = 0; i < R / 8; ++i)
+  for (int p = 0; p < R / 64; ++p) {
+    // (the tile's reads two pieces ago ended before the barrier of the last piece)
+    unsigned char* tile_p = out_tile + (p % 2) * 64 * kSwizzleRowBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // 64 rows of 8 chunks, 4 per thread
+      const int e = threadIdx.x % 128 + 128 * k, row = e / 8, chunk = e % 8;
+      const long long m = static_cast<long long>(row_base) + 64 * p + row;
+      if (m < n)
+        *reinterpret_cast<Chunk16*>(tile_p + swizzled_offset(row, chunk)) =
+            *reinterpret_cast<const Chunk16*>(out + m * Cfg::kOutDim + feature0 + 8 * chunk);
+    }
+    consumer_barrier(consumer);
+#pragma unroll
+    for (int i = 8 * p; i < 8 * p + 8; i += 2) {
+      // the ldmatrix tile q that store_feature_piece's stmatrix writes: packed pairs 2i .. 2i + 3
+      const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
+      unsigned old[4];
+      ldmatrix_x4_trans(old, tile_p + swizzled_offset(row, chunk));
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const long long m = static_cast<long long>(row_base) + 8 * i + 2 * (lane % 4) + k % 2;
-        if (m < n) d[4 * i + k] += to_float(out[m * Cfg::kOutDim + feature0 + 16 * warp + lane / 4 + 8 * (k / 2)]);
+        float lo, hi;
+        unpack_pair<T>(old[k], lo, hi);
+        d[4 * i + 2 * k] += lo, d[4 * i + 2 * k + 1] += hi;
       }
+    }
   }
+  consumer_barrier(consumer);  // the tiles are read: the pieces' stores may fill them
+}
+
+// Rounds a swapped consumer's accumulators into `tile`; with accumulate, Y's old values are added in
+// fp32 first (add_old_features, through the staging tiles at out_tile: every consumer thread calls it).
+template <class Cfg, int R>
+__device__ __forceinline__ void pack_features(float (&d)[R / 2], PackedFeatures<R>& tile,
+                                              const typename Cfg::T* __restrict__ out, unsigned char* out_tile,
+                                              long long feature0, int row_base, int n, int accumulate, int consumer) {
+  using T = typename Cfg::T;
+  if (accumulate) add_old_features<Cfg, R>(d, out, out_tile, feature0, row_base, n, consumer);
 #pragma unroll
   for (int j = 0; j < R / 4; ++j) tile.packed[j] = pack_pair<T>(d[2 * j], d[2 * j + 1]);
   tile.feature0 = feature0, tile.row_base = row_base;
@@ -620,7 +657,7 @@ __device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::
                                                const TensorMap& map_out, unsigned char* out_tile, int& piece,
                                                long long feature0, int row_base, int n, int accumulate, int consumer) {
   PackedFeatures<R> tile;
-  pack_features<Cfg, R>(d, tile, out, feature0, row_base, n, accumulate);
+  pack_features<Cfg, R>(d, tile, out, out_tile, feature0, row_base, n, accumulate, consumer);
   store_feature_pieces(0, tile, map_out, out_tile, piece, n, consumer);
 }
 
@@ -958,7 +995,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (kDeferStore) {
         if (has_pending)  // the pieces this tile had no stage for
           store_feature_pieces(total, pending, map_out, out_tile, piece, n, consumer);
-        pack_features<Cfg, R>(d, pending, out, feature0, m0 + rows, n, accumulate);
+        pack_features<Cfg, R>(d, pending, out, out_tile, feature0, m0 + rows, n, accumulate, consumer);
         has_pending = true;
       } else {
         store_features<Cfg, R>(d, out, map_out, out_tile, piece, feature0, m0 + rows, n, accumulate, consumer);

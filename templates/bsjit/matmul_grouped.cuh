@@ -36,10 +36,6 @@
 namespace bsjit {
 namespace kernels {
 
-struct alignas(16) Chunk16 {  // 16 bytes moved by one vector load or store
-  unsigned x, y, z, w;
-};
-
 template <class Cfg>
 struct DsdGroupedPlan {
   static constexpr int S = Cfg::kStages;

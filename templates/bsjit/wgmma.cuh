@@ -28,6 +28,10 @@ namespace kernels {
 
 inline constexpr int kSwizzleRowBytes = 128, kSwizzleAtomBytes = 1024;
 
+struct alignas(16) Chunk16 {  // 16 bytes moved by one vector load or store
+  unsigned x, y, z, w;
+};
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128-byte-swizzled tile.
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return row * kSwizzleRowBytes + ((chunk ^ (row & 7)) << 4);
