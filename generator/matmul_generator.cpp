@@ -1267,7 +1267,11 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // kUnevenColumns times the mean. Between them (24th session, sweep-small -k skewP, columns of two
 // lengths, two runs, forward ms, s4 against s8-p): longest 1.1× the mean 0.0200-0.0203 against
 // 0.0212-0.0214, 1.2× 0.0209-0.0214 against 0.0212-0.0214, 1.3× 0.0215-0.0218 against 0.0212,
-// 1.45× 0.0226-0.0227 against 0.0215-0.0217: the crossing near 1.2-1.3.
+// 1.45× 0.0226-0.0227 against 0.0215-0.0217: the crossing near 1.2-1.3. At b = 32 (persistent with 8
+// stages by default) even columns run a CTA per column with 6 stages: 24th session, sweep-small, two
+// runs, ms, s6 against s8-p: balanced forward (every column 51 blocks) 0.0298-0.0301 against
+// 0.0307-0.0312; where the columns are uneven s8-p wins (balanced backward-data 0.0336-0.0342 against
+// 0.0332-0.0335, Bernoulli forward 0.0332-0.0334 against 0.0329-0.0330).
 constexpr double kUnevenColumns = 1.25;
 
 // columns: the layout's output columns for spec.op (LazyColumns).
@@ -1275,14 +1279,15 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec, LazyColum
   if (spec.tiles) return spec;
   if (spec.op != Op::backward_weight) {
     const TileConfig t = choose_tiles(spec);
-    if (spec.small_batch && spec.block == 64 && t.tma && !t.persistent && layout.blocks() > 0) {
+    if (spec.small_batch && (spec.block == 64 || spec.block == 32) && t.tma && layout.blocks() > 0) {
       const Columns& per_out = columns.get();
       std::size_t longest = 0;
       for (const auto& c : per_out) longest = std::max(longest, c.size());
       const double mean = static_cast<double>(layout.blocks()) / static_cast<double>(per_out.size());
-      if (static_cast<double>(longest) <= kUnevenColumns * mean) return spec;
+      const bool even = static_cast<double>(longest) <= kUnevenColumns * mean;
+      if (even == (spec.block == 64)) return spec;  // the default: b = 64 a CTA per column, b = 32 persistent
       MatMulSpec chosen = spec;
-      chosen.tiles = finish_tma(spec, tma_shape(64, 1, 8, true));
+      chosen.tiles = finish_tma(spec, even ? tma_shape(64, 1, 6) : tma_shape(64, 1, 8, true));
       return chosen;
     }
     if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {

@@ -111,9 +111,9 @@ TEST(Generator, LutOffsetsInConstantMemoryOnlyForOneTilePerCta) {
   }
 }
 
-// The small batch at b = 64 keeps a CTA per output block column where the columns are even, and runs
-// persistent (one wave, 8 stages) where the longest holds over 1.25 times the mean; the persistent
-// small-batch kernels (b = 32's default too) deal the columns longest first: CTA p, taking positions
+// The small batch at b = 64 and 32 runs a CTA per output block column where the columns are even (4
+// and 6 stages), and persistent (one wave, 8 stages) where the longest holds over 1.25 times the mean;
+// the persistent small-batch kernels deal the columns longest first: CTA p, taking positions
 // p, p + P, ..., gets no more than the mean share plus one column, and every column has one position.
 TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
   std::mt19937_64 rng(23);
@@ -140,11 +140,9 @@ TEST(Generator, SmallBatchUnevenColumnsRunPersistent) {
         spec.wgmma = true;
         const GeneratedSource g = generate_matmul(layout, variants(spec).at(1));
         ASSERT_TRUE(g.tiles.tma && !g.tiles.split) << g.label;
-        const bool persistent = b == 32 || uneven;
+        const bool persistent = uneven;
         EXPECT_EQ(g.persistent, persistent) << g.label;
-        if (b == 64) {
-          EXPECT_EQ(g.tiles.stages, uneven ? 8 : 4) << g.label;
-        }
+        EXPECT_EQ(g.tiles.stages, uneven ? 8 : b == 64 ? 4 : 6) << g.label;
         if (!persistent) continue;
         const auto offsets = table(g, "kLutOffsets"), columns = table(g, "kOutColumns");
         const std::int64_t units = static_cast<std::int64_t>(columns.size());
@@ -709,8 +707,8 @@ TEST(Generator, GroupedOrTmaByStepsPerBlock) {
       EXPECT_EQ(g.tiles.columns, 0) << "one step per block: the TMA kernel";
       EXPECT_NE(g.name_expression.find("dsd_tma_kernel"), std::string::npos);
       EXPECT_EQ(tiles_tag(g.tiles), "tma2-bm256-s4-p");
-      spec.small_batch = true;  // the small-batch variant keeps its own shape
-      EXPECT_EQ(tiles_tag(generate_matmul(thin, spec).tiles), tiles_tag(choose_tiles(spec)));
+      spec.small_batch = true;  // the small-batch variant keeps its own kernel: even columns, a CTA each
+      EXPECT_EQ(tiles_tag(generate_matmul(thin, spec).tiles), "tma1-bm64-s6");
     }
 }
 
@@ -1277,7 +1275,8 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             // stages of 64 rows × 64 bytes of X and one 32 × 32 W block, barriers padded to 1024
             // bytes, one 64 × 32 staging tile
             EXPECT_EQ(small.shared_bytes, small.stages * (64 * 64 + 32 * 32 * 2) + 1024 + 1024 + 64 * 64);
-            const auto gs = generate_matmul(Layout::from_coords(2, 2, {{0, 0}, {1, 0}}), v[1]);
+            // uneven columns (and rows) for the persistent default: 3, 1, 1 and 0 blocks
+            const auto gs = generate_matmul(Layout::from_coords(4, 4, {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {0, 2}}), v[1]);
             EXPECT_NE(gs.name_expression.find("dsd_tma_kernel"), std::string::npos);
             EXPECT_TRUE(gs.persistent);
             ASSERT_EQ(gs.tensor_maps.size(), 3u);
