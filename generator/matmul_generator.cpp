@@ -705,12 +705,12 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     // balanced forward (every column 26 blocks), sweep-small, five runs in two calls: 0.0195-0.0197 ms
     // against 0.0200-0.0204 with 6 (5 stages 0.0199-0.0203). b = 128 with 8 (24th session, sweep-small,
     // ms, 6 against 8 stages): balanced forward 0.0196 against 0.0199, backward-data 0.0228 against
-    // 0.0221, Bernoulli forward 0.0248 against 0.0237, backward-data 0.0236 against 0.0226. Uneven
-    // columns at b = 64: layout_choice.
+    // 0.0221, Bernoulli forward 0.0248 against 0.0237, backward-data 0.0236 against 0.0226.
     if (spec.wgmma && spec.small_batch && b >= 64) return finish_tma(spec, tma_shape(64, 1, b == 64 ? 4 : 8));
     // b = 32: the same kernel on tiles 32 wide, persistent (512 output block columns at K = 16384 on
     // 2-4 CTAs per SM) with 8 stages. A probe of its copies alone (tools/probes/stream_once.cu: W's
     // 2 KB blocks and 4 KB of X per step) took 0.022-0.026 ms against 0.046 for the mma.sync kernel.
+    // Even columns at b = 32, uneven ones at b = 64: layout_choice.
     if (spec.wgmma && spec.small_batch && b == 32) return finish_tma(spec, tma_shape(64, 1, 8, true));
     if (spec.small_batch)
       return finish_pipelined(spec, pipelined_shape(64, b >= 64 ? 64 : (b == 16 ? 16 : 32), b >= 64 ? 1 : 4,

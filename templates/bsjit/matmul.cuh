@@ -575,14 +575,7 @@ __device__ __forceinline__ void add_old_features(float (&d)[R / 2], const typena
     for (int i = 8 * p; i < 8 * p + 8; i += 2) {
       // the ldmatrix tile q that store_feature_piece's stmatrix writes: packed pairs 2i .. 2i + 3
       const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
-      unsigned old[4];
-      ldmatrix_x4_trans(old, tile_p + swizzled_offset(row, chunk));
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float lo, hi;
-        unpack_pair<T>(old[k], lo, hi);
-        d[4 * i + 2 * k] += lo, d[4 * i + 2 * k + 1] += hi;
-      }
+      add_ldmatrix_trans<T>(d + 4 * i, tile_p + swizzled_offset(row, chunk));
     }
   }
   consumer_barrier(consumer);  // the tiles are read: the pieces' stores may fill them
