@@ -551,6 +551,7 @@ std::string kernel_label(const MatMulSpec& spec) {
   std::string label = fmt::format("{}-{}{}-b{}-{}", to_string(spec.op), to_string(spec.dtype), spec.tf32 ? "-tf32" : "",
                                   spec.block, to_string(spec.feature_axis));
   if (spec.tiles || spec.small_batch || t.wgmma) label += "-" + tiles_tag(t);
+  if (spec.plain) label += "-plain";
   return label;
 }
 
@@ -574,9 +575,9 @@ std::string tiles_tag(const TileConfig& t) {
 }
 
 std::vector<TileConfig> tile_candidates(const MatMulSpec& spec) {
-  MatMulSpec plain = spec;
-  plain.tiles.reset();
-  std::vector<TileConfig> out{choose_tiles(plain)};
+  MatMulSpec heuristic = spec;
+  heuristic.tiles.reset();
+  std::vector<TileConfig> out{choose_tiles(heuristic)};
   if (!out[0].pipelined) return out;
   const int b = spec.block, bk = b == 16 ? 16 : 32;
   std::vector<TileConfig> shapes;
@@ -1569,6 +1570,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
       "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
       "  static constexpr bool kPersistent = {persistent}, kSwapped = {swapped}, kSplit = {split};\n"
+      "  static constexpr bool kPlain = {plain};  // built for calls with neither accumulate nor gate\n"
       "{grouped}"
       "{units}"
       "{accessors}"
@@ -1586,7 +1588,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
-      fmt::arg("split", t.split ? "true" : "false"),
+      fmt::arg("split", t.split ? "true" : "false"), fmt::arg("plain", spec.plain ? "true" : "false"),
       fmt::arg("accessors", accessors),
       fmt::arg("header", t.paired        ? "matmul_paired.cuh"
                          : t.columns > 0 ? "matmul_grouped.cuh"

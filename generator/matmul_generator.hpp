@@ -80,6 +80,11 @@ struct MatMulSpec {
   // fp32 inputs multiplied on the tensor cores as TF32 (MatMulOptions::tf32; the mma.sync
   // pipelined kernels, feature axis last, b ≥ 16); never with wgmma.
   bool tf32 = false;
+  // For calls without per-call options (bsjit::OpOptions: neither accumulate nor gate): the kernel
+  // is built without those paths, a tenth to a third faster to compile on Hopper
+  // (docs/PERFORMANCE.md). The runtime picks it for such calls, the general kernel for the others;
+  // both take the same arguments and tile shape.
+  bool plain = false;
   // A pipelined tile shape to use instead of the heuristic (tuning): bm, bk, warps_m, warps_n and
   // stages are taken, the rest derived. Only for specs whose heuristic choice is pipelined.
   std::optional<TileConfig> tiles;
@@ -138,7 +143,8 @@ struct GeneratedSource {
 bool has_wgmma(const std::string& arch);
 
 // "forward-bf16-b32-last", with the tile shape appended where the spec names one or the kernel is
-// a Hopper one ("-tma2-bm256-s4"): names kernels in logs, cache entries and tuning reports.
+// a Hopper one ("-tma2-bm256-s4"), and "-plain" for a plain kernel: names kernels in logs, cache
+// entries and tuning reports.
 std::string kernel_label(const MatMulSpec& spec);
 
 // Block sizes with a kernel.

@@ -26,6 +26,9 @@ std::string_view to_string(Op op) {
 
 std::string_view to_string(FeatureAxis axis) { return axis == FeatureAxis::last ? "last" : "first"; }
 std::string_view to_string(QkvOrder order) { return order == QkvOrder::bshd ? "bshd" : "bhsd"; }
+std::string_view to_string(Calls calls) {
+  return calls == Calls::all ? "all" : calls == Calls::plain ? "plain" : "with_options";
+}
 
 DType parse_dtype(std::string_view s) {
   if (s == "f32" || s == "fp32" || s == "float32" || s == "float") return DType::f32;
@@ -51,6 +54,13 @@ QkvOrder parse_qkv_order(std::string_view s) {
   if (s == "bshd") return QkvOrder::bshd;
   if (s == "bhsd") return QkvOrder::bhsd;
   throw Error(fmt::format("unknown tensor order '{}'; expected bshd or bhsd", s));
+}
+
+Calls parse_calls(std::string_view s) {
+  if (s == "all") return Calls::all;
+  if (s == "plain") return Calls::plain;
+  if (s == "with_options") return Calls::with_options;
+  throw Error(fmt::format("unknown calls '{}'; expected all, plain (no OpOptions) or with_options", s));
 }
 
 std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }

@@ -46,6 +46,7 @@ struct Item {
   std::size_t layout;  // index into the loaded layouts
   Op op;
   MatMulOptions options;
+  Calls calls;
   std::string what;
 };
 
@@ -107,9 +108,10 @@ Expanded expand(const Manifest& m) {
             for (FeatureAxis ax : g.feature_axes)
               for (const auto& arch : g.archs)
                 for (bool tf32 : tf32_settings(g, dt))
-                  e.items.push_back({index, op, MatMulOptions{b, dt, ax, arch, tf32},
-                                     fmt::format("{} {} {}{} b{} {} {}", file.filename().string(), to_string(op),
-                                                 to_string(dt), tf32 ? " tf32" : "", b, to_string(ax), arch)});
+                  e.items.push_back({index, op, MatMulOptions{b, dt, ax, arch, tf32}, g.calls,
+                                     fmt::format("{} {} {}{} b{} {} {}{}", file.filename().string(), to_string(op),
+                                                 to_string(dt), tf32 ? " tf32" : "", b, to_string(ax), arch,
+                                                 g.calls == Calls::all ? "" : fmt::format(" ({} calls)", to_string(g.calls)))});
     }
   for (const auto& g : m.attention)
     for (const auto& files : g.masks) {
@@ -228,6 +230,12 @@ Manifest Manifest::load(const fs::path& json_file) {
                                             [](const nlohmann::json& v) { return parse_feature_axis(v.get<std::string>()); });
       k.archs = list_of<std::string>(g, "archs", k.archs, text);
       k.tf32 = list_of<bool>(g, "tf32", k.tf32, [](const nlohmann::json& v) { return v.get<bool>(); });
+      if (g.contains("calls")) {
+        if (!g.at("calls").is_string())
+          throw Error(fmt::format("manifest '{}': 'calls' must be \"all\", \"plain\" or \"with_options\"",
+                                  json_file.string()));
+        k.calls = parse_calls(g.at("calls").get<std::string>());
+      }
       m.groups.push_back(std::move(k));
     }
     if (j.contains("attention")) {
@@ -298,7 +306,7 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
         const Item& item = e.items[i];
         o.what = item.what;
         if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
-        now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch);
+        now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch, item.calls);
       } else {
         const AttentionItem& item = e.attention[i - e.items.size()];
         o.what = item.what;
@@ -355,13 +363,15 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
         const Layout& layout = *e.layouts[item.layout];
         const std::string hash = layout.hash().hex();
-        const auto specs =
-            generator::variants({item.op, item.options.block, item.options.dtype, item.options.feature_axis});
-        for (int v = 0; v < static_cast<int>(specs.size()); ++v) {
-          const auto spec = runtime::resolve_spec(hash, specs[v], item.options.arch, v);
-          auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
-          runtime::KernelRegistry::global().pin(p->compiled, dev.ctx, p);
-        }
+        const auto specs = runtime::op_variants(item.op, item.options);
+        for (int v = 0; v < static_cast<int>(specs.size()); ++v)
+          for (bool plain : runtime::plain_kinds(item.calls)) {
+            generator::MatMulSpec spec = specs[v];
+            spec.plain = plain;
+            spec = runtime::resolve_spec(hash, spec, item.options.arch, v);
+            auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
+            runtime::KernelRegistry::global().pin(p->compiled, dev.ctx, p);
+          }
       });
     for (const AttentionItem& item : e.attention)
       attempt(item.options.arch, item.what, [&] {

@@ -83,9 +83,25 @@ std::vector<std::shared_ptr<const PreparedKernel>> KernelRegistry::prepare_all(
   return prepared;
 }
 
+std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& options) {
+  generator::MatMulSpec spec{op, options.block, options.dtype, options.feature_axis};
+  spec.tf32 = options.tf32;
+  return generator::variants(spec);
+}
+
+std::vector<bool> plain_kinds(Calls calls) {
+  switch (calls) {
+    case Calls::plain: return {true};
+    case Calls::with_options: return {false};
+    case Calls::all: break;
+  }
+  return {true, false};
+}
+
 std::string tuning_key(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch,
                        int variant) {
-  // Templates and format version in the key: a record from another bsjit is never applied.
+  // Templates and format version in the key: a record from another bsjit is never applied. Not
+  // spec.plain: an op's plain and general kernels share one record.
   std::string material =
       fmt::format("bsjit-tuning {} {} {} {} {} {}{} {} {} {}", cache::kFormatVersion, generator::templates_hash(),
                   layout_hash, to_string(spec.op), spec.block, to_string(spec.dtype), spec.tf32 ? "-tf32" : "",

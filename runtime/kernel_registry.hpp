@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "bsjit/matmul.hpp"
 #include "cache/kernel_cache.hpp"
 #include "generator/matmul_generator.hpp"
 #include "module.hpp"
@@ -28,7 +29,7 @@ struct KernelId {
   std::string arch;
   auto key() const {
     return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma,
-                           spec.small_batch, spec.tf32, arch,
+                           spec.small_batch, spec.tf32, spec.plain, arch,
                            spec.tiles ? generator::tiles_tag(*spec.tiles) : std::string());
   }
   bool operator<(const KernelId& o) const { return key() < o.key(); }
@@ -64,6 +65,13 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
                                  int variant);
 void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch, int variant,
                   const generator::TileConfig& tiles);
+
+// The specs of op's batch variants (generator::variants) for a MatMul of these options.
+std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& options);
+// Whether a call with these options runs the plain kernel (MatMulSpec::plain).
+inline bool plain_call(const OpOptions& call) { return !call.accumulate && call.gate == nullptr; }
+// The kernels `calls` names, as MatMulSpec::plain values: the plain one first.
+std::vector<bool> plain_kinds(Calls calls);
 
 class KernelRegistry {
  public:

@@ -34,11 +34,8 @@ void check_pointer(const void* p, const char* what, Op op) {
 
 struct MatMul::Impl {
   Impl(Layout l, MatMulOptions o) : layout(std::move(l)), options(std::move(o)), layout_hash(layout.hash().hex()) {
-    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
-      generator::MatMulSpec spec{op, options.block, options.dtype, options.feature_axis};
-      spec.tf32 = options.tf32;
-      op_specs[static_cast<int>(op)] = generator::variants(spec);
-    }
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+      op_specs[static_cast<int>(op)] = runtime::op_variants(op, options);
   }
 
   Layout layout;
@@ -67,34 +64,41 @@ struct MatMul::Impl {
     return static_cast<float*>(w->get());
   }
 
-  // per context: [op][variant] (generator::variants: 0 for any N, 1 for small N)
-  std::map<runtime::Context, std::array<std::array<Launchable, 2>, kOps>> launchables;
+  // per context: [op][variant][kind] (generator::variants: 0 for any N, 1 for small N; kind 1: the
+  // plain kernel, 0: the general one)
+  using Kinds = std::array<Launchable, 2>;
+  std::map<runtime::Context, std::array<std::array<Kinds, 2>, kOps>> launchables;
 
   const std::vector<generator::MatMulSpec>& specs(Op op) const { return op_specs[static_cast<int>(op)]; }
   runtime::KernelId id(const generator::MatMulSpec& spec, const std::string& arch) const {
     return {layout_hash, spec, arch};
   }
-  // The spec of op's variant v for arch: the tuned tile shape where a tuning record exists.
-  generator::MatMulSpec spec_for(Op op, int v, const std::string& arch) const {
-    return runtime::resolve_spec(layout_hash, specs(op)[v], arch, v);
+  // The spec of op's variant v for arch, plain or general: the tuned tile shape where a tuning
+  // record exists.
+  generator::MatMulSpec spec_for(Op op, int v, bool plain, const std::string& arch) const {
+    generator::MatMulSpec spec = specs(op)[v];
+    spec.plain = plain;
+    return runtime::resolve_spec(layout_hash, spec, arch, v);
   }
   std::string arch_for(const runtime::Context& ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
   }
 
-  // The kernels of ops for arch, each (op, variant) once, in the order given.
+  // The kernels of ops' calls for arch, each (op, variant, kind) once, in the order given.
   struct OpKernel {
     Op op;
     int variant;
+    bool plain;
     runtime::KernelId id;
   };
-  std::vector<OpKernel> kernels(const std::vector<Op>& ops, const std::string& arch) const {
+  std::vector<OpKernel> kernels(const std::vector<Op>& ops, const std::string& arch, Calls calls) const {
     std::vector<OpKernel> out;
     for (Op op : ops) {
       bool seen = false;
       for (const auto& k : out) seen |= k.op == op;
       if (seen) continue;
-      for (int v = 0; v < static_cast<int>(specs(op).size()); ++v) out.push_back({op, v, id(spec_for(op, v, arch), arch)});
+      for (int v = 0; v < static_cast<int>(specs(op).size()); ++v)
+        for (bool plain : runtime::plain_kinds(calls)) out.push_back({op, v, plain, id(spec_for(op, v, plain, arch), arch)});
     }
     return out;
   }
@@ -113,22 +117,23 @@ struct MatMul::Impl {
     return n <= generator::kSmallBatchRows && specs(op).size() > 1 ? 1 : 0;
   }
 
-  // op's variant v as loaded in ctx already; empty where it is not.
-  Launchable loaded(Op op, int v, const runtime::Context& ctx) {
+  // op's variant v, plain or general, as loaded in ctx already; empty where it is not.
+  Launchable loaded(Op op, int v, bool plain, const runtime::Context& ctx) {
     std::lock_guard lock(mutex);
     auto it = launchables.find(ctx);
-    return it != launchables.end() ? it->second[static_cast<int>(op)][v] : Launchable{};
+    return it != launchables.end() ? it->second[static_cast<int>(op)][v][plain] : Launchable{};
   }
 
-  Launchable launchable(Op op, int v, const runtime::Context& ctx) {
-    if (Launchable l = loaded(op, v, ctx); l.loaded) return l;
+  Launchable launchable(Op op, int v, bool plain, const runtime::Context& ctx) {
+    if (Launchable l = loaded(op, v, plain, ctx); l.loaded) return l;
     const std::string arch = arch_for(ctx);
     auto on_miss = cache::KernelCache::global().run_time_on_miss();
     Launchable l;
-    l.prepared = runtime::KernelRegistry::global().prepare(layout, id(spec_for(op, v, arch), arch), on_miss);  // unlocked
+    l.prepared =
+        runtime::KernelRegistry::global().prepare(layout, id(spec_for(op, v, plain, arch), arch), on_miss);  // unlocked
     l.loaded = runtime::SharedKernels::global().acquire(l.prepared->compiled, ctx);
     std::lock_guard lock(mutex);
-    launchables[ctx][static_cast<int>(op)][v] = l;
+    launchables[ctx][static_cast<int>(op)][v][plain] = l;
     return l;
   }
 
@@ -144,7 +149,7 @@ struct MatMul::Impl {
       throw Error(fmt::format("bsjit: {}: gate pointer {} is not 4-byte aligned", to_string(op),
                               static_cast<const void*>(o.gate)));
     const runtime::Context ctx = runtime::current_context();
-    Launchable l = launchable(op, variant(op, n), ctx);
+    Launchable l = launchable(op, variant(op, n), runtime::plain_call(o), ctx);
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
     if (l.prepared->generated.workspace_bytes > 0)
@@ -180,11 +185,13 @@ void MatMul::backward_weight(const void* x, const void* dy, void* dw, std::int64
   impl_->run(Op::backward_weight, x, dy, dw, n, stream, o);
 }
 
-bool MatMul::precompile(Op op, const std::string& arch) const { return precompile(std::vector<Op>{op}, arch); }
+bool MatMul::precompile(Op op, const std::string& arch, Calls calls) const {
+  return precompile(std::vector<Op>{op}, arch, calls);
+}
 
-bool MatMul::precompile(const std::vector<Op>& ops, const std::string& arch) const {
+bool MatMul::precompile(const std::vector<Op>& ops, const std::string& arch, Calls calls) const {
   runtime::check_arch(arch);
-  const auto kernels = impl_->kernels(ops, arch);
+  const auto kernels = impl_->kernels(ops, arch, calls);
   std::vector<char> now;
   const auto prepared = impl_->prepare_all(kernels, cache::OnMiss::compile, &now);
   std::lock_guard lock(impl_->mutex);
@@ -200,6 +207,7 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   const int v = impl_->variant(op, n);
   generator::MatMulSpec base = impl_->specs(op)[v];
   base.wgmma = generator::has_wgmma(arch) && !base.tf32;
+  base.plain = true;  // timed without options; the choice serves the general kernel too
   // candidates: this variant's own shape first, then every shape the generator offers
   std::vector<generator::MatMulSpec> candidates{base};
   if (generator::choose_tiles(base).pipelined) {
@@ -250,31 +258,34 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   if (candidates[best_i].tiles) {
     runtime::store_tuning(impl_->layout_hash, base, arch, v, *candidates[best_i].tiles);
     std::lock_guard lock(impl_->mutex);  // the next call resolves the tuned shape
-    for (auto& [c, per_op] : impl_->launchables) per_op[static_cast<int>(op)][v] = {};
+    for (auto& [c, per_op] : impl_->launchables) per_op[static_cast<int>(op)][v] = {};  // both kinds
   }
   return result;
 }
 
-void MatMul::prepare(Op op) const { prepare(std::vector<Op>{op}); }
+void MatMul::prepare(Op op, Calls calls) const { prepare(std::vector<Op>{op}, calls); }
 
-void MatMul::prepare(const std::vector<Op>& ops) const {
+void MatMul::prepare(const std::vector<Op>& ops, Calls calls) const {
   const runtime::Context ctx = runtime::current_context();
   std::vector<Impl::OpKernel> kernels;  // those not loaded in ctx yet: a repeated prepare starts no thread
-  for (auto& k : impl_->kernels(ops, impl_->arch_for(ctx)))
-    if (!impl_->loaded(k.op, k.variant, ctx).loaded) kernels.push_back(std::move(k));
+  for (auto& k : impl_->kernels(ops, impl_->arch_for(ctx), calls))
+    if (!impl_->loaded(k.op, k.variant, k.plain, ctx).loaded) kernels.push_back(std::move(k));
   // compiled (or read from the cache) on every core, held here while each is loaded in turn:
   // launchable then finds them in the registry
   const auto prepared = impl_->prepare_all(kernels, cache::KernelCache::global().run_time_on_miss());
-  for (const auto& k : kernels) impl_->launchable(k.op, k.variant, ctx);
+  for (const auto& k : kernels) impl_->launchable(k.op, k.variant, k.plain, ctx);
 }
 
-std::string MatMul::generated_source(Op op) const {
-  return generator::generate_matmul(impl_->layout, impl_->specs(op)[0]).source;
+std::string MatMul::generated_source(Op op, const OpOptions& call) const {
+  generator::MatMulSpec spec = impl_->specs(op)[0];
+  spec.plain = runtime::plain_call(call);
+  return generator::generate_matmul(impl_->layout, spec).source;
 }
-std::string MatMul::kernel_label(Op op, std::int64_t n) const {
+std::string MatMul::kernel_label(Op op, std::int64_t n, const OpOptions& call) const {
   const std::string arch = impl_->arch_for(runtime::current_context());
   // generated, not just chosen: the generator may pick another kernel for this layout
-  return generator::generate_matmul(impl_->layout, impl_->spec_for(op, impl_->variant(op, n), arch)).label;
+  const auto spec = impl_->spec_for(op, impl_->variant(op, n), runtime::plain_call(call), arch);
+  return generator::generate_matmul(impl_->layout, spec).label;
 }
 
 const Layout& MatMul::layout() const { return impl_->layout; }

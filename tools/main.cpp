@@ -37,6 +37,7 @@ struct KernelSelection {
   std::vector<std::string> feature_axes{"last"};
   std::vector<std::string> archs{"sm_90a"};
   bool tf32 = false;
+  std::string calls = "all";
 
   Manifest to_manifest() const {
     if (!manifest.empty()) return Manifest::load(manifest);
@@ -52,6 +53,7 @@ struct KernelSelection {
     for (auto& a : feature_axes) g.feature_axes.push_back(parse_feature_axis(a));
     g.archs = archs;
     g.tf32 = {tf32};
+    g.calls = parse_calls(calls);
     return Manifest{{g}};
   }
 };
@@ -67,10 +69,14 @@ void add_selection(CLI::App* cmd, KernelSelection& s, bool with_arch) {
       ->delimiter(',');
   cmd->add_flag("--tf32", s.tf32,
                 "the f32 kernels multiply as TF32 on the tensor cores (block ≥ 16, feature axis last)");
-  if (with_arch)
+  if (with_arch) {
     cmd->add_option("-a,--arch", s.archs,
                     "target architectures (default sm_90a: H100/H200; sm_80 for A100; plain sm_90 has no wgmma kernels)")
         ->delimiter(',');
+    cmd->add_option("--calls", s.calls,
+                    "kernels for which calls: all (default), plain (no accumulate or gate) or with_options")
+        ->check(CLI::IsMember({"all", "plain", "with_options"}));
+  }
 }
 
 const char* status_name(KernelOutcome::Status s) {

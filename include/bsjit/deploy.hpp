@@ -5,9 +5,12 @@
 // A manifest names the kernels, as JSON: one group, or {"kernels": [group, ...]}, where a group is
 //   {"layouts": ["w1.npy", "w2.json"],          paths relative to the manifest's directory
 //    "ops": ["forward", "backward_data", "backward_weight"],
-//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90a"], "tf32": [false]}
+//    "blocks": [32], "dtypes": ["bf16"], "feature_axes": ["last"], "archs": ["sm_90a"], "tf32": [false],
+//    "calls": "all"}
 // and names every combination of its lists. Missing lists take the defaults below. "tf32" applies to
 // the fp32 kernels (MatMulOptions::tf32: [true], or [false, true] for both); other dtypes ignore it.
+// "calls" (Calls: "all", "plain" or "with_options") says which of each op's two kernels its calls
+// need: "plain" when the service never passes OpOptions halves the build.
 //
 // Attention kernels (bsjit::Attention, bsjit::AttentionOps) go in a list "attention" of groups
 //   {"masks": ["causal.npy", ["head0.npy", "head1.npy"]],  one file shared by every head, or one per head
@@ -36,6 +39,7 @@ struct KernelGroup {
   std::vector<FeatureAxis> feature_axes{FeatureAxis::last};
   std::vector<std::string> archs{"sm_90a"};
   std::vector<bool> tf32{false};  // fp32 only (see above)
+  Calls calls = Calls::all;
 };
 
 // The tf32 settings a group's kernels of dtype dt take: its list for fp32, {false} for the others.

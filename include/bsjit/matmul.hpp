@@ -36,6 +36,7 @@ struct MatMulOptions {
   bool tf32 = false;
 };
 
+// A call with neither option runs the op's plain kernel, one with either its general kernel (Calls).
 struct OpOptions {
   bool accumulate = false;      // out += result (beta = 1) instead of out = result
   const float* gate = nullptr;  // device array [layout.blocks()]: W block i scaled by gate[i]; 0 skips it
@@ -66,14 +67,15 @@ class MatMul {
   void backward_weight(const void* x, const void* dy, void* dw, std::int64_t n, Stream stream = nullptr,
                        const OpOptions& op = {}) const;
 
-  // Compiles op's kernel for arch into the cache without touching a GPU (build machines).
-  // Returns true when it was compiled now, false when the cache already held it.
-  bool precompile(Op op, const std::string& arch) const;
+  // Compiles op's kernels for arch into the cache without touching a GPU (build machines): those of
+  // the calls named (both batch variants of each). Returns true when any was compiled now, false
+  // when the cache already held them all.
+  bool precompile(Op op, const std::string& arch, Calls calls = Calls::all) const;
   // The same for several ops, their kernels compiled side by side (one per core). A layer's three
   // products and their small-batch variants are six kernels of 0.3-1 s each on Hopper, so this
   // takes about as long as the slowest of them instead of their sum. Returns true when any was
   // compiled now.
-  bool precompile(const std::vector<Op>& ops, const std::string& arch) const;
+  bool precompile(const std::vector<Op>& ops, const std::string& arch, Calls calls = Calls::all) const;
 
   // Times every tile shape bsjit can use for op at n rows on the current GPU (on scratch inputs of
   // that size, on stream), keeps the fastest for this layout, block, dtype and feature axis at this
@@ -82,20 +84,23 @@ class MatMul {
   // single shape (fp32, feature axis first, block 8) report that shape.
   TuneResult autotune(Op op, std::int64_t n, Stream stream = nullptr) const;
 
-  // Gets op's kernel ready in the current context (compiled or loaded from the cache, module
-  // loaded), so the first call pays nothing. Throws in strict mode when the cache lacks it.
-  void prepare(Op op) const;
+  // Gets op's kernels for the calls named ready in the current context (compiled or loaded from the
+  // cache, module loaded), so the first call pays nothing. Throws in strict mode when the cache
+  // lacks one.
+  void prepare(Op op, Calls calls = Calls::all) const;
   // The same for several ops, compiling the kernels the cache lacks side by side (as precompile
   // does): mm.prepare({Op::forward, Op::backward_data, Op::backward_weight}) before a training
   // step's first call.
-  void prepare(const std::vector<Op>& ops) const;
+  void prepare(const std::vector<Op>& ops, Calls calls = Calls::all) const;
 
-  // The generated CUDA source of op's kernel (for inspection and debugging).
-  std::string generated_source(Op op) const;
+  // The generated CUDA source of the kernel that runs op's calls with these options (for
+  // inspection and debugging).
+  std::string generated_source(Op op, const OpOptions& call = {}) const;
 
-  // The name of the kernel that runs op at n rows on the current GPU, with its tile shape where
-  // it has one ("forward-bf16-b64-last-tma2-bm256-s4"), tuned or the default; compiles nothing.
-  std::string kernel_label(Op op, std::int64_t n) const;
+  // The name of the kernel that runs op at n rows with these options on the current GPU, with its
+  // tile shape where it has one ("forward-bf16-b64-last-tma2-bm256-s4-plain"), tuned or the
+  // default; compiles nothing.
+  std::string kernel_label(Op op, std::int64_t n, const OpOptions& call = {}) const;
 
   const Layout& layout() const;
   const MatMulOptions& options() const;

@@ -27,6 +27,12 @@ enum class Op {
 // last: X is [N, C] row-major; first: X is [C, N] row-major.
 enum class FeatureAxis { last, first };
 
+// Which calls of an op to get kernels ready for (MatMul::precompile and prepare, a manifest's
+// "calls"). An op has two kernels: calls without OpOptions (neither accumulate nor gate) run a
+// plain one, built without those paths and a tenth to a third faster to compile on Hopper; calls
+// with either option run the general one. A kernel not made ready is compiled at its first call.
+enum class Calls { all, plain, with_options };
+
 // Attention tensors Q, K, V, O: [batch, seq, heads, head_dim] or [batch, heads, seq, head_dim].
 enum class QkvOrder { bshd, bhsd };
 
@@ -34,10 +40,12 @@ std::string_view to_string(DType dtype);
 std::string_view to_string(Op op);
 std::string_view to_string(FeatureAxis axis);
 std::string_view to_string(QkvOrder order);
+std::string_view to_string(Calls calls);
 DType parse_dtype(std::string_view text);  // "f32"/"fp32"/"float32", "f16"/"fp16", "bf16"
 Op parse_op(std::string_view text);        // "forward"/"fwd", "backward_data"/"bwd_data", ...
 FeatureAxis parse_feature_axis(std::string_view text);  // "last"/"nc", "first"/"cn"
 QkvOrder parse_qkv_order(std::string_view text);        // "bshd", "bhsd"
+Calls parse_calls(std::string_view text);               // "all", "plain", "with_options"
 std::size_t dtype_size(DType dtype);
 
 }  // namespace bsjit

@@ -50,6 +50,17 @@ __device__ __forceinline__ T zero() {
   return from_float<T>(0.0f);
 }
 
+// A kernel built for calls without per-call options (Config::kPlain: neither accumulate nor gate)
+// drops both at its entry, so that NVVM removes their code: a tenth to a third of a Hopper
+// kernel's cold compile (docs/PERFORMANCE.md). The host passes the same arguments to either kernel.
+template <class Cfg, class Gate>
+__device__ __forceinline__ void drop_call_options(Gate& gate, int& accumulate) {
+  if constexpr (Cfg::kPlain) {
+    gate = nullptr;
+    accumulate = 0;
+  }
+}
+
 // Tensor-core product D += A·B for one m16n8k16 tile (sm_80+), fp32 accumulators.
 // Fragment layout (PTX ISA, "mma.m16n8k16"), g = lane / 4, t = lane % 4:
 //   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..]   a[3] = A[g+8][2t+8..]

@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate,
                float* __restrict__ workspace) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   constexpr int b = Cfg::kBlock;
   static_assert(Cfg::kBN == b, "one CTA covers one output block column");
   static_assert(b % Cfg::kBK == 0 && Cfg::kStride >= Cfg::kBK, "BK must divide the block");
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
                float* __restrict__ workspace) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   constexpr int b = Cfg::kBlock;
   static_assert(Cfg::kBM == b && Cfg::kBN == b, "one CTA covers one b × b block");
   __shared__ __align__(16) T As[Cfg::kBM * Cfg::kStride];
@@ -260,6 +262,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                          typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate,
                float* __restrict__ workspace) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   using Plan = DsdPipelinedPlan<Cfg>;
   // A stage holds kGroup slices of kSlice reduction indices each: one LUT entry's whole block per
   // slice when kGroup > 1 (small blocks: more work per barrier), else kSlice = BK ≤ b.
@@ -381,6 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                      typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int n, int accumulate,
                      float* __restrict__ workspace) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   using Plan = DsdWgmmaPlan<Cfg>;
   constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, kSlicesPerEntry = b / kSlice, S = Cfg::kStages;
   static_assert(sizeof(T) == 2 && Cfg::kFeatureLast && Cfg::kBN == b && (b == 64 || b == 128),
@@ -802,6 +806,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                    float* __restrict__ workspace, const __grid_constant__ TensorMap map_a,
                    const __grid_constant__ TensorMap map_w, const __grid_constant__ TensorMap map_out) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   using Plan = DsdWgmmaPlan<Cfg>;
   constexpr int b = Cfg::kBlock, kSlice = Plan::kSlice, kSlicesPerEntry = b / kSlice, S = Cfg::kStages;
   constexpr int kRow = Plan::kRowBytes;  // bytes of a row of the X tile and of the staging tiles
@@ -1007,6 +1012,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                          typename Cfg::T* __restrict__ dw, const float* __restrict__ gate, int n, int accumulate,
                float* __restrict__ workspace) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   using Plan = SddPipelinedPlan<Cfg>;
   constexpr int b = Cfg::kBlock;
   static_assert((sizeof(T) == 2 || sizeof(T) == 4) && Cfg::kFeatureLast && Cfg::kBM == b && Cfg::kBN == b,
@@ -1481,6 +1487,7 @@ struct ColUnits : DwWriter<Cfg> {
            float* __restrict__ workspace, const __grid_constant__ TensorMap map_x,                          \
            const __grid_constant__ TensorMap map_dy, const __grid_constant__ TensorMap map_dw) {            \
     static_assert(CHECK, #CHECK);                                                                           \
+    drop_call_options<Cfg>(gate, accumulate);                                                               \
     sdd_tma_body<Cfg, ROWS, COLS>(n, UNITS<Cfg>{{dw, gate, accumulate}}, map_x, map_dy, map_dw, workspace); \
   }
 

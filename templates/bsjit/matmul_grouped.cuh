@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                        float* __restrict__ workspace, const __grid_constant__ TensorMap map_a,
                        const __grid_constant__ TensorMap map_w) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   using Plan = DsdGroupedPlan<Cfg>;
   constexpr int b = Cfg::kBlock, G = Cfg::kColumns, S = Cfg::kStages, BM = Cfg::kBM, P = Plan::kSlots;
   constexpr int kSub = Plan::kSub, kRowBytes = Plan::kRowBytes, kRecord = Plan::kRecord;

@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       float* __restrict__ workspace, const __grid_constant__ TensorMap map_a,
                       const __grid_constant__ TensorMap map_w, const __grid_constant__ TensorMap map_out) {
   using T = typename Cfg::T;
+  drop_call_options<Cfg>(gate, accumulate);
   using Plan = DsdPairedPlan<Cfg>;
   constexpr int S = Cfg::kStages, BM = Cfg::kBM, kConsumers = Cfg::kWarpsM, R = BM / kConsumers;
   constexpr int kRecord = Plan::kRecord, kClasses = 3;

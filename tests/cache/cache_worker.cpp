@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
         std::mt19937 rng(seed * 10 + t);
         std::vector<int> order = {0, 1, 2, 3, 4, 5};
         std::shuffle(order.begin(), order.end(), rng);
-        for (int k : order) kernels[k / 2].precompile(k % 2 ? Op::forward : Op::backward_weight, "sm_90");
+        for (int k : order) kernels[k / 2].precompile(k % 2 ? Op::forward : Op::backward_weight, "sm_90", Calls::plain);
       });
     for (auto& t : threads) t.join();
     // entries built: compiled, or from the code of another layout of the shape compiled here

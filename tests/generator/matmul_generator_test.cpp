@@ -46,9 +46,11 @@ Layout random_layout(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
 // BSJIT_UPDATE_SNAPSHOTS=1 rewrites them.
 TEST(Generator, Snapshots) {
   Layout layout = Layout::from_dense(3, 4, {1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1});
+  MatMulSpec plain{Op::backward_weight, 8, DType::f32, FeatureAxis::last};
+  plain.plain = true;  // kPlain = true, "-plain"
   const MatMulSpec specs[] = {{Op::forward, 32, DType::bf16, FeatureAxis::last},
                               {Op::backward_data, 16, DType::f16, FeatureAxis::first},
-                              {Op::backward_weight, 8, DType::f32, FeatureAxis::last}};
+                              plain};
   const bool update = std::getenv("BSJIT_UPDATE_SNAPSHOTS") != nullptr;
   for (const auto& spec : specs) {
     auto g = generate_matmul(layout, spec);

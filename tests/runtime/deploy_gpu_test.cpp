@@ -82,13 +82,57 @@ void precompile_then_strict_warmup(const std::string& manifest_json, int items, 
   std::printf("%s", r.output.c_str());  // per-kernel load times, for the record
 }
 
-// 4 matmul kernels; 8 entries (each has a small-batch variant too)
+// 4 matmul items; 16 entries (each has a small-batch variant too, each of those a plain and a
+// general kernel)
 TEST_F(DeployGpu, PrecompileThenStrictWarmupInFreshProcesses) {
   precompile_then_strict_warmup(
       fmt::format(R"({{"layouts": ["{}"], "ops": ["forward", "backward_weight"], "blocks": [32, 64],
                       "dtypes": ["bf16"], "archs": ["{}"]}})",
                   (fs::absolute(examples()) / "layouts" / "banded.json").string(), arch_),
-      4, 8);
+      4, 16);
+}
+
+// A manifest of plain calls, TF32: precompile builds the plain TF32 kernels only (2 entries), strict
+// warm-up of that manifest loads them (the TF32 ones, not exact fp32's), a strict warm-up that
+// also wants the general kernels fails, and in strict mode a plain call runs while an accumulating
+// one fails.
+TEST_F(DeployGpu, PlainCallsAndTf32FromTheManifest) {
+  TempDir dir;
+  const std::string layout = (fs::absolute(examples()) / "layouts" / "banded.json").string();
+  const auto manifest = [&](const char* name, const char* calls) {
+    auto path = dir.path / name;
+    std::ofstream(path) << fmt::format(R"({{"layouts": ["{}"], "ops": ["forward"], "blocks": [32], "dtypes": ["f32"],
+                                          "tf32": [true], "archs": ["{}"], "calls": "{}"}})",
+                                       layout, arch_, calls);
+    return path.string();
+  };
+  const std::string plain = manifest("plain.json", "plain"), all = manifest("all.json", "all");
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " precompile -m " + plain);
+  ASSERT_EQ(r.status, 0) << r.output;
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir.path / "c")) {
+    if (e.path().extension() != ".bsjit") continue;
+    ++entries;
+    const std::string name = e.path().filename().string();
+    EXPECT_NE(name.find("-tf32-"), std::string::npos) << name;
+    EXPECT_NE(name.find("-plain-"), std::string::npos) << name;
+  }
+  EXPECT_EQ(entries, 2);
+  int gpus = 0;
+  BSJIT_CU(runtime::driver().cuDeviceGetCount(&gpus));
+  r = sh(cache + " warmup --strict -m " + plain);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} loaded, 0 failed", gpus)), std::string::npos) << r.output;
+  r = sh(cache + " warmup --strict -m " + all);
+  EXPECT_EQ(r.status, 1) << "the general kernels are not in the cache:\n" << r.output;
+  const std::string run = cache + " run -n 300 -l " + layout + " -o forward -b 32 -t f32 --tf32";
+  r = sh(run, "BSJIT_STRICT_CACHE=1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ok "), std::string::npos) << r.output;
+  r = sh(run + " --accumulate", "BSJIT_STRICT_CACHE=1");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("strict cache"), std::string::npos) << r.output;
 }
 
 // Attention: a fused and a decomposed item; 4 + 5 entries
@@ -124,8 +168,9 @@ TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
     records += e.path().extension() == ".tune";
     if (e.path().extension() != ".bsjit") continue;
     const std::string name = e.path().filename().string();
-    // the tag, then the arch: "-tma1-bm128-s4-" alone would also match "-tma1-bm128-s4-p-sm_90a-"
-    const auto tagged = [&](const std::string& tag) { return name.find("-" + tag + "-sm_") != std::string::npos; };
+    // the tag, then the arch: "-tma1-bm128-s4-" alone would also match "-tma1-bm128-s4-p-sm_90a-";
+    // `bsjit run` makes plain calls
+    const auto tagged = [&](const std::string& tag) { return name.find("-" + tag + "-plain-sm_") != std::string::npos; };
     const bool keep = (name.rfind("forward-", 0) == 0 && tagged(chosen[0])) ||
                       (name.rfind("backward_weight-", 0) == 0 && tagged(chosen[1]));
     if (keep) ++kept;
@@ -136,7 +181,8 @@ TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
   r = sh(cache + " run -n 2048 " + kernel, "BSJIT_STRICT_CACHE=1");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
-  for (const auto& c : chosen) EXPECT_NE(r.output.find("-" + c + "\n"), std::string::npos) << c << "\n" << r.output;
+  for (const auto& c : chosen)
+    EXPECT_NE(r.output.find("-" + c + "-plain\n"), std::string::npos) << c << "\n" << r.output;
 }
 
 TEST_F(DeployGpu, StrictModeAtOpTime) {

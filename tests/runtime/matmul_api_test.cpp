@@ -83,12 +83,12 @@ TEST(MatMulApi, ShapesAndPrecompileWithoutGpu) {
   EXPECT_EQ(mm.weight_elements(), 3 * 64 * 64);
   EXPECT_NE(mm.generated_source(Op::forward).find("kLut"), std::string::npos);
   auto before = cache_stats();
-  EXPECT_TRUE(mm.precompile(Op::backward_weight, "sm_90a"));   // compiled now
+  EXPECT_TRUE(mm.precompile(Op::backward_weight, "sm_90a"));   // compiled now: plain and general
   EXPECT_FALSE(mm.precompile(Op::backward_weight, "sm_90a"));  // already in memory
   MatMul same(kLayout, {64, DType::f16, FeatureAxis::first, ""});
-  EXPECT_FALSE(same.precompile(Op::backward_weight, "sm_90a"));  // another object, same kernel
-  EXPECT_TRUE(same.precompile(Op::backward_weight, "sm_90"));     // another arch: another kernel
-  EXPECT_EQ(cache_stats().compiles, before.compiles + 2);
+  EXPECT_FALSE(same.precompile(Op::backward_weight, "sm_90a"));  // another object, same kernels
+  EXPECT_TRUE(same.precompile(Op::backward_weight, "sm_90"));     // another arch: other kernels
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 4);
   EXPECT_THROW(mm.precompile(Op::forward, "sm_61"), Error);
 }
 
@@ -104,12 +104,16 @@ TEST(MatMulApi, PrecompileOfSeveralOpsCompilesEachKernelOnce) {
   for (Op op : all) kernels += static_cast<std::int64_t>(generator::variants({op, 32, DType::bf16, FeatureAxis::last}).size());
   ASSERT_GT(kernels, 3) << "the small-batch variants are part of it";
   auto before = cache_stats();
-  EXPECT_TRUE(mm.precompile({Op::forward, Op::backward_data, Op::backward_weight, Op::forward}, "sm_90a"));
-  EXPECT_EQ(cache_stats().compiles - before.compiles, kernels) << "each kernel once, a repeated op adds none";
+  EXPECT_TRUE(mm.precompile({Op::forward, Op::backward_data, Op::backward_weight, Op::forward}, "sm_90a", Calls::plain));
+  EXPECT_EQ(cache_stats().compiles - before.compiles, kernels) << "each plain kernel once, a repeated op adds none";
+  EXPECT_FALSE(mm.precompile(all, "sm_90a", Calls::plain));
+  EXPECT_TRUE(mm.precompile(all, "sm_90a")) << "all calls: the general kernels are still missing";
+  EXPECT_EQ(cache_stats().compiles - before.compiles, 2 * kernels);
   EXPECT_FALSE(mm.precompile(all, "sm_90a"));
   const MatMul same(layout, o);
   for (Op op : all) EXPECT_FALSE(same.precompile(op, "sm_90a")) << to_string(op) << ": found, not compiled again";
-  EXPECT_EQ(cache_stats().compiles - before.compiles, kernels);
+  EXPECT_FALSE(same.precompile(all, "sm_90a", Calls::with_options));
+  EXPECT_EQ(cache_stats().compiles - before.compiles, 2 * kernels);
   EXPECT_FALSE(mm.precompile(std::vector<Op>{}, "sm_90a"));
   EXPECT_THROW(mm.precompile(all, "sm_61"), Error);
 }
@@ -120,8 +124,8 @@ TEST(MatMulApi, LayoutsOfOneShapeCompileOnce) {
       b(Layout::from_coords(4, 4, {{0, 1}, {2, 2}, {3, 0}}), {64, DType::bf16, FeatureAxis::last, ""});
   EXPECT_EQ(a.generated_source(Op::forward), b.generated_source(Op::forward));
   auto before = cache_stats();
-  EXPECT_TRUE(a.precompile(Op::forward, "sm_90a"));
-  EXPECT_TRUE(b.precompile(Op::forward, "sm_90a"));        // its own entry, from a's code
+  EXPECT_TRUE(a.precompile(Op::forward, "sm_90a", Calls::plain));
+  EXPECT_TRUE(b.precompile(Op::forward, "sm_90a", Calls::plain));  // its own entry, from a's code
   EXPECT_EQ(cache_stats().compiles, before.compiles + 2);  // the kernel and its small-batch variant
   EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 2);
 }

@@ -193,9 +193,17 @@ struct Shape {
 // Compiles the shapes' kernels on all cores into the registry, where the MatMul objects that run
 // them (tuning records naming the same shapes) find them: the shape loops compiled one at a time,
 // most of their device time. A failure here is left for the run, which reports it with its shape.
-void compile_shapes(const std::vector<Shape>& shapes) {
+// The kernels compiled are those the variants' calls run: plain ones for calls without options.
+void compile_shapes(const std::vector<Shape>& shapes, const std::vector<Variant>& variants) {
+  std::set<bool> kinds;
+  for (const Variant& v : variants) kinds.insert(!v.gated && !v.accumulate);
   std::vector<std::pair<const Layout*, runtime::KernelId>> kernels;
-  for (const auto& s : shapes) kernels.push_back({&s.layout, {s.layout.hash().hex(), s.spec, "sm_90a"}});
+  for (const auto& s : shapes)
+    for (bool plain : kinds) {
+      generator::MatMulSpec spec = s.spec;
+      spec.plain = plain;
+      kernels.push_back({&s.layout, {s.layout.hash().hex(), spec, "sm_90a"}});
+    }
   try {
     runtime::KernelRegistry::global().prepare_all(kernels, cache::OnMiss::compile);
   } catch (const std::exception&) {
@@ -221,7 +229,11 @@ void check_shape(const Shape& s, const std::vector<Variant>& variants) {
 
 // Every Hopper tile shape the autotuner may pick (wgmma with cp.async, wgmma with a TMA producer, the
 // grouped, paired, tiled and row-grouped kernels), forced through a tuning record, on partial row
-// tiles, gates (some exactly 0) and accumulation; one test per op.
+// tiles, gates (some exactly 0) and accumulation; one test per op. Calls with options only: their
+// general kernels hold every path, and a plain kernel is its general one with both options
+// constant (checked for the default shapes in MatchesDenseReference and the tests below, for every
+// candidate by the benchmark's sweep, which checks each result before timing it); the shapes'
+// plain kernels would double this test's compiles, most of its time.
 class MatMulGpuHopper : public ::testing::TestWithParam<Op> {};
 
 TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
@@ -229,7 +241,7 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
   const std::vector<Variant> variants = {
-      {131, true, false}, {257, false, false}, {200, false, true}, {300, true, true}};
+      {131, true, false}, {257, false, true}, {200, false, true}, {300, true, true}};
   const Op op = GetParam();
   std::vector<Shape> shapes;
   for (int b : {16, 32, 64, 128})
@@ -262,7 +274,7 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
         }
       }
     }
-  compile_shapes(shapes);
+  compile_shapes(shapes, variants);
   for (const auto& s : shapes) check_shape(s, variants);
   EXPECT_GT(shapes.size(), 15u);
   std::printf("GPU matmul: %zu Hopper tile shapes checked for %s\n", shapes.size(), std::string(to_string(op)).c_str());
@@ -304,8 +316,9 @@ TEST(MatMulGpuHopperPersistent, SwappedTilesOverSeveralWavesMatchReference) {
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90")
     GTEST_SKIP() << "needs a compute capability 9.0 GPU";
-  compile_shapes(shapes);
-  for (const auto& s : shapes) check_shape(s, {{8300, false, false}, {8300, true, true}});
+  const std::vector<Variant> variants = {{8300, false, false}, {8300, true, true}};
+  compile_shapes(shapes, variants);
+  for (const auto& s : shapes) check_shape(s, variants);
 }
 
 // Backward-weight's schedule on Hopper (SddSchedule) on layouts of 40-560 units of dW, larger than
@@ -350,8 +363,9 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
         split += kernels::SddSchedule(static_cast<int>(g.grid_x), ctas, planes, 1000 / 64 + 1).q > 1;
       }
     }
-  compile_shapes(shapes);
-  for (const auto& s : shapes) check_shape(s, {{4099, false, false}, {1000, true, true}});
+  const std::vector<Variant> variants = {{4099, false, false}, {1000, true, true}};
+  compile_shapes(shapes, variants);
+  for (const auto& s : shapes) check_shape(s, variants);
   EXPECT_GT(shapes.size(), 8u);
   EXPECT_GE(split, 8) << "shapes whose units split (on 132 SMs)";
   std::printf("GPU matmul: %zu backward-weight shapes checked on larger layouts, %d split\n", shapes.size(), split);
@@ -466,7 +480,9 @@ TEST(MatMulGpuSplit, SmallBatchPiecesMatchReference) {
       ASSERT_TRUE(small.tiles);
       runtime::store_tuning(layout.hash().hex(), small, "sm_90a", 1, *small.tiles);
       const MatMul mm(layout, {b, DType::bf16, FeatureAxis::last, "sm_90a"});
-      EXPECT_EQ(mm.kernel_label(op, 64), generator::kernel_label(small)) << "the tuned split shape runs";
+      EXPECT_EQ(mm.kernel_label(op, 64, {.accumulate = true}), generator::kernel_label(small))
+          << "the tuned split shape runs";
+      EXPECT_EQ(mm.kernel_label(op, 64), generator::kernel_label(small) + "-plain") << "plain calls: its plain form";
       const auto g = generator::generate_matmul(layout, small);
       EXPECT_TRUE(g.split) << g.label;
       cut += g.workspace_bytes > 0;
@@ -529,7 +545,7 @@ TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
   const auto [held0, parked0] = shared.counts();
   {
     const MatMul a(layouts[0], o), b(layouts[0], o);
-    a.prepare(Op::forward), b.prepare(Op::forward);
+    a.prepare(Op::forward, Calls::plain), b.prepare(Op::forward, Calls::plain);
     EXPECT_EQ(shared.counts().first, held0 + per_object) << "two objects of one layout share its kernels";
     expect_right(a, Op::forward, 333, "first object");
     expect_right(b, Op::forward, 333, "second object");
@@ -537,7 +553,7 @@ TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
   EXPECT_EQ(shared.counts().first, held0) << "released with their objects";
   for (std::size_t i = 1; i < layouts.size(); ++i) {
     const MatMul mm(layouts[i], o);
-    mm.prepare(Op::forward);
+    mm.prepare(Op::forward, Calls::plain);
     EXPECT_EQ(shared.counts().first, held0 + per_object);
     if (i % 16 == 0) expect_right(mm, Op::forward, 333, fmt::format("layout {}", i));
   }
@@ -547,7 +563,7 @@ TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
   EXPECT_GE(parked, runtime::SharedKernels::kParked / 2) << "the most recently released stay loaded";
   {
     const MatMul last(layouts.back(), o);
-    last.prepare(Op::forward);
+    last.prepare(Op::forward, Calls::plain);
     EXPECT_EQ(shared.counts(), std::make_pair(held0 + per_object, parked - per_object))
         << "the last layout's kernels were parked: taken back, not loaded again";
     expect_right(last, Op::forward, 333, "taken back");
@@ -555,7 +571,7 @@ TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
   const auto parked_before_first = shared.counts().second;
   {
     const MatMul first(layouts[0], o);
-    first.prepare(Op::forward);
+    first.prepare(Op::forward, Calls::plain);
     EXPECT_EQ(shared.counts().second, parked_before_first) << "the first layout's kernels were unloaded: loaded anew";
     for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
       for (std::int64_t n : {333, 40}) expect_right(first, op, n, "loaded again");
@@ -564,7 +580,8 @@ TEST(MatMulGpuLifetime, KernelsGoWithTheirObjects) {
 
 // prepare of several ops: every kernel a layer's calls need is compiled (side by side) and loaded
 // before the first call, so that, with the cache strict from then on, all three ops at both batch
-// variants run without a compile, and right.
+// variants, with and without OpOptions, run without a compile, and right. prepare of the plain
+// calls only leaves a call with options to compile: strict, it fails.
 TEST(MatMulGpuPrepare, SeveralOpsAtOnceLeaveNothingToCompile) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
@@ -581,18 +598,36 @@ TEST(MatMulGpuPrepare, SeveralOpsAtOnceLeaveNothingToCompile) {
     const auto prepared = cache_stats();
     std::uint64_t seed = 18100;
     for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
-      for (std::int64_t n : {333, 40}) {
-        SCOPED_TRACE(fmt::format("b={} {} n={}", block, to_string(op), n));
-        check::CheckResult r;
-        ASSERT_NO_THROW(r = check::run_and_check(mm, op, {n, false, false, seed++}));
-        EXPECT_EQ(r.unwritten, 0);
-        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
-      }
+      for (std::int64_t n : {333, 40})
+        for (bool options : {false, true}) {
+          SCOPED_TRACE(fmt::format("b={} {} n={} accumulate and gate: {}", block, to_string(op), n, options));
+          check::CheckResult r;
+          ASSERT_NO_THROW(r = check::run_and_check(mm, op, {n, options, options, seed++}));
+          EXPECT_EQ(r.unwritten, 0);
+          EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+        }
     EXPECT_EQ(made(cache_stats()), made(prepared)) << "the calls found every kernel in memory";
     const auto loaded = cache_stats();
     mm.prepare({Op::forward, Op::backward_data, Op::backward_weight});
     EXPECT_EQ(cache_stats().memory_hits, loaded.memory_hits) << "a repeated prepare looks up no kernel: all are loaded";
     EXPECT_EQ(made(cache_stats()), made(loaded));
+    set_strict_cache(false);
+    // the plain calls only
+    // a shape no other test uses: no layout compiled before shares its kernels' code
+    const MatMul plain(Layout::from_coords(3, 7, {{0, 1}, {1, 4}, {2, 2}, {2, 6}}), {block, DType::bf16, FeatureAxis::last, ""});
+    plain.prepare(Op::forward, Calls::plain);
+    set_strict_cache(true);
+    for (std::int64_t n : {333, 40}) {
+      check::CheckResult r;
+      ASSERT_NO_THROW(r = check::run_and_check(plain, Op::forward, {n, false, false, seed++})) << "n = " << n;
+      EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+    }
+    try {
+      check::run_and_check(plain, Op::forward, {333, true, false, seed++});
+      ADD_FAILURE() << "b = " << block << ": an accumulating call found a kernel prepare(plain) did not make";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("strict cache"), std::string::npos) << e.what();
+    }
     set_strict_cache(false);
   }
 }

@@ -52,17 +52,29 @@ TEST(Cli, PrecompileIntoDirectoryThenFindsItCached) {
   TempDir dir;
   const std::string args = "--cache-dir " + dir.path.string() + " precompile -l " + kExamples +
                            "/layouts/banded.json -o forward,backward_weight -b 16 -t bf16,f32 -a sm_80,sm_90a";
-  auto r = sh(args);
+  auto entries = [&] {
+    int plain = 0, general = 0;
+    for (auto& e : fs::directory_iterator(dir.path))
+      if (e.path().extension() == ".bsjit") ++(e.path().filename().string().find("-plain-") != std::string::npos ? plain : general);
+    return std::pair{plain, general};
+  };
+  auto r = sh(args + " --calls plain");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("8 compiled, 0 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("kernels built: 12 by NVRTC, 0 from the code of another layout"), std::string::npos)
       << r.output;
-  int entries = 0;
-  for (auto& e : fs::directory_iterator(dir.path)) entries += e.path().extension() == ".bsjit";
-  EXPECT_EQ(entries, 12) << "8 kernels; the bf16 ones have a small-batch variant too";
-  r = sh(args);  // a second process finds them all
+  EXPECT_EQ(entries(), std::pair(12, 0)) << "8 plain kernels; the bf16 ones have a small-batch variant too";
+  r = sh(args + " --calls plain");  // a second process finds them all
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("0 compiled, 8 already cached, 0 loaded, 0 failed"), std::string::npos) << r.output;
+  r = sh(args);  // all calls (the default): the general kernels beside them
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("8 compiled, 0 already cached"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kernels built: 12 by NVRTC"), std::string::npos) << r.output;
+  EXPECT_EQ(entries(), std::pair(12, 12));
+  r = sh(args + " --calls with_options");
+  EXPECT_NE(r.output.find("0 compiled, 8 already cached"), std::string::npos) << r.output;
+  EXPECT_NE(sh(args + " --calls some").status, 0) << "an unknown --calls is refused";
 }
 
 // Two layouts of one shape (the second the first with its block columns rotated): the second's
@@ -73,7 +85,7 @@ TEST(Cli, PrecompileSharesTheCodeOfLayoutsOfOneShape) {
   std::ofstream(dir.path / "b.json") << R"({"rows": 4, "cols": 4, "blocks": [[0, 1], [1, 3], [2, 2], [3, 0]]})";
   const std::string cache = "--cache-dir " + (dir.path / "c").string();
   auto r = sh(cache + " precompile -l " + (dir.path / "a.json").string() + " -l " + (dir.path / "b.json").string() +
-              " -o forward -b 64 -t bf16 -a sm_90a");
+              " -o forward -b 64 -t bf16 -a sm_90a --calls plain");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("2 compiled, 0 already cached"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("kernels built: 2 by NVRTC, 2 from the code of another layout"), std::string::npos)
@@ -161,7 +173,7 @@ TEST(Cli, ManifestPrecompileThenCacheListVerifyPruneClear) {
   {
     std::ofstream(manifest) << R"({"kernels": [
       {"layouts": [")" << kExamples << R"(/layouts/banded.json"], "ops": ["forward"], "blocks": [16, 32],
-       "dtypes": ["bf16"], "archs": ["sm_90"]},
+       "dtypes": ["bf16"], "archs": ["sm_90"], "calls": "plain"},
       {"layouts": [")" << kExamples << R"(/layouts/strided_bool_f.npy"], "ops": ["backward_weight"],
        "blocks": [8], "dtypes": ["f32"], "feature_axes": ["first"], "archs": ["sm_80"]}]})";
   }
@@ -171,7 +183,12 @@ TEST(Cli, ManifestPrecompileThenCacheListVerifyPruneClear) {
   EXPECT_NE(r.output.find("3 compiled"), std::string::npos) << r.output;
   r = sh(cache + " cache list");
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("5 entries"), std::string::npos) << "3 kernels, 2 with a small-batch variant: " << r.output;
+  EXPECT_NE(r.output.find("6 entries"), std::string::npos)
+      << "2 kernels with a small-batch variant, plain only; 1 plain and general: " << r.output;
+  EXPECT_NE(r.output.find("backward_weight-f32-b8-first-plain "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backward_weight-f32-b8-first "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("forward-bf16-b16-last-bm64-bk16-w4x1-s4 "), std::string::npos)
+      << "the plain group has no general kernel: " << r.output;
   EXPECT_NE(r.output.find("forward-bf16-b16-last"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("22445325b8b69a99"), std::string::npos) << "layout hash prefix: " << r.output;
   EXPECT_EQ(sh(cache + " cache verify").status, 0);
@@ -183,7 +200,7 @@ TEST(Cli, ManifestPrecompileThenCacheListVerifyPruneClear) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("BAD:"), std::string::npos) << r.output;
   r = sh(cache + " cache prune --max-size 1G");
-  EXPECT_NE(r.output.find("pruned 1 files"), std::string::npos) << "the bad entry goes: " << r.output;
+  EXPECT_NE(r.output.find("pruned 2 files"), std::string::npos) << "the bad entries go: " << r.output;
   EXPECT_EQ(sh(cache + " cache verify").status, 0);
   EXPECT_NE(sh(cache + " cache prune --max-size lots").status, 0);
   r = sh(cache + " cache clear");

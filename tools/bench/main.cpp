@@ -168,12 +168,13 @@ struct Env {
 const Op kOps[] = {Op::forward, Op::backward_data, Op::backward_weight};
 
 // Every op's kernel of each MatMul compiled on all cores before the first is timed: compiled at
-// their first calls, one at a time, they took most of the suite's time on the device.
+// their first calls, one at a time, they took most of the suite's time on the device. The suites
+// call without OpOptions: the plain kernels.
 void precompile_ops(const std::vector<const MatMul*>& mms) {
   const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
   runtime::parallel_for(mms.size() * 3, 0, [&](std::size_t i) {
     try {
-      mms[i / 3]->precompile(kOps[i % 3], arch);
+      mms[i / 3]->precompile(kOps[i % 3], arch, Calls::plain);
     } catch (const std::exception&) {  // reported by the op's call
     }
   });
@@ -418,6 +419,7 @@ void run_sweep(const Env& env, std::int64_t N, std::int64_t CK, const std::vecto
       generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
       spec.wgmma = generator::has_wgmma(arch);
       spec.small_batch = N <= generator::kSmallBatchRows;  // sweep-small: the small batch's shapes too
+      spec.plain = true;                                   // timed without OpOptions
       for (const auto& t : generator::tile_candidates(spec)) {
         const std::string tag = generator::tiles_tag(t);
         if (!env.tiles.empty() && std::none_of(env.tiles.begin(), env.tiles.end(),
@@ -510,8 +512,13 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
       {rows, "sm_90a"},
       {bands, "sm_90a"},
       {small, "sm_90a"}};
-  for (const auto& [spec, arch] : kernels)
+  // each kernel plain (the calls without OpOptions) at every size, and general at 4096 blocks
+  for (const auto& [general, arch] : kernels)
+    for (const bool plain : {true, false})
     for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
+      if (!plain && blocks != 4096) continue;
+      generator::MatMulSpec spec = general;
+      spec.plain = plain;
       std::vector<double> ms;
       for (int rep = 0; rep < 3; ++rep) {
         const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
@@ -540,14 +547,14 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
         const MatMul mm(balanced_layout(side, side, 0.25, rng), {64, DType::bf16, FeatureAxis::last, "sm_90a"});
         auto t = Clock::now();
         if (at_once)
-          mm.precompile(all, "sm_90a");
+          mm.precompile(all, "sm_90a", Calls::plain);
         else
-          for (Op op : all) mm.precompile(op, "sm_90a");
+          for (Op op : all) mm.precompile(op, "sm_90a", Calls::plain);
         (at_once ? together : per_op).push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
       }
     std::sort(per_op.begin(), per_op.end());
     std::sort(together.begin(), together.end());
-    figures.emplace_back("a layer's kernels cold, b = 64 bf16 sm_90a (3 ops x 2 variants), one op at a time (median of 3), ms",
+    figures.emplace_back("a layer's plain kernels cold, b = 64 bf16 sm_90a (3 ops x 2 variants), one op at a time (median of 3), ms",
                          per_op[1]);
     figures.emplace_back("a layer's kernels cold, all three ops at once (median of 3), ms", together[1]);
   }
@@ -726,10 +733,10 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   for (int block : {32, 64}) {
     MatMul mm(tiny, {block, DType::bf16, FeatureAxis::last, ""});
     mm.forward(xa, wa, ya, 1, env.stream);
-    // n = 1 runs the small-batch variant
-    const auto spec = runtime::resolve_spec(tiny.hash().hex(),
-                                            generator::variants({Op::forward, block, DType::bf16, FeatureAxis::last}).back(),
-                                            arch, 1);
+    // n = 1 without OpOptions runs the small-batch variant's plain kernel
+    generator::MatMulSpec spec = runtime::op_variants(Op::forward, mm.options()).back();
+    spec.plain = true;
+    spec = runtime::resolve_spec(tiny.hash().hex(), spec, arch, 1);
     auto p = runtime::KernelRegistry::global().prepare(tiny, {tiny.hash().hex(), spec, arch}, cache::OnMiss::fail);
     const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);  // the one mm holds
     CUfunction f = loaded->function;
