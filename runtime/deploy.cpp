@@ -108,10 +108,11 @@ Expanded expand(const Manifest& m) {
             for (FeatureAxis ax : g.feature_axes)
               for (const auto& arch : g.archs)
                 for (bool tf32 : tf32_settings(g, dt))
-                  e.items.push_back({index, op, MatMulOptions{b, dt, ax, arch, tf32}, g.calls,
-                                     fmt::format("{} {} {}{} b{} {} {}{}", file.filename().string(), to_string(op),
-                                                 to_string(dt), tf32 ? " tf32" : "", b, to_string(ax), arch,
-                                                 g.calls == Calls::all ? "" : fmt::format(" ({} calls)", to_string(g.calls)))});
+                  e.items.push_back(
+                      {index, op, MatMulOptions{b, dt, ax, arch, tf32}, g.calls,
+                       fmt::format("{} {} {}{} b{} {} {}{}", file.filename().string(), to_string(op), to_string(dt),
+                                   tf32 ? " tf32" : "", b, to_string(ax), arch,
+                                   g.calls == Calls::all ? "" : fmt::format(" ({} calls)", to_string(g.calls)))});
     }
   for (const auto& g : m.attention)
     for (const auto& files : g.masks) {
@@ -232,8 +233,8 @@ Manifest Manifest::load(const fs::path& json_file) {
       k.tf32 = list_of<bool>(g, "tf32", k.tf32, [](const nlohmann::json& v) { return v.get<bool>(); });
       if (g.contains("calls")) {
         if (!g.at("calls").is_string())
-          throw Error(fmt::format("manifest '{}': 'calls' must be \"all\", \"plain\" or \"with_options\"",
-                                  json_file.string()));
+          throw Error(
+              fmt::format("manifest '{}': 'calls' must be \"all\", \"plain\" or \"with_options\"", json_file.string()));
         k.calls = parse_calls(g.at("calls").get<std::string>());
       }
       m.groups.push_back(std::move(k));

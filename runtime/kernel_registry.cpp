@@ -90,12 +90,8 @@ std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& optio
 }
 
 std::vector<bool> plain_kinds(Calls calls) {
-  switch (calls) {
-    case Calls::plain: return {true};
-    case Calls::with_options: return {false};
-    case Calls::all: break;
-  }
-  return {true, false};
+  if (calls == Calls::all) return {true, false};
+  return {calls == Calls::plain};
 }
 
 std::string tuning_key(const std::string& layout_hash, const generator::MatMulSpec& spec, const std::string& arch,

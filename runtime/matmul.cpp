@@ -98,7 +98,8 @@ struct MatMul::Impl {
       for (const auto& k : out) seen |= k.op == op;
       if (seen) continue;
       for (int v = 0; v < static_cast<int>(specs(op).size()); ++v)
-        for (bool plain : runtime::plain_kinds(calls)) out.push_back({op, v, plain, id(spec_for(op, v, plain, arch), arch)});
+        for (bool plain : runtime::plain_kinds(calls))
+          out.push_back({op, v, plain, id(spec_for(op, v, plain, arch), arch)});
     }
     return out;
   }

@@ -170,7 +170,9 @@ TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
     const std::string name = e.path().filename().string();
     // the tag, then the arch: "-tma1-bm128-s4-" alone would also match "-tma1-bm128-s4-p-sm_90a-";
     // `bsjit run` makes plain calls
-    const auto tagged = [&](const std::string& tag) { return name.find("-" + tag + "-plain-sm_") != std::string::npos; };
+    const auto tagged = [&](const std::string& tag) {
+      return name.find("-" + tag + "-plain-sm_") != std::string::npos;
+    };
     const bool keep = (name.rfind("forward-", 0) == 0 && tagged(chosen[0])) ||
                       (name.rfind("backward_weight-", 0) == 0 && tagged(chosen[1]));
     if (keep) ++kept;

@@ -87,7 +87,7 @@ TEST(MatMulApi, ShapesAndPrecompileWithoutGpu) {
   EXPECT_FALSE(mm.precompile(Op::backward_weight, "sm_90a"));  // already in memory
   MatMul same(kLayout, {64, DType::f16, FeatureAxis::first, ""});
   EXPECT_FALSE(same.precompile(Op::backward_weight, "sm_90a"));  // another object, same kernels
-  EXPECT_TRUE(same.precompile(Op::backward_weight, "sm_90"));     // another arch: other kernels
+  EXPECT_TRUE(same.precompile(Op::backward_weight, "sm_90"));    // another arch: other kernels
   EXPECT_EQ(cache_stats().compiles, before.compiles + 4);
   EXPECT_THROW(mm.precompile(Op::forward, "sm_61"), Error);
 }
@@ -104,7 +104,8 @@ TEST(MatMulApi, PrecompileOfSeveralOpsCompilesEachKernelOnce) {
   for (Op op : all) kernels += static_cast<std::int64_t>(generator::variants({op, 32, DType::bf16, FeatureAxis::last}).size());
   ASSERT_GT(kernels, 3) << "the small-batch variants are part of it";
   auto before = cache_stats();
-  EXPECT_TRUE(mm.precompile({Op::forward, Op::backward_data, Op::backward_weight, Op::forward}, "sm_90a", Calls::plain));
+  EXPECT_TRUE(
+      mm.precompile({Op::forward, Op::backward_data, Op::backward_weight, Op::forward}, "sm_90a", Calls::plain));
   EXPECT_EQ(cache_stats().compiles - before.compiles, kernels) << "each plain kernel once, a repeated op adds none";
   EXPECT_FALSE(mm.precompile(all, "sm_90a", Calls::plain));
   EXPECT_TRUE(mm.precompile(all, "sm_90a")) << "all calls: the general kernels are still missing";

@@ -240,8 +240,7 @@ TEST_P(MatMulGpuHopper, EveryWgmmaShapeMatchesReference) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (runtime::context_arch(runtime::current_context()) != "sm_90") GTEST_SKIP() << "needs a compute capability 9.0 GPU";
-  const std::vector<Variant> variants = {
-      {131, true, false}, {257, false, true}, {200, false, true}, {300, true, true}};
+  const std::vector<Variant> variants = {{131, true, false}, {257, false, true}, {200, false, true}, {300, true, true}};
   const Op op = GetParam();
   std::vector<Shape> shapes;
   for (int b : {16, 32, 64, 128})
@@ -614,7 +613,8 @@ TEST(MatMulGpuPrepare, SeveralOpsAtOnceLeaveNothingToCompile) {
     set_strict_cache(false);
     // the plain calls only
     // a shape no other test uses: no layout compiled before shares its kernels' code
-    const MatMul plain(Layout::from_coords(3, 7, {{0, 1}, {1, 4}, {2, 2}, {2, 6}}), {block, DType::bf16, FeatureAxis::last, ""});
+    const MatMul plain(Layout::from_coords(3, 7, {{0, 1}, {1, 4}, {2, 2}, {2, 6}}),
+                       {block, DType::bf16, FeatureAxis::last, ""});
     plain.prepare(Op::forward, Calls::plain);
     set_strict_cache(true);
     for (std::int64_t n : {333, 40}) {

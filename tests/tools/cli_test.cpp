@@ -55,7 +55,8 @@ TEST(Cli, PrecompileIntoDirectoryThenFindsItCached) {
   auto entries = [&] {
     int plain = 0, general = 0;
     for (auto& e : fs::directory_iterator(dir.path))
-      if (e.path().extension() == ".bsjit") ++(e.path().filename().string().find("-plain-") != std::string::npos ? plain : general);
+      if (e.path().extension() == ".bsjit")
+        ++(e.path().filename().string().find("-plain-") != std::string::npos ? plain : general);
     return std::pair{plain, general};
   };
   auto r = sh(args + " --calls plain");
@@ -172,9 +173,11 @@ TEST(Cli, ManifestPrecompileThenCacheListVerifyPruneClear) {
   auto manifest = dir.path / "kernels.json";
   {
     std::ofstream(manifest) << R"({"kernels": [
-      {"layouts": [")" << kExamples << R"(/layouts/banded.json"], "ops": ["forward"], "blocks": [16, 32],
+      {"layouts": [")" << kExamples
+                            << R"(/layouts/banded.json"], "ops": ["forward"], "blocks": [16, 32],
        "dtypes": ["bf16"], "archs": ["sm_90"], "calls": "plain"},
-      {"layouts": [")" << kExamples << R"(/layouts/strided_bool_f.npy"], "ops": ["backward_weight"],
+      {"layouts": [")" << kExamples
+                            << R"(/layouts/strided_bool_f.npy"], "ops": ["backward_weight"],
        "blocks": [8], "dtypes": ["f32"], "feature_axes": ["first"], "archs": ["sm_80"]}]})";
   }
   const std::string cache = "--cache-dir " + (dir.path / "c").string();

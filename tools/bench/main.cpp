@@ -515,26 +515,26 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   // each kernel plain (the calls without OpOptions) at every size, and general at 4096 blocks
   for (const auto& [general, arch] : kernels)
     for (const bool plain : {true, false})
-    for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
-      if (!plain && blocks != 4096) continue;
-      generator::MatMulSpec spec = general;
-      spec.plain = plain;
-      std::vector<double> ms;
-      for (int rep = 0; rep < 3; ++rep) {
-        const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
-        Layout L = bernoulli_layout(side, side, static_cast<double>(blocks) / (side * side), rng);
-        auto t = Clock::now();
-        // one kernel (MatMul::precompile would also build the small-batch variant), generated and
-        // compiled: not through the cache, where a layout of a shape compiled already shares its code
-        const auto g = generator::generate_matmul(L, spec);
-        runtime::compile(g.source, g.name_expression, g.label, arch, runtime::DriverCache::bypass);
-        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      for (std::int64_t blocks : {64, 1024, 4096, 16384, 65536}) {
+        if (!plain && blocks != 4096) continue;
+        generator::MatMulSpec spec = general;
+        spec.plain = plain;
+        std::vector<double> ms;
+        for (int rep = 0; rep < 3; ++rep) {
+          const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
+          Layout L = bernoulli_layout(side, side, static_cast<double>(blocks) / (side * side), rng);
+          auto t = Clock::now();
+          // one kernel (MatMul::precompile would also build the small-batch variant), generated and
+          // compiled: not through the cache, where a layout of a shape compiled already shares its code
+          const auto g = generator::generate_matmul(L, spec);
+          runtime::compile(g.source, g.name_expression, g.label, arch, runtime::DriverCache::bypass);
+          ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+        }
+        std::sort(ms.begin(), ms.end());
+        figures.emplace_back(fmt::format("cold compile, {} {}, {} blocks (median of 3), ms",
+                                         generator::kernel_label(spec), arch, blocks),
+                             ms[1]);
       }
-      std::sort(ms.begin(), ms.end());
-      figures.emplace_back(
-          fmt::format("cold compile, {} {}, {} blocks (median of 3), ms", generator::kernel_label(spec), arch, blocks),
-          ms[1]);
-    }
   // A layer's kernels, cold (a shape this process has not compiled, so no shared code): the three
   // ops' six kernels (both batch variants) by MatMul::precompile one op at a time, and of all three
   // at once, side by side on the cores.
@@ -554,8 +554,9 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
       }
     std::sort(per_op.begin(), per_op.end());
     std::sort(together.begin(), together.end());
-    figures.emplace_back("a layer's plain kernels cold, b = 64 bf16 sm_90a (3 ops x 2 variants), one op at a time (median of 3), ms",
-                         per_op[1]);
+    figures.emplace_back(
+        "a layer's plain kernels cold, b = 64 bf16 sm_90a (3 ops x 2 variants), one op at a time (median of 3), ms",
+        per_op[1]);
     figures.emplace_back("a layer's kernels cold, all three ops at once (median of 3), ms", together[1]);
   }
   // A new layout of a compiled shape (a model's next layer, a changed sparsity pattern): the first
