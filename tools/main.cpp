@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -198,13 +199,15 @@ int cache_cmd(const std::string& action, std::string dir, const std::string& max
     auto entries = list_cache(dir);
     int bad = 0;
     std::uint64_t total = 0;
+    std::size_t width = 32;  // the longest label, so that the columns after it line up
+    for (const auto& e : entries) width = std::max(width, e.label.size());
     for (const auto& e : entries) {
       total += e.bytes;
       bad += e.valid ? 0 : 1;
       auto when = std::chrono::system_clock::to_time_t(e.last_used);
       if (e.valid)
-        fmt::print("{:>9}  {:%Y-%m-%d %H:%M}  {:<32} {:<7} layout {}  {}\n", e.bytes, fmt::localtime(when), e.label,
-                   e.arch, e.layout_hash.substr(0, 16), e.path.filename().string());
+        fmt::print("{:>9}  {:%Y-%m-%d %H:%M}  {:<{}} {:<7} layout {}  {}\n", e.bytes, fmt::localtime(when), e.label,
+                   width, e.arch, e.layout_hash.substr(0, 16), e.path.filename().string());
       else
         fmt::print("{:>9}  {:%Y-%m-%d %H:%M}  BAD: {}  {}\n", e.bytes, fmt::localtime(when), e.problem,
                    e.path.filename().string());
