@@ -14,9 +14,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <vector>
 
 #include "bsjit/bsjit.hpp"
