@@ -72,9 +72,9 @@ class MatMul {
   // when the cache already held them all.
   bool precompile(Op op, const std::string& arch, Calls calls = Calls::all) const;
   // The same for several ops, their kernels compiled side by side (one per core). A layer's three
-  // products and their small-batch variants are six kernels of 0.3-1 s each on Hopper, so this
-  // takes about as long as the slowest of them instead of their sum. Returns true when any was
-  // compiled now.
+  // products and their small-batch variants are six kernels of 0.1-0.8 s each on Hopper per kind
+  // of call (twelve for Calls::all), so this takes about as long as the slowest of them instead of
+  // their sum where the cores suffice. Returns true when any was compiled now.
   bool precompile(const std::vector<Op>& ops, const std::string& arch, Calls calls = Calls::all) const;
 
   // Times every tile shape bsjit can use for op at n rows on the current GPU (on scratch inputs of
