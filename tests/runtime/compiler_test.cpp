@@ -239,6 +239,20 @@ TEST(Compiler, RegistryPreparesAllOnEveryCore) {
     EXPECT_NE(std::string(e.what()).find("sm_75"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(registry.prepare(a, mixed[1].second, cache::OnMiss::fail));
+  // strict: a kernel in no cache fails, naming it; a general kernel's error says which calls need it
+  const Layout fresh = small_random_layout(23);
+  for (bool plain : {true, false}) {
+    generator::MatMulSpec s{Op::forward, 16, DType::f16, FeatureAxis::last};
+    s.plain = plain;
+    try {
+      registry.prepare(fresh, {fresh.hash().hex(), s, "sm_80"}, cache::OnMiss::fail);
+      ADD_FAILURE() << "expected a strict-cache Error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("strict cache: kernel " + generator::kernel_label(s)), std::string::npos) << what;
+      EXPECT_EQ(what.find("calls with OpOptions") != std::string::npos, !plain) << what;
+    }
+  }
 }
 
 // The registry keeps a prepared kernel (generated source, tables, binary) while someone holds it,

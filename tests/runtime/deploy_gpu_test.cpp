@@ -133,6 +133,7 @@ TEST_F(DeployGpu, PlainCallsAndTf32FromTheManifest) {
   r = sh(run + " --accumulate", "BSJIT_STRICT_CACHE=1");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("strict cache"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"with_options\""), std::string::npos) << "says which calls need it: " << r.output;
 }
 
 // Attention: a fused and a decomposed item; 4 + 5 entries
