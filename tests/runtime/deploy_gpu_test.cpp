@@ -134,6 +134,10 @@ TEST_F(DeployGpu, PlainCallsAndTf32FromTheManifest) {
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("strict cache"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"with_options\""), std::string::npos) << "says which calls need it: " << r.output;
+  r = sh(run + " --accumulate");  // not strict: compiles the general kernel, and names it
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("kernel forward-f32-tf32-b32-last"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("-plain\n"), std::string::npos) << "ran the general kernel: " << r.output;
 }
 
 // Attention: a fused and a decomposed item; 4 + 5 entries
