@@ -7,12 +7,22 @@
 # BSJIT_GPU_TESTS: the test programs to run (default: all); BSJIT_GPU_PARALLEL=N: run them side by
 # side, matmul_gpu_test in N shards (GTEST_TOTAL_SHARDS), each with a kernel cache of its own: the
 # whole suite in about 450 s instead of about 900 (N = 3; the programs compile on the CPU cores
-# while others run); BSJIT_BENCH_ARGS: the benchmark's arguments ("none": no benchmark).
+# while others run); BSJIT_BENCH_ARGS: the benchmark's arguments ("none": no benchmark);
+# BSJIT_GPU_DEADLINE=S: stop the tests S seconds after the start (exit 124 in the summary), so that
+# a call's own time limit never cuts off the summary (give S under that limit, with room for the
+# rest). A line is printed as each program (or shard) ends; the shards' logs are merged into one
+# file at the end (the device tool brings back only a few files).
 set -uo pipefail
 build=${1:-build}
 filter=${2:-*}
 out=${OUT:-/tmp/bsjit-gpu-check}
 mkdir -p "$out"
+began=$(date +%s)
+left() {  # seconds the tests may still run: a timeout(1) duration
+  if [ -z "${BSJIT_GPU_DEADLINE:-}" ]; then echo 0; return; fi  # 0: no limit
+  local s=$((BSJIT_GPU_DEADLINE - ($(date +%s) - began)))
+  echo $((s > 1 ? s : 1))
+}
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 
@@ -32,16 +42,23 @@ if [ -n "${BSJIT_GPU_PARALLEL:-}" ]; then
       log="$out/$t.$s.log"
       runs+=("$log")
       (GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s BSJIT_CACHE_DIR=$(mktemp -d) \
-        "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1; echo $? > "$rcs/$(basename "$log")") &
+        timeout "$(left)" "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1
+        echo $? > "$rcs/$(basename "$log")"
+        echo "ended: $(basename "$log" .log): $(result "$log") $(($(date +%s) - start)) s") &
     done
   done
   wait
   for log in "${runs[@]}"; do status+=("$(basename "$log" .log): $(result "$log")"); done
   status+=("tests side by side: $(($(date +%s) - start)) s")
+  for t in $tests; do  # one log per program: its shards' in order
+    [ -f "$out/$t.0.log" ] || continue
+    for log in "$out/$t".*.log; do echo "=== $(basename "$log")"; cat "$log"; done > "$out/$t.log"
+    rm -f "$out/$t".*.log
+  done
 else
   for t in $tests; do
     start=$(date +%s)
-    stdbuf -oL -eL "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
+    stdbuf -oL -eL timeout "$(left)" "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
     echo "${PIPESTATUS[0]}" > "$rcs/$t.log"
     status+=("$t: $(result "$out/$t.log") $(($(date +%s) - start)) s")
   done
