@@ -367,9 +367,7 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         const auto specs = runtime::op_variants(item.op, item.options);
         for (int v = 0; v < static_cast<int>(specs.size()); ++v)
           for (bool plain : runtime::plain_kinds(item.calls)) {
-            generator::MatMulSpec spec = specs[v];
-            spec.plain = plain;
-            spec = runtime::resolve_spec(hash, spec, item.options.arch, v);
+            const auto spec = runtime::call_spec(hash, specs, v, plain, item.options.arch);
             auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
             runtime::KernelRegistry::global().pin(p->compiled, dev.ctx, p);
           }

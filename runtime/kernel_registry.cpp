@@ -101,6 +101,13 @@ std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& optio
   return generator::variants(spec);
 }
 
+generator::MatMulSpec call_spec(const std::string& layout_hash, const std::vector<generator::MatMulSpec>& variants,
+                                int v, bool plain, const std::string& arch) {
+  generator::MatMulSpec spec = variants[v];
+  spec.plain = plain;
+  return resolve_spec(layout_hash, spec, arch, v);
+}
+
 std::vector<bool> plain_kinds(Calls calls) {
   if (calls == Calls::all) return {true, false};
   return {calls == Calls::plain};

@@ -68,6 +68,10 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
 
 // The specs of op's batch variants (generator::variants) for a MatMul of these options.
 std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& options);
+// The spec of a call's kernel: variants[v] (op_variants), plain or general, for arch, with its
+// tuned tile shape (resolve_spec).
+generator::MatMulSpec call_spec(const std::string& layout_hash, const std::vector<generator::MatMulSpec>& variants,
+                                int v, bool plain, const std::string& arch);
 // Whether a call with these options runs the plain kernel (MatMulSpec::plain).
 inline bool plain_call(const OpOptions& call) { return !call.accumulate && call.gate == nullptr; }
 // The kernels `calls` names, as MatMulSpec::plain values: the plain one first.

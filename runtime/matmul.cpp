@@ -76,9 +76,7 @@ struct MatMul::Impl {
   // The spec of op's variant v for arch, plain or general: the tuned tile shape where a tuning
   // record exists.
   generator::MatMulSpec spec_for(Op op, int v, bool plain, const std::string& arch) const {
-    generator::MatMulSpec spec = specs(op)[v];
-    spec.plain = plain;
-    return runtime::resolve_spec(layout_hash, spec, arch, v);
+    return runtime::call_spec(layout_hash, specs(op), v, plain, arch);
   }
   std::string arch_for(const runtime::Context& ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;

@@ -735,9 +735,9 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
     MatMul mm(tiny, {block, DType::bf16, FeatureAxis::last, ""});
     mm.forward(xa, wa, ya, 1, env.stream);
     // n = 1 without OpOptions runs the small-batch variant's plain kernel
-    generator::MatMulSpec spec = runtime::op_variants(Op::forward, mm.options()).back();
-    spec.plain = true;
-    spec = runtime::resolve_spec(tiny.hash().hex(), spec, arch, 1);
+    const auto variants = runtime::op_variants(Op::forward, mm.options());
+    const auto spec =
+        runtime::call_spec(tiny.hash().hex(), variants, static_cast<int>(variants.size()) - 1, true, arch);
     auto p = runtime::KernelRegistry::global().prepare(tiny, {tiny.hash().hex(), spec, arch}, cache::OnMiss::fail);
     const auto loaded = runtime::SharedKernels::global().acquire(p->compiled, ctx);  // the one mm holds
     CUfunction f = loaded->function;
