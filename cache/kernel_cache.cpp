@@ -585,9 +585,10 @@ KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* c
     std::vector<std::string> dirs;
     if (!c.directory.empty()) dirs.push_back(c.directory.string());
     for (auto& d : c.read_only) dirs.push_back(d.string());
-    throw Error(fmt::format("bsjit: strict cache: kernel {} for {} (key {}) is in no cache directory [{}]; "
-                            "precompile it (bsjit precompile) or turn strict mode off (BSJIT_STRICT_CACHE)",
-                            r.label, r.arch, r.key, fmt::join(dirs, ", ")));
+    throw Error(
+        fmt::format("bsjit: strict cache: kernel {} for {} (key {}) is in no cache directory [{}]; "
+                    "precompile it (bsjit precompile) or turn strict mode off (BSJIT_STRICT_CACHE){}",
+                    r.label, r.arch, r.key, fmt::join(dirs, ", "), r.miss_hint));
   }
   // Another process may be compiling the same key: wait for it, then look again.
   std::unique_ptr<FileLock> lock;

@@ -62,6 +62,9 @@ struct Request {
   // The key of the code alone (code_key): requests of one code key share one compile, in a
   // process or through an entry on disk, as layouts of one shape do. Empty: no sharing.
   std::string code_key;
+  // Appended to a strict cache's miss message: what needs this kernel, where the label alone does
+  // not say (a matmul op's general kernel: its calls with options).
+  std::string miss_hint;
 };
 
 enum class OnMiss { compile, fail };

@@ -57,20 +57,12 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   auto p = std::make_shared<PreparedKernel>();
   p->generated = generator::generate_matmul(layout, id.spec);
   p->key = cache::make_key(cache::key_inputs(p->generated.source, p->generated.tables, id.arch));
-  const cache::Request request = cache_request(p->generated, p->key, id.arch, id.layout_hash);
-  try {
-    p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
-  } catch (const Error& e) {
-    // a strict cache's miss of a general kernel: say which calls need it (a plain-only manifest
-    // leaves it out)
-    if (on_miss != cache::OnMiss::fail || id.spec.plain ||
-        std::string(e.what()).find("strict cache") == std::string::npos)
-      throw;
-    throw Error(
-        fmt::format("{} (the kernel of calls with OpOptions, accumulate or gate: precompile with calls "
-                    "\"all\" or \"with_options\", not \"plain\")",
-                    e.what()));
-  }
+  cache::Request request = cache_request(p->generated, p->key, id.arch, id.layout_hash);
+  if (!id.spec.plain)  // what a plain-only manifest leaves out
+    request.miss_hint =
+        " (the kernel of calls with OpOptions, accumulate or gate: precompile with calls \"all\" or "
+        "\"with_options\", not \"plain\")";
+  p->compiled = cache::KernelCache::global().get(request, on_miss, compiled_now);
   slot->prepared = p;
   return p;
 }
