@@ -1383,7 +1383,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     std::int64_t counters = 0, partials = 0;  // partials: fp32 values, 0 where the kernel does not split
     if (t.tma) {
       g.persistent = true;
-      planes = sdd_planes(units, 144 * per_sm);
+      planes = sdd_kernel_planes(units, per_sm);
       counters = 144 * per_sm;  // leftover units: fewer than the CTAs
       partials = planes * t.bm * t.bn;
     } else if (t.pipelined && units > 0 && per_sm >= 4) {
@@ -1588,7 +1588,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("trans", trans_w ? "true" : "false"), fmt::arg("in_dim", g.in_features),
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
-      fmt::arg("split", t.split ? "true" : "false"), fmt::arg("plain", spec.plain ? "true" : "false"),
+      fmt::arg("split", t.split || planes > 0 ? "true" : "false"), fmt::arg("plain", spec.plain ? "true" : "false"),
       fmt::arg("accessors", accessors),
       fmt::arg("header", t.paired        ? "matmul_paired.cuh"
                          : t.columns > 0 ? "matmul_grouped.cuh"
@@ -1617,6 +1617,18 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                  : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
                                    "\"static shared memory is 48 KB\");\n"));
   return g;
+}
+
+// Split support (the pieces' partials and their reduction: a third of the kernel's code and of its
+// cold compile) only where the schedule splits on the H100 / H200's 132 SMs. NVRTC alone, 2-core
+// machine, best of 3, plain kernels of suite W's Bernoulli d = 0.25 layouts (which do not split),
+// with → without: tile128x256 at b = 16 537 → 328 ms, rows16 at b = 32 550 → 322, b = 128 363 → 168
+// (30th session). Elsewhere planes = 0, so that SddSchedule takes every unit whole on any GPU: on
+// one of other SM counts the last wave may then run a few units alone.
+std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm) {
+  const bool splits =
+      units > 0 && kernels::SddSchedule(static_cast<int>(units), static_cast<int>(kSms * per_sm), INT_MAX, INT_MAX).q > 1;
+  return splits ? sdd_planes(units, 144 * per_sm) : 0;
 }
 
 std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas) {

@@ -159,4 +159,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
 // needs for `units` units on any grid of up to max_ctas CTAs: its workspace.
 std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas);
 
+// The partial planes a Hopper backward-weight kernel over `units` units, per_sm CTAs to an SM, is
+// built with: sdd_planes(units, 144 · per_sm) where SddSchedule splits the last wave's units on the
+// H100 / H200's 132 SMs, else 0. Its Config's kSplit says which: without planes the kernel has no
+// split path, and takes every unit whole on any GPU.
+std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm);
+
 }  // namespace bsjit::generator

@@ -598,28 +598,37 @@ __device__ __forceinline__ void pack_features(float (&d)[R / 2], PackedFeatures<
   tile.feature0 = feature0, tile.row_base = row_base;
 }
 
-// Stores piece P (rows 64P .. 64P + 63) of a packed tile through the consumer's two staging tiles
-// (out_tile), taken in turn, `piece` counting the pieces over the CTA's life: stmatrix.trans writes
-// the rows of a staging tile from the transposed fragments and one thread stores it by TMA. Before
-// the barrier that hands a piece to the store, that thread waits until the store before it has read
-// the other staging tile, which the next piece fills. P is a constant so that the packed registers
-// are indexed statically.
-template <int P, int R>
-__device__ __forceinline__ void store_feature_piece(const PackedFeatures<R>& tile, const TensorMap& map_out,
+// Stores piece p (rows 64p .. 64p + 63, p below R / 64) of a packed tile through the consumer's two
+// staging tiles (out_tile), taken in turn, `piece` counting the pieces over the CTA's life:
+// stmatrix.trans writes the rows of a staging tile from the transposed fragments and one thread
+// stores it by TMA. Before the barrier that hands a piece to the store, that thread waits until the
+// store before it has read the other staging tile, which the next piece fills. p is a run-time value:
+// the piece's 16 packed registers are selected from the R / 64 candidates (statically indexed), so
+// that one copy of the store serves every piece (one per piece made the kernel's code, and NVRTC's
+// time, grow with R / 64 per call site).
+template <int R>
+__device__ __forceinline__ void store_feature_piece(int p, const PackedFeatures<R>& tile, const TensorMap& map_out,
                                                     unsigned char* out_tile, int& piece, int n, int consumer) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
+  unsigned v[16];
 #pragma unroll
-  for (int i = 8 * P; i < 8 * P + 8; i += 2) {
+  for (int j = 0; j < 16; ++j) {
+    v[j] = tile.packed[j];
+#pragma unroll
+    for (int pp = 1; pp < R / 64; ++pp) v[j] = p == pp ? tile.packed[16 * pp + j] : v[j];
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
     // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
-    const int q = lane / 8, row = 8 * (i - 8 * P + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
-    const unsigned r[4] = {tile.packed[2 * i], tile.packed[2 * i + 1], tile.packed[2 * i + 2], tile.packed[2 * i + 3]};
+    const int q = lane / 8, row = 8 * (i + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
+    const unsigned r[4] = {v[2 * i], v[2 * i + 1], v[2 * i + 2], v[2 * i + 3]};
     stmatrix_x4_trans(tile_p + swizzled_offset(row, chunk), r);
   }
   fence_proxy_async();
   if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
   consumer_barrier(consumer);
-  const int row0 = tile.row_base + 64 * P;
+  const int row0 = tile.row_base + 64 * p;
   if (threadIdx.x % 128 == 0 && row0 < n) {
     tma_store_2d(map_out, tile_p, static_cast<int>(tile.feature0), row0);
     bulk_commit_group();
@@ -627,25 +636,12 @@ __device__ __forceinline__ void store_feature_piece(const PackedFeatures<R>& til
   ++piece;
 }
 
-// Stores piece `p` (at run time; below R / 64) of a packed tile: store_feature_piece of that constant.
-template <int P = 0, int R>
-__device__ __forceinline__ void store_feature_piece_at(int p, const PackedFeatures<R>& tile, const TensorMap& map_out,
-                                                       unsigned char* out_tile, int& piece, int n, int consumer) {
-  if constexpr (P < R / 64) {
-    if (p == P)
-      store_feature_piece<P>(tile, map_out, out_tile, piece, n, consumer);
-    else
-      store_feature_piece_at<P + 1>(p, tile, map_out, out_tile, piece, n, consumer);
-  }
-}
-
-// Stores the pieces `first` .. R / 64 - 1 of a packed tile.
+// Stores the pieces `first` .. R / 64 - 1 of a packed tile (a rolled loop: one copy of the store).
 template <int R>
 __device__ __forceinline__ void store_feature_pieces(int first, const PackedFeatures<R>& tile, const TensorMap& map_out,
                                                      unsigned char* out_tile, int& piece, int n, int consumer) {
-#pragma unroll
-  for (int p = 0; p < R / 64; ++p)
-    if (p >= first) store_feature_piece_at(p, tile, map_out, out_tile, piece, n, consumer);
+#pragma unroll 1
+  for (int p = first; p < R / 64; ++p) store_feature_piece(p, tile, map_out, out_tile, piece, n, consumer);
 }
 
 // Stores a swapped consumer's accumulators at once (pack_features, then every piece).
@@ -986,7 +982,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           },
           [&](int i) {  // the previous tile's pieces, one per stage while its wgmmas run
             if (kDeferStore && has_pending && i < R / 64)
-              store_feature_piece_at(i, pending, map_out, out_tile, piece, n, consumer);
+              store_feature_piece(i, pending, map_out, out_tile, piece, n, consumer);
           });
       wgmma_fence_registers(d);
       const long long feature0 = static_cast<long long>(col) * b + fslice * 64;
@@ -1189,13 +1185,15 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
                                                unsigned char* warp_staging) {
   constexpr int kConsumerThreads = Cfg::kWarpsM * 128;
   constexpr long long kPlane = static_cast<long long>(R) * C;
-  if (item.piece >= 0) {
-    const int leftover = schedule.leftover(item);
-    unsigned* counter = reinterpret_cast<unsigned*>(workspace) + leftover;
-    float* planes = workspace + kSplitCounters + leftover * schedule.q * kPlane;
-    if (!add_piece_partials<kConsumerThreads, TILES, N>(d, row0, col0, C, planes, kPlane, item.piece, schedule.q,
-                                                        counter, 0))
-      return;
+  if constexpr (Cfg::kSplit) {  // the generator gave planes: leftover units may be split (SddSchedule)
+    if (item.piece >= 0) {
+      const int leftover = schedule.leftover(item);
+      unsigned* counter = reinterpret_cast<unsigned*>(workspace) + leftover;
+      float* planes = workspace + kSplitCounters + leftover * schedule.q * kPlane;
+      if (!add_piece_partials<kConsumerThreads, TILES, N>(d, row0, col0, C, planes, kPlane, item.piece, schedule.q,
+                                                          counter, 0))
+        return;
+    }
   }
   const int unit = item.unit;
   if constexpr (Cfg::kStagedStore) {

@@ -420,6 +420,46 @@ TEST(SddSchedule, WorkspaceIsTheMostAnyGridNeeds) {
   EXPECT_EQ(sdd_planes(0, 132), 0);
 }
 
+// A Hopper backward-weight kernel is built with split support (planes, kSplit) only where the
+// schedule splits on 132 SMs: b = 128's one CTA an SM takes 100 or 132 blocks whole (one wave, no
+// workspace, kSplit false) and splits the last wave of 60, 140 or 300 (kSplit true, planes for up
+// to 144 SMs). On any grid a kernel without planes takes every unit whole.
+TEST(SddSchedule, SplitSupportOnlyWhereTheH200Splits) {
+  EXPECT_EQ(sdd_kernel_planes(100, 1), 0);
+  EXPECT_EQ(sdd_kernel_planes(132, 1), 0);
+  EXPECT_EQ(sdd_kernel_planes(0, 1), 0);
+  EXPECT_EQ(sdd_kernel_planes(60, 1), sdd_planes(60, 144));
+  EXPECT_EQ(sdd_kernel_planes(140, 1), sdd_planes(140, 144));
+  EXPECT_GT(sdd_kernel_planes(140, 1), 0);
+  EXPECT_EQ(sdd_kernel_planes(200, 2), 0);  // 264 CTAs: 200 whole
+  EXPECT_GT(sdd_kernel_planes(100, 2), 0);  // 264 CTAs: pieces of 2
+  for (int p = 1; p <= 144; ++p) EXPECT_EQ(kernels::SddSchedule(100, p, 0, 128).q, 1) << p << " CTAs";
+  for (int blocks : {60, 100, 132, 140, 300}) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+    for (int i = 0; i < blocks; ++i) coords.push_back({i / 20, i % 20});
+    const Layout layout = Layout::from_coords(20, 20, coords);
+    MatMulSpec spec{Op::backward_weight, 128, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    const auto g = generate_matmul(layout, spec);
+    SCOPED_TRACE(fmt::format("{} blocks, {}", blocks, g.label));
+    ASSERT_TRUE(g.tiles.tma);
+    const int per_sm = std::max(1, 227 * 1024 / g.shared_bytes);
+    const auto counts = table(g, "kCounts");
+    ASSERT_EQ(counts.size(), 2u);
+    const bool split = counts[1] > 0;
+    EXPECT_EQ(split, kernels::SddSchedule(counts[0], 132 * per_sm, 1 << 30, 1 << 30).q > 1);
+    EXPECT_EQ(counts[1], sdd_kernel_planes(counts[0], per_sm));
+    EXPECT_NE(g.source.find(split ? "kSplit = true" : "kSplit = false"), std::string::npos);
+    EXPECT_EQ(g.workspace_bytes > 0, split);
+    if (blocks == 100 || blocks == 132) {
+      EXPECT_FALSE(split);
+    }
+    if (blocks == 60 || blocks == 140) {
+      EXPECT_TRUE(split);
+    }
+  }
+}
+
 // The persistent TMA kernel's column order: CTA p of the 132 an H200 holds takes tiles p, p + 132,
 // ..., so with 32 output block columns it meets the positions of one class p mod 4 (96 columns: 12
 // classes of 8). Columns 0, 3 and 5 of every 8 holding 8 blocks and the others 1 would load the
@@ -850,7 +890,7 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
           // per CTA an H100 / H200 holds at most
           EXPECT_TRUE(g.persistent);
           EXPECT_EQ(g.splits, 1);
-          const std::int64_t planes = sdd_planes(units, 144 * std::max(1, 227 * 1024 / g.shared_bytes));
+          const std::int64_t planes = sdd_kernel_planes(units, std::max(1, 227 * 1024 / g.shared_bytes));
           EXPECT_EQ(table(g, "kCounts"), (std::vector<int>{static_cast<int>(units), static_cast<int>(planes)}));
           EXPECT_EQ(g.workspace_bytes, planes > 0 ? (kernels::kSplitCounters + planes * per * b * m * b) * 4 : 0);
           // dY's boxes: 64 features, or one block column at b ≤ 32 (swizzled over its 2b bytes)
@@ -906,7 +946,7 @@ TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
     EXPECT_TRUE(g.persistent);
     EXPECT_EQ(g.tiles.bm, 256);
     EXPECT_EQ(g.tiles.bn, 128);
-    const std::int64_t planes = sdd_planes(units, 144);
+    const std::int64_t planes = sdd_kernel_planes(units, 1);
     EXPECT_EQ(g.workspace_bytes, planes > 0 ? (kernels::kSplitCounters + planes * 256 * 128) * 4 : 0);
   }
   // valid only as two consumers of a block each (128 accumulators a thread), at b = 128, for

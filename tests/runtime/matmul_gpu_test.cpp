@@ -358,7 +358,9 @@ TEST(MatMulGpuHopperSchedule, BackwardWeightPiecesMatchReference) {
         // split on an H200 (132 SMs, as many CTAs as fit in 227 KB of shared memory each)
         const auto g = generator::generate_matmul(layout, spec);
         const int ctas = 132 * std::clamp(227 * 1024 / static_cast<int>(g.shared_bytes), 1, 2048 / g.tiles.threads);
-        const int planes = static_cast<int>(generator::sdd_planes(g.grid_x, ctas));
+        int planes = 0;  // the kernel's (0: built without split support, generator::sdd_kernel_planes)
+        for (const auto& table : g.tables)
+          if (table.name == "kCounts") planes = table.values.at(1);
         split += kernels::SddSchedule(static_cast<int>(g.grid_x), ctas, planes, 1000 / 64 + 1).q > 1;
       }
     }
