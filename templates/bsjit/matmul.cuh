@@ -524,9 +524,11 @@ __device__ __forceinline__ void consumer_barrier(int consumer) {
 // output features × R rows) += A·B, A the 64 W rows at `as` (MN-major forward: reduction rows of 64
 // features, a further group of 64 features 64 rows on; K-major backward-data), B R rows of the X
 // tile at `bs` (K-major).
-template <class Cfg, int R>
+// ROLLED: the 4 wgmmas as a loop, one wgmma statement, for kernels that branch to their roles on
+// warpgroup_index (ptxas serializes a rolled wgmma on a path it cannot prove warp-uniform).
+template <class Cfg, int R, bool ROLLED = false>
 __device__ __forceinline__ void swapped_wgmmas(float (&d)[R / 2], const unsigned char* as, const unsigned char* bs) {
-#pragma unroll
+#pragma unroll(ROLLED ? 1 : 4)
   for (int kk = 0; kk < 4; ++kk)
     wgmma_m64k16<typename Cfg::T, R, Cfg::kTransW ? 0 : 1, 0>(
         d,

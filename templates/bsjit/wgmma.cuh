@@ -79,6 +79,14 @@ __device__ __forceinline__ unsigned long long smem_descriptor(const void* p, int
   return smem_descriptor_swizzled<128>(p, leading_bytes, stride_bytes);
 }
 
+// The thread's warpgroup, broadcast from lane 0 so that ptxas knows it is uniform in each warp.
+// Kernels branch on it to their roles (producer, consumers). Computed from threadIdx.x alone, it
+// makes every consumer path divergent for ptxas, and a wgmma in a rolled loop there is serialized
+// (C7520, "compiler-inserted WG.AR in divergent path").
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+}
+
 // Writes of the generic proxy (ordinary stores, cp.async) to shared memory become visible to the
 // async proxy (wgmma operand reads): each writing thread fences, then the CTA synchronises.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
