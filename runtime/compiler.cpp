@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <string_view>
 
 #include "bsjit/error.hpp"
 #include "generator/templates.hpp"
@@ -119,7 +120,25 @@ CompiledKernel compile(const std::string& source, const std::string& name_expres
   BSJIT_NVRTC(nvrtcGetCUBIN(p.handle, k.cubin.data()));
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   spdlog::debug("bsjit: compiled {} for {} in {:.1f} ms ({} bytes)", label, arch, ms, size);
+  if (const std::string losses = performance_losses(k.log); !losses.empty())
+    spdlog::warn("bsjit: ptxas, compiling {} for {}:\n{}", label, arch, losses);
   return k;
+}
+
+std::string performance_losses(const std::string& log) {
+  std::string out;
+  std::size_t begin = 0;
+  while (begin < log.size()) {
+    std::size_t end = log.find('\n', begin);
+    if (end == std::string::npos) end = log.size();
+    const std::string_view line(log.data() + begin, end - begin);
+    if (line.find("Potential Performance Loss") != std::string_view::npos) {
+      if (!out.empty()) out += '\n';
+      out += line;
+    }
+    begin = end + 1;
+  }
+  return out;
 }
 
 }  // namespace bsjit::runtime

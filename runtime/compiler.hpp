@@ -39,6 +39,12 @@ std::string nvrtc_version();  // "13.0"
 // `bypass` (the benchmark's cold-compile figures) makes NVRTC compile whatever the driver holds.
 enum class DriverCache { use, bypass };
 
+// The lines of an NVRTC log where ptxas reports a "Potential Performance Loss" (C7510-C7520: it
+// serialized a kernel's wgmmas, each waiting for the one before it), joined by newlines; empty
+// where there are none. compile() logs them as a warning: bsjit's own tile shapes have none
+// (tests/runtime/compiler_test.cpp).
+std::string performance_losses(const std::string& log);
+
 // Throws Error carrying the NVRTC log, the options and the path where the generated source was
 // written, when compilation fails.
 CompiledKernel compile(const std::string& source, const std::string& name_expression, const std::string& label,

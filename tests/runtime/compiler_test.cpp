@@ -30,10 +30,10 @@ Layout small_random_layout(std::uint64_t seed) {
   return Layout::from_dense(5, 4, m);
 }
 
-// What ptxas said where it serialized a kernel's wgmmas ("Potential Performance Loss", C7510-C7520:
-// each waits for the one before it); empty where it did not.
+// What ptxas said where it serialized a kernel's wgmmas; empty where it did not.
 std::string serialized_wgmmas(const runtime::CompiledKernel& k, const std::string& label) {
-  return k.log.find("Potential Performance Loss") == std::string::npos ? "" : label + ": " + k.log;
+  const std::string losses = runtime::performance_losses(k.log);
+  return losses.empty() ? "" : label + ": " + losses;
 }
 
 struct Case {
@@ -159,6 +159,48 @@ TEST(Compiler, UnsplitBackwardWeightKernelsDropTheSplitPath) {
   };
   for (auto& f : failures_of(specs, run)) ADD_FAILURE() << f;
   EXPECT_EQ(specs.size(), 4u);
+}
+
+// Why the Hopper kernels branch to their roles on warpgroup_index: a wgmma chain in a rolled loop,
+// on the consumers' side of a branch on threadIdx.x / 128, has ptxas serialize it (C7520), and on
+// warpgroup_index's side it stays pipelined. performance_losses finds ptxas's report.
+TEST(Compiler, WarpgroupIndexKeepsRolledWgmmasPipelined) {
+  const std::string source = R"(#include "bsjit/wgmma.cuh"
+namespace probe {
+template <bool UNIFORM>
+__global__ void rolled(float* out, int steps) {
+  using namespace bsjit::kernels;
+  __shared__ alignas(1024) unsigned char tile[2 * 16384];
+  const int role = UNIFORM ? warpgroup_index() : static_cast<int>(threadIdx.x / 128);
+  if (role == 0) {
+    if (threadIdx.x == 0) out[0] = 1.0f;
+    return;
+  }
+  float d[64];
+  for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+  wgmma_fence_registers(d);
+  for (int s = 0; s < steps; ++s) {
+    wgmma_fence();
+#pragma unroll 1
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64k16<bfloat16_t, 128, 0, 0>(d, smem_descriptor(tile + s * 64 + kk * 32, 16, 1024),
+                                          smem_descriptor(tile + 16384 + kk * 32, 16, 1024));
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+  wgmma_fence_registers(d);
+  for (int i = 0; i < 64; ++i) out[threadIdx.x * 64 + i] = d[i];
+}
+}  // namespace probe
+)";
+  const auto divergent = runtime::compile(source, "probe::rolled<false>", "rolled-divergent", "sm_90a");
+  const std::string losses = runtime::performance_losses(divergent.log);
+  EXPECT_NE(losses.find("C7520"), std::string::npos) << divergent.log;
+  EXPECT_EQ(losses.find('\n'), std::string::npos) << "one line: " << losses;
+  const auto uniform = runtime::compile(source, "probe::rolled<true>", "rolled-uniform", "sm_90a");
+  EXPECT_EQ(runtime::performance_losses(uniform.log), "") << uniform.log;
+  EXPECT_EQ(runtime::performance_losses("ptxas info    : (C7519) warpgroup.arrive is injected\n"), "");
 }
 
 // Every tile shape the autotuner and the sweep may pick compiles (what the templates'
