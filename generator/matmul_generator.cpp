@@ -1627,7 +1627,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
 // one of other SM counts the last wave may then run a few units alone.
 std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm) {
   const bool splits =
-      units > 0 && kernels::SddSchedule(static_cast<int>(units), static_cast<int>(kSms * per_sm), INT_MAX, INT_MAX).q > 1;
+      units > 0 &&
+      kernels::SddSchedule(static_cast<int>(units), static_cast<int>(kSms * per_sm), INT_MAX, INT_MAX).q > 1;
   return splits ? sdd_planes(units, 144 * per_sm) : 0;
 }
 

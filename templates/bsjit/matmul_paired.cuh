@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // A/B round, unrolled → rolled: forward ×1.000, backward-data ×0.989 (0.968-1.015; 30th session).
   auto chain = [&](float(&d)[R / 2], int step, int c) {
     swapped_wgmmas<Cfg, R, true>(d, ring.stage(step) + Plan::kXBytes + c * Plan::kSlotBytes,
-                           ring.stage(step) + rows * kSwizzleRowBytes);
+                                 ring.stage(step) + rows * kSwizzleRowBytes);
   };
   int step = 0, piece = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
