@@ -29,7 +29,7 @@ enum class FeatureAxis { last, first };
 
 // Which calls of an op to get kernels ready for (MatMul::precompile and prepare, a manifest's
 // "calls"). An op has two kernels: calls without OpOptions (neither accumulate nor gate) run a
-// plain one, built without those paths and a tenth to a third faster to compile on Hopper; calls
+// plain one, built without those paths and a tenth to a half faster to compile on Hopper; calls
 // with either option run the general one. A kernel not made ready is compiled at its first call.
 enum class Calls { all, plain, with_options };
 

@@ -51,7 +51,7 @@ __device__ __forceinline__ T zero() {
 }
 
 // A kernel built for calls without per-call options (Config::kPlain: neither accumulate nor gate)
-// drops both at its entry, so that NVVM removes their code: a tenth to a third of a Hopper
+// drops both at its entry, so that NVVM removes their code: a tenth to a half of a Hopper
 // kernel's cold compile (docs/PERFORMANCE.md). The host passes the same arguments to either kernel.
 template <class Cfg, class Gate>
 __device__ __forceinline__ void drop_call_options(Gate& gate, int& accumulate) {
