@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
-#include <stdexcept>
 #include <random>
+#include <stdexcept>
 
 #include "bsjit/attention_layouts.hpp"
 #include "bsjit/cache.hpp"
