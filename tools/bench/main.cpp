@@ -525,8 +525,7 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
         spec.plain = plain;
         const bool by_split = spec.op == Op::backward_weight && spec.tiles && spec.tiles->tma;
         std::vector<double> ms[2];  // [split]: layouts taken whole, layouts that split
-        for (int draw = 0; draw < (by_split ? 30 : 3) && (ms[0].size() < 3 || (by_split && ms[1].size() < 3));
-             ++draw) {
+        for (int draw = 0; draw < (by_split ? 30 : 3) && (ms[0].size() < 3 || (by_split && ms[1].size() < 3)); ++draw) {
           const std::int64_t side = blocks <= 16384 ? 256 : 512;  // density ≤ 0.25: distinct random layouts
           Layout L = bernoulli_layout(side, side, static_cast<double>(blocks) / (side * side), rng);
           auto t = Clock::now();
@@ -543,7 +542,9 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
           std::sort(ms[split].begin(), ms[split].end());
           figures.emplace_back(fmt::format("cold compile, {} {}, {} blocks{} (median of {}), ms",
                                            generator::kernel_label(spec), arch, blocks,
-                                           !by_split ? "" : split ? ", layouts that split" : ", layouts taken whole",
+                                           !by_split ? ""
+                                           : split   ? ", layouts that split"
+                                                     : ", layouts taken whole",
                                            ms[split].size()),
                                ms[split][ms[split].size() / 2]);
         }
