@@ -87,5 +87,11 @@ echo "== summary =="
 grep -h '^GPU matmul:\|^GPU [0-9]:' "$out"/*_test*.log || true
 grep -h '^\[  FAILED  \] ' "$out"/*_test*.log | head -20 || true
 for s in "${status[@]}"; do echo "$s"; done
+# the call fails where any test program, the examples' run or the benchmark (a WRONG cell) did
+failed=0
+for f in "$rcs"/*; do [ "$(cat "$f")" = 0 ] || failed=1; done
+for s in "${status[@]}"; do [[ "$s" =~ exit\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" != 0 ] && failed=1; done
 [ -f "$out/bench.log" ] && sed -n '/^== suite W/,$p' "$out/bench.log"
 [ -f "$out/torch_attention.log" ] && grep "^torch" "$out/torch_attention.log"
+if [ $failed != 0 ]; then echo "gpu_check: FAILED (a test program, the examples' run or the benchmark exited non-zero)"; fi
+exit $failed

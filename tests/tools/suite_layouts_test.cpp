@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "bsjit/error.hpp"
@@ -75,6 +76,71 @@ TEST(SuiteLayouts, SkewedColumnsAlternateTwoLengthsAndUnknownKindsThrow) {
   EXPECT_EQ(table_layouts(16384, kTable, {{"skew40"}, {64}, {0.1}})[0], cells[1]) << "the same draw every run";
   for (const char* kind : {"balance", "skew", "skew0", "skew100", "skewx", "Bernoulli"})
     EXPECT_THROW(table_layouts(4096, kTable, {{kind}, {128}, {0.1}}), Error) << kind;
+}
+
+std::vector<std::int64_t> column_lengths(const Layout& L) {
+  std::vector<std::int64_t> in_column(L.cols(), 0);
+  for (auto [r, c] : L.coords()) ++in_column[c];
+  return in_column;
+}
+
+// Power-law columns: about d · rows · cols blocks, most columns short and a few tens of times longer
+// (a Zipf law over the columns, clamped at the rows), every column at least one block.
+TEST(SuiteLayouts, PowerLawColumnsHoldTheDensityAndAreHeavyTailed) {
+  std::mt19937_64 rng(1);
+  const Layout L = power_law_layout(384, 384, 0.25, rng);
+  EXPECT_NEAR(static_cast<double>(L.blocks()) / (384.0 * 384.0), 0.25, 0.01);
+  std::vector<std::int64_t> lengths = column_lengths(L);
+  std::sort(lengths.begin(), lengths.end());
+  EXPECT_GE(lengths.front(), 1);
+  const double median = static_cast<double>(lengths[192]), mean = 0.25 * 384;
+  EXPECT_LT(median, 0.6 * mean) << "most columns under the mean";
+  EXPECT_GE(static_cast<double>(lengths.back()), 5 * median) << "a heavy tail";
+  EXPECT_GE(lengths.back(), 10 * lengths.front());
+  std::mt19937_64 again(1);
+  EXPECT_EQ(power_law_layout(384, 384, 0.25, again), L) << "the same draw from the same stream";
+}
+
+// Small-world: every column holds round(d · rows) blocks, about 9 in 10 of them within the band
+// around its place on the diagonal, the rest anywhere.
+TEST(SuiteLayouts, SmallWorldColumnsAreMostlyNearTheDiagonal) {
+  std::mt19937_64 rng(2);
+  const std::int64_t rows = 344, cols = 128, per = std::llround(0.1 * rows);  // a 11008 × 4096 layer at b = 32
+  const Layout L = small_world_layout(rows, cols, 0.1, rng);
+  for (std::int64_t n : column_lengths(L)) ASSERT_EQ(n, per);
+  std::int64_t near = 0;
+  for (auto [r, c] : L.coords()) {
+    const std::int64_t center = c * rows / cols, distance = std::abs(r - center);
+    near += std::min(distance, rows - distance) <= per / 2;
+  }
+  const double share = static_cast<double>(near) / static_cast<double>(L.blocks());
+  EXPECT_GT(share, 0.85);
+  EXPECT_LT(share, 0.97) << "some long connections";
+}
+
+// A layers-suite class round-trips through its name; bad names are refused with the form expected;
+// a class's layout is the same every run and differs between classes.
+TEST(SuiteLayouts, LayerClassesParseAndDrawTheSameLayoutEveryRun) {
+  const LayerClass layer = parse_layer_class("4096x11008/powerlaw/8192");
+  EXPECT_EQ(layer, (LayerClass{4096, 11008, 8192, "powerlaw"}));
+  EXPECT_EQ(to_string(layer), "4096x11008/powerlaw/8192");
+  for (const LayerClass& c : default_layer_classes()) EXPECT_EQ(parse_layer_class(to_string(c)), c);
+  EXPECT_EQ(default_layer_classes().front(), (LayerClass{4096, 4096, 8192, "balanced"})) << "suite W's, the reference";
+  for (const char* bad : {"4096x4096", "4096x4096/balanced", "4096/balanced/8192", "4096x-4096/balanced/8192",
+                          "4096x4096/balance/8192", "0x4096/balanced/8192", "4096x4096/balanced/99999999999"}) {
+    try {
+      parse_layer_class(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CxK/kind/N"), std::string::npos) << e.what();
+    }
+  }
+  const Layout L = layer_layout(layer, 64, 0.25);
+  EXPECT_EQ(L.rows(), 64);
+  EXPECT_EQ(L.cols(), 172);
+  EXPECT_EQ(layer_layout(layer, 64, 0.25), L);
+  EXPECT_NE(layer_layout({4096, 11008, 8192, "balanced"}, 64, 0.25), L);
+  EXPECT_THROW(layer_layout({4096, 11000, 8192, "balanced"}, 64, 0.25), Error) << "64 does not divide 11000";
 }
 
 }  // namespace

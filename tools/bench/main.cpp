@@ -6,6 +6,8 @@
 //   --suite tf32   suite W's shape (balanced) with fp32 inputs: exact and TF32, against cuBLAS fp32 and TF32
 //   --suite jit    cold compile by layout size, disk hit in a fresh cache, host overhead per call
 //   --suite A      block-sparse attention: fused forward and backward, decomposed forward (suite_a.hpp)
+//   --suite layers suite W's cells on other layers: larger and rectangular C × K, power-law and
+//                  small-world columns, N from 1024 to 32768 (default_layer_classes; --layers picks)
 // Each result is checked once against a double-precision reference on sampled rows or blocks
 // before it is timed; times are medians of CUDA-event timings after warm-up.
 #include <CLI/CLI.hpp>
@@ -17,9 +19,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "baselines.hpp"
 #include "bsjit/bsjit.hpp"
@@ -227,9 +231,19 @@ DenseEquivalent dense_equivalent(const Layout& L, int b, std::int64_t N, Op op) 
   return op == Op::backward_weight ? DenseEquivalent{reduction, N, K} : DenseEquivalent{N, reduction, K};
 }
 
-void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, const Grid& selected,
-           std::vector<Row>& rows, bool small) {
-  const std::int64_t C = CK, K = CK;
+// One cell of a table: a layout at block b (density d as asked), its label the table's layout column.
+struct CellSpec {
+  std::string label;
+  int b;
+  double d;
+  Layout layout;
+};
+
+// The cells' three ops at batch N on X [N, C], dY [N, K] (every cell's layout C / b × K / b), each
+// checked then timed beside cuBLAS's dense GEMM of the same shape, cuSPARSE and the cell's dense
+// equivalent. small: SOL as the fraction of copy bandwidth on W's bytes (the small batch).
+void run_cells(const Env& env, std::int64_t N, std::int64_t C, std::int64_t K, const std::vector<CellSpec>& specs,
+               std::vector<Row>& rows, bool small) {
   const double t_dense = cublas_dense_ms(N, C, K, Dense::bf16, env.stream, env.reps);
   fmt::print("cuBLAS dense bf16 N={} C={} K={}: {:.4f} ms, {:.0f} TFLOP/s\n", N, C, K, t_dense,
              2.0 * N * C * K / t_dense / 1e9);
@@ -237,7 +251,6 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, c
   Operands o{DeviceBuffer(N * C * 2), DeviceBuffer(N * K * 2), DeviceBuffer(N * K * 2), DeviceBuffer(N * C * 2)};
   o.x.upload(x.bits);
   o.dy.upload(dy.bits);
-  // the cells' layouts: those the whole table draws (table_layouts)
   struct Cell {
     std::string kind;
     int b;
@@ -245,11 +258,8 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, c
     MatMul mm;
   };
   std::vector<Cell> cells;
-  const std::vector<Layout> layouts = table_layouts(C, table, selected);
-  for (const auto& kind : selected.kinds)
-    for (int b : selected.blocks)
-      for (double d : selected.densities)
-        cells.push_back({kind, b, d, MatMul(layouts[cells.size()], {b, DType::bf16, FeatureAxis::last, ""})});
+  for (const CellSpec& spec : specs)
+    cells.push_back({spec.label, spec.b, spec.d, MatMul(spec.layout, {spec.b, DType::bf16, FeatureAxis::last, ""})});
   std::vector<const MatMul*> mms;
   for (const Cell& cell : cells) mms.push_back(&cell.mm);
   precompile_ops(mms);
@@ -299,6 +309,41 @@ void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, c
                  err, err > 1e-2 ? "  WRONG" : "");
       std::fflush(stdout);
     }
+  }
+}
+
+// Suite W (and the small batch): the cells `selected` of `table` at N, C = K = CK, each layout the
+// one the whole table draws for it (table_layouts).
+void run_w(const Env& env, std::int64_t N, std::int64_t CK, const Grid& table, const Grid& selected,
+           std::vector<Row>& rows, bool small) {
+  const std::vector<Layout> layouts = table_layouts(CK, table, selected);
+  std::vector<CellSpec> specs;
+  for (const auto& kind : selected.kinds)
+    for (int b : selected.blocks)
+      for (double d : selected.densities) specs.push_back({kind, b, d, layouts[specs.size()]});
+  run_cells(env, N, CK, CK, specs, rows, small);
+}
+
+// The layers suite: every class at each (block, density), classes of one shape and N together;
+// cells whose block does not divide the class's features are skipped with a line.
+void run_layers(const Env& env, const std::vector<LayerClass>& classes, const std::vector<int>& blocks,
+                const std::vector<double>& densities, std::vector<Row>& rows) {
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<CellSpec>> by_shape;
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> order;
+  for (const LayerClass& layer : classes)
+    for (int b : blocks)
+      for (double d : densities) {
+        if (layer.c % b != 0 || layer.k % b != 0) {
+          fmt::print("{} b{}: block does not divide the features; skipped\n", to_string(layer), b);
+          continue;
+        }
+        const auto shape = std::tuple{layer.n, layer.c, layer.k};
+        if (!by_shape.count(shape)) order.push_back(shape);
+        by_shape[shape].push_back({to_string(layer), b, d, layer_layout(layer, b, d)});
+      }
+  for (const auto& shape : order) {
+    const auto [n, c, k] = shape;
+    run_cells(env, n, c, k, by_shape[shape], rows, false);
   }
 }
 
@@ -771,6 +816,42 @@ void run_jit(const Env& env, std::vector<std::pair<std::string, double>>& figure
   }
 }
 
+// "  WRONG (op, ...)" for a table line's three rows (forward, backward-data, backward-weight) whose
+// check exceeded the tolerance (or wrote NaN), else "": a wrong cell is never shown as a speed alone.
+std::string wrong_ops(const Row* three, double tolerance) {
+  std::string ops;
+  for (int j = 0; j < 3; ++j)
+    if (!(three[j].error <= tolerance)) ops += (ops.empty() ? "" : ", ") + three[j].op;
+  return ops.empty() ? "" : "  WRONG (" + ops + ")";
+}
+
+// The layers suite's table: each cell's SOL per op, and its ratio to the SOL of the run's suite-W
+// class cell (4096x4096/balanced/8192) of the same block and density, where the run has it: the
+// target is 0.8 or more.
+void print_layers(const std::vector<Row>& rows) {
+  const std::string reference = to_string(default_layer_classes().front());
+  std::map<std::tuple<int, double, std::string>, double> ref_sol;
+  for (const Row& r : rows)
+    if (r.layout == reference) ref_sol[{r.b, r.d, r.op}] = r.sol;
+  fmt::print("\n== layers: SOL fraction per op (TFLOP/s), and over suite W's cell ({}) of the same b, d ==\n",
+             reference);
+  fmt::print("{:28} {:>4} {:>5} | {:>22} | {:>22} | {:>22}\n", "layer (CxK/kind/N)", "b", "d", "forward",
+             "backward_data", "backward_weight");
+  for (std::size_t i = 0; i + 2 < rows.size(); i += 3) {
+    std::string cells;
+    for (std::size_t j = i; j < i + 3; ++j) {
+      const auto ref = ref_sol.find({rows[j].b, rows[j].d, rows[j].op});
+      const std::string vs = ref == ref_sol.end() || rows[j].layout == reference
+                                 ? std::string("     ")
+                                 : fmt::format("x{:4.2f}", rows[j].sol / ref->second);
+      cells += fmt::format(
+          " | {:4.2f} ({:5.1f} TF) {}{}", rows[j].sol, rows[j].tflops, vs,
+          ref != ref_sol.end() && rows[j].layout != reference && rows[j].sol < 0.8 * ref->second ? "<" : " ");
+    }
+    fmt::print("{:28} {:>4} {:>5}{}{}\n", rows[i].layout, rows[i].b, rows[i].d, cells, wrong_ops(&rows[i], 1e-2));
+  }
+}
+
 }  // namespace
 }  // namespace bsjit::bench
 
@@ -788,19 +869,26 @@ int main(int argc, char** argv) {
   std::string json_path, csv_path;
   int reps = 20;
   app.add_option("-s,--suite", suites,
-                 "W, small, jit, A (attention), tf32 (fp32 inputs, exact and TF32), sweep (tile candidates), "
+                 "W, small, jit, A (attention), layers (suite W's cells on other layers), tf32 (fp32 inputs, exact and "
+                 "TF32), sweep (tile candidates), "
                  "sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
   auto* block_option =
       app.add_option("-b,--block", blocks,
                      "block sizes of suite W, suite small and the sweeps (small, sweep-small: 32, 64 unless given)")
           ->delimiter(',');
-  app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
+  auto* density_option = app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
   auto* kinds_option =
       app.add_option("-k,--layouts", kinds,
                      "balanced, bernoulli, skewP (columns of two lengths, the longer 1 + P/100 times the mean: skew20; "
                      "suite small and the sweeps: balanced unless given)")
           ->delimiter(',');
+  std::vector<std::string> layer_names;
+  app.add_option("--layers", layer_names,
+                 "suite layers: the classes CxK/kind/N to run (default: default_layer_classes, e.g. "
+                 "4096x4096/balanced/8192,12288x12288/powerlaw/8192); blocks and densities from -b, -d "
+                 "(default 32,64,128 and 0.25)")
+      ->delimiter(',');
   app.add_option("-r,--reps", reps, "timed repetitions per measurement (median)");
   std::vector<std::string> ops{"forward", "backward_data", "backward_weight"};
   app.add_option("-o,--ops", ops, "the ops the sweeps time")->delimiter(',');
@@ -839,7 +927,7 @@ int main(int argc, char** argv) {
     // suite small and the sweeps: the kinds given, else balanced (suite W: its own two unless given)
     const std::vector<std::string> kinds_or_balanced =
         kinds_option->count() ? kinds : std::vector<std::string>{"balanced"};
-    std::vector<Row> rows, small_rows, tf32_rows;
+    std::vector<Row> rows, small_rows, tf32_rows, layer_rows;
     std::vector<std::pair<std::string, double>> jit;
     std::vector<AttentionRow> attention_rows;
     for (const auto& s : suites) {
@@ -850,7 +938,13 @@ int main(int argc, char** argv) {
               {kinds_or_balanced, block_option->count() > 0 ? blocks : kSmallBatch.blocks, kSmallBatch.densities},
               small_rows, true);
       else if (s == "jit") run_jit(env, jit);
-      else if (s == "tf32")
+      else if (s == "layers") {
+        std::vector<LayerClass> classes;
+        for (const auto& name : layer_names) classes.push_back(parse_layer_class(name));
+        if (classes.empty()) classes = default_layer_classes();
+        run_layers(env, classes, block_option->count() > 0 ? blocks : std::vector<int>{32, 64, 128},
+                   density_option->count() > 0 ? densities : std::vector<double>{0.25}, layer_rows);
+      } else if (s == "tf32")
         run_tf32(env, blocks, densities, tf32_rows);
       else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
@@ -871,9 +965,10 @@ int main(int argc, char** argv) {
       fmt::print("{:9} {:>4} {:>5} | {:>16} | {:>16} | {:>16} | {:>8}\n", "layout", "b", "d", "forward", "backward_data",
                  "backward_weight", "fwd/cuSP");
       for (std::size_t i = 0; i + 2 < rows.size(); i += 3)
-        fmt::print("{:9} {:>4} {:>5} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:8.2f}\n",
+        fmt::print("{:9} {:>4} {:>5} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:6.1f} TF {:4.2f} | {:8.2f}{}\n",
                    rows[i].layout, rows[i].b, rows[i].d, rows[i].tflops, rows[i].sol, rows[i + 1].tflops,
-                   rows[i + 1].sol, rows[i + 2].tflops, rows[i + 2].sol, rows[i].vs_cusparse);
+                   rows[i + 1].sol, rows[i + 2].tflops, rows[i + 2].sol, rows[i].vs_cusparse,
+                   wrong_ops(&rows[i], 1e-2));
       // the dense equivalent's own SOL fraction (floor over its time: sol / vs_dense_eq) beside ours
       fmt::print("\n== suite W: cuBLAS on the dense equivalent (same FLOPs, outputs, reduction length): its SOL "
                  "fraction, and ours over it ==\n");
@@ -885,12 +980,13 @@ int main(int argc, char** argv) {
                    rows[i + 1].sol / rows[i + 1].vs_dense_eq, rows[i + 1].vs_dense_eq,
                    rows[i + 2].sol / rows[i + 2].vs_dense_eq, rows[i + 2].vs_dense_eq);
     }
+    if (!layer_rows.empty()) print_layers(layer_rows);
     if (!small_rows.empty()) {
       fmt::print("\n== small batch (N=64, C=K=16384, d=0.1): fraction of copy bandwidth on W; the dense "
                  "equivalent's, and ours over it ==\n");
       for (const auto& r : small_rows)
-        fmt::print("{:9} b{:<3} {:15} {:8.4f} ms  {:4.2f}   dense-eq {:4.2f}  x{:4.2f}\n", r.layout, r.b, r.op, r.ms,
-                   r.sol, r.sol / r.vs_dense_eq, r.vs_dense_eq);
+        fmt::print("{:9} b{:<3} {:15} {:8.4f} ms  {:4.2f}   dense-eq {:4.2f}  x{:4.2f}{}\n", r.layout, r.b, r.op, r.ms,
+                   r.sol, r.sol / r.vs_dense_eq, r.vs_dense_eq, r.error <= 1e-2 ? "" : "  WRONG");
     }
     if (!tf32_rows.empty()) {
       fmt::print("\n== fp32 inputs (N=8192, C=K=4096, balanced): TFLOP/s, fraction of the matching cuBLAS rate ==\n");
@@ -898,9 +994,9 @@ int main(int argc, char** argv) {
                  "backward_weight");
       for (std::size_t i = 0; i + 2 < tf32_rows.size(); i += 3) {
         const Row* r = &tf32_rows[i];
-        fmt::print("{:5} {:>4} {:>5} | {:6.1f} TF x{:4.2f} | {:6.1f} TF x{:4.2f} | {:6.1f} TF x{:4.2f}\n", r[0].layout,
-                   r[0].b, r[0].d, r[0].tflops, r[0].vs_cublas, r[1].tflops, r[1].vs_cublas, r[2].tflops,
-                   r[2].vs_cublas);
+        fmt::print("{:5} {:>4} {:>5} | {:6.1f} TF x{:4.2f} | {:6.1f} TF x{:4.2f} | {:6.1f} TF x{:4.2f}{}\n",
+                   r[0].layout, r[0].b, r[0].d, r[0].tflops, r[0].vs_cublas, r[1].tflops, r[1].vs_cublas, r[2].tflops,
+                   r[2].vs_cublas, wrong_ops(r, r[0].layout == "tf32" ? 1e-2 : 1e-5));
       }
     }
     if (!attention_rows.empty()) {
@@ -915,9 +1011,9 @@ int main(int argc, char** argv) {
     }
     nlohmann::json j;
     const auto set_name = [&](const std::vector<Row>* set) {
-      return set == &rows ? "suite_w" : set == &small_rows ? "small" : "tf32";
+      return set == &rows ? "suite_w" : set == &small_rows ? "small" : set == &layer_rows ? "layers" : "tf32";
     };
-    for (auto* set : {&rows, &small_rows, &tf32_rows})
+    for (auto* set : {&rows, &small_rows, &tf32_rows, &layer_rows})
       for (const auto& r : *set)
         j[set_name(set)].push_back({{"layout", r.layout},
                                     {"block", r.b},
@@ -941,7 +1037,7 @@ int main(int argc, char** argv) {
     if (!csv_path.empty()) {
       std::ofstream csv(csv_path);
       csv << "suite,layout,block,density,op,ms,tflops,sol,vs_cublas,vs_cusparse,error,vs_dense_equivalent\n";
-      for (auto* set : {&rows, &small_rows, &tf32_rows})
+      for (auto* set : {&rows, &small_rows, &tf32_rows, &layer_rows})
         for (const auto& r : *set)
           csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e},{:.3f}\n",
                              set == &rows ? "W" : set_name(set), r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol,
@@ -959,7 +1055,7 @@ int main(int argc, char** argv) {
       }
     }
     bool wrong = false;
-    for (auto* set : {&rows, &small_rows})
+    for (auto* set : {&rows, &small_rows, &layer_rows})
       for (const auto& r : *set) wrong |= !(r.error <= 1e-2);
     for (const auto& r : tf32_rows) wrong |= !(r.error <= (r.layout == "tf32" ? 1e-2 : 1e-5));
     for (const auto& r : attention_rows) wrong |= !(r.error <= 1e-2);
