@@ -34,6 +34,7 @@
 #include <sstream>
 
 #include "bsjit/error.hpp"
+#include "generator/json_fields.hpp"
 #include "generator/templates.hpp"
 
 namespace bsjit::cache {
@@ -234,9 +235,9 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     e.code_key = h->at("code_key").get<std::string>();
     e.lowered_name = h->at("lowered_name").get<std::string>();
     e.options = h->at("options").get<std::vector<std::string>>();
-    e.cubin_size = h->at("cubin_size").get<std::uint64_t>();
+    e.cubin_size = static_cast<std::uint64_t>(json_integer(h->at("cubin_size"), 0, INT64_MAX, "cubin_size"));
     e.cubin_xxh64 = h->at("cubin_xxh64").get<std::string>();
-    e.shared_bytes = h->at("shared_bytes").get<int>();
+    e.shared_bytes = static_cast<int>(json_integer(h->at("shared_bytes"), 0, 1 << 20, "shared_bytes"));
     e.tables = h->at("tables").get<std::vector<std::pair<std::string, std::uint64_t>>>();
     e.tables_xxh64 = h->at("tables_xxh64").get<std::string>();
     if (header) *header = e;
@@ -269,6 +270,8 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     k->shared_bytes = e.shared_bytes;
     return k;
   } catch (const nlohmann::json::exception& ex) {
+    return fail(std::string("malformed header: ") + ex.what());
+  } catch (const Error& ex) {  // a field of the wrong kind (json_integer)
     return fail(std::string("malformed header: ") + ex.what());
   }
 }

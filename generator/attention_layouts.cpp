@@ -14,10 +14,17 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw Error("bsjit::layouts: " + what);
 }
 
-// A square layout whose block (i, j) is set where keep(i, j).
+// A square layout whose block (i, j) is set where keep(i, j), of at most kMaxBlocks blocks a side:
+// its dense mask then takes at most 256 MiB (16384 blocks of 128 are a sequence of 2M tokens).
+constexpr std::int64_t kMaxBlocks = 16384;
+void check_side(std::int64_t blocks) {
+  require(blocks > 0 && blocks <= kMaxBlocks,
+          fmt::format("blocks = {}; expected 1 to {} (query and key blocks a side)", blocks, kMaxBlocks));
+}
+
 template <class Keep>
 Layout square(std::int64_t blocks, Keep keep) {
-  require(blocks > 0, fmt::format("blocks = {}; expected at least 1", blocks));
+  check_side(blocks);
   std::vector<std::uint8_t> m(blocks * blocks);
   for (std::int64_t i = 0; i < blocks; ++i)
     for (std::int64_t j = 0; j < blocks; ++j) m[i * blocks + j] = keep(i, j) ? 1 : 0;
@@ -39,6 +46,7 @@ Layout sliding_window(std::int64_t blocks, std::int64_t window, bool is_causal) 
 }
 
 Layout global_tokens(std::int64_t blocks, std::int64_t global, bool is_causal, bool bidirectional) {
+  check_side(blocks);
   require(global >= 1 && global <= blocks,
           fmt::format("global = {} blocks; expected 1 to {} (the number of blocks)", global, blocks));
   return square(blocks, [&](std::int64_t i, std::int64_t j) {

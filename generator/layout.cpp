@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "bsjit/error.hpp"
+#include "json_fields.hpp"
 
 namespace bsjit {
 namespace {
@@ -27,13 +28,30 @@ void check_shape(std::int64_t rows, std::int64_t cols, const std::string& where)
                             where, rows, cols));
 }
 
+// Layout files larger than this are refused before they are read (a dense .npy mask of 46341 ×
+// 46341 blocks; any block size makes such a matrix larger than the kernels address).
+constexpr std::uintmax_t kMaxLayoutFile = std::uintmax_t(2) << 30;
+
+// The file's bytes: a regular file (or a link to one) of at most kMaxLayoutFile bytes, so that a
+// link to /dev/zero or a named pipe is refused rather than read without end.
 std::string read_file(const std::filesystem::path& path, const char* what) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec) throw Error(fmt::format("cannot open {} file '{}': {}", what, path.string(), ec.message()));
+  if (!std::filesystem::is_regular_file(status))
+    throw Error(fmt::format("{} file '{}' is not a regular file", what, path.string()));
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw Error(fmt::format("cannot read {} file '{}': {}", what, path.string(), ec.message()));
+  if (size > kMaxLayoutFile)
+    throw Error(fmt::format("{} file '{}' has {} bytes; layout files of at most {} bytes are read", what, path.string(),
+                            size, kMaxLayoutFile));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("cannot open {} file '{}': {}", what, path.string(), std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("cannot read {} file '{}'", what, path.string()));
-  return ss.str();
+  std::string data(size, '\0');
+  in.read(data.data(), static_cast<std::streamsize>(size));
+  if (in.gcount() != static_cast<std::streamsize>(size))
+    throw Error(fmt::format("cannot read {} file '{}': {} of {} bytes read", what, path.string(), in.gcount(), size));
+  return data;
 }
 
 // --- .npy -----------------------------------------------------------------------------------
@@ -122,13 +140,12 @@ NpyHeader parse_npy_header(const std::string& data, std::size_t* payload_offset,
 
 // --- construction ----------------------------------------------------------------------------
 
+// Nothing in a layout grows with its dimensions, only with its blocks: a layout of 2^31 - 1 rows and
+// one block takes a few bytes.
 Layout::Layout(std::int64_t rows, std::int64_t cols, std::vector<std::pair<std::int32_t, std::int32_t>> coords)
     : rows_(rows), cols_(cols), coords_(std::move(coords)) {
   std::sort(coords_.begin(), coords_.end());
   coords_.erase(std::unique(coords_.begin(), coords_.end()), coords_.end());
-  row_start_.assign(rows_ + 1, 0);
-  for (auto& [r, c] : coords_) ++row_start_[r + 1];
-  for (std::int64_t r = 0; r < rows_; ++r) row_start_[r + 1] += row_start_[r];
 }
 
 Layout Layout::from_dense(std::int64_t rows, std::int64_t cols, const std::vector<std::uint8_t>& mask) {
@@ -176,11 +193,11 @@ Layout Layout::from_npy(const std::filesystem::path& path) {
     throw Error(fmt::format("'{}': unsupported dtype '{}'; expected bool, uint8, int32 or int64", file, d));
   if (order != '<' && order != '>' && order != '|' && order != '=')
     throw Error(fmt::format("'{}': unsupported byte order in dtype '{}'", file, d));
-  const std::int64_t rows = h.shape[0], cols = h.shape[1];
-  const std::size_t count = static_cast<std::size_t>(rows * cols);
-  if (data.size() - offset < count * width)
-    throw Error(fmt::format("'{}': truncated: {} bytes of data; expected {} for shape ({}, {}) of '{}'", file,
-                            data.size() - offset, count * width, rows, cols, d));
+  const std::int64_t rows = h.shape[0], cols = h.shape[1];  // each below 2^31: the product fits
+  const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  if ((data.size() - offset) / width < count)  // (no product that could wrap)
+    throw Error(fmt::format("'{}': truncated: {} bytes of data; shape ({}, {}) of '{}' needs {} × {}", file,
+                            data.size() - offset, rows, cols, d, count, width));
   std::vector<std::uint8_t> mask(count);
   const auto* p = reinterpret_cast<const unsigned char*>(data.data() + offset);
   for (std::size_t i = 0; i < count; ++i) {
@@ -224,14 +241,17 @@ Layout Layout::from_json(const std::filesystem::path& path) {
       return from_dense(rows, cols, mask);
     }
     if (j.contains("blocks")) {
-      std::int64_t rows = j.at("rows").get<std::int64_t>(), cols = j.at("cols").get<std::int64_t>();
+      const std::string where = fmt::format("JSON layout '{}'", file);
+      const std::int64_t rows = json_integer(j.at("rows"), 1, kMaxDim, where + ": 'rows'"),
+                         cols = json_integer(j.at("cols"), 1, kMaxDim, where + ": 'cols'");
+      if (!j.at("blocks").is_array()) throw Error(where + ": 'blocks' must be a list of [row, col]");
       std::vector<std::pair<std::int64_t, std::int64_t>> coords;
       for (const auto& b : j.at("blocks")) {
         if (!b.is_array() || b.size() != 2)
-          throw Error(fmt::format("JSON layout '{}': each block must be [row, col]; got {}", file, b.dump()));
-        coords.emplace_back(b[0].get<std::int64_t>(), b[1].get<std::int64_t>());
+          throw Error(fmt::format("{}: each block must be [row, col]; got {}", where, b.dump()));
+        coords.emplace_back(json_integer(b[0], 0, rows - 1, where + ": a block's row"),
+                            json_integer(b[1], 0, cols - 1, where + ": a block's column"));
       }
-      check_shape(rows, cols, file);
       return from_coords(rows, cols, coords);
     }
   } catch (const nlohmann::json::exception& e) {
@@ -260,9 +280,9 @@ std::pair<std::int64_t, std::int64_t> Layout::block_coord(std::int64_t block) co
 std::int64_t Layout::block_index(std::int64_t row, std::int64_t col) const {
   if (row < 0 || row >= rows_ || col < 0 || col >= cols_)
     throw Error(fmt::format("block ({}, {}) is outside the [{}, {}] layout", row, col, rows_, cols_));
-  auto first = coords_.begin() + row_start_[row], last = coords_.begin() + row_start_[row + 1];
-  auto it = std::lower_bound(first, last, std::make_pair(static_cast<std::int32_t>(row), static_cast<std::int32_t>(col)));
-  return (it != last && it->second == col) ? it - coords_.begin() : -1;
+  const auto key = std::make_pair(static_cast<std::int32_t>(row), static_cast<std::int32_t>(col));
+  auto it = std::lower_bound(coords_.begin(), coords_.end(), key);
+  return (it != coords_.end() && *it == key) ? it - coords_.begin() : -1;
 }
 
 Layout Layout::transposed() const {
@@ -273,6 +293,9 @@ Layout Layout::transposed() const {
 }
 
 std::vector<std::uint8_t> Layout::dense() const {
+  if (static_cast<double>(rows_) * static_cast<double>(cols_) > static_cast<double>(kMaxLayoutFile))
+    throw Error(
+        fmt::format("layout [{}, {}]: a dense mask of more than {} entries is not made", rows_, cols_, kMaxLayoutFile));
   std::vector<std::uint8_t> m(rows_ * cols_, 0);
   for (auto& [r, c] : coords_) m[static_cast<std::int64_t>(r) * cols_ + c] = 1;
   return m;
@@ -284,19 +307,30 @@ LayoutStats Layout::stats() const {
   s.cols = cols_;
   s.blocks = blocks();
   s.density = static_cast<double>(s.blocks) / (static_cast<double>(rows_) * cols_);
-  std::vector<std::int64_t> per_row(rows_, 0), per_col(cols_, 0);
-  for (auto& [r, c] : coords_) ++per_row[r], ++per_col[c];
-  auto summarize = [](const std::vector<std::int64_t>& v, std::int64_t* mn, std::int64_t* mx, std::int64_t* empty,
-                      double* mean) {
-    *mn = *std::min_element(v.begin(), v.end());
-    *mx = *std::max_element(v.begin(), v.end());
-    *empty = std::count(v.begin(), v.end(), 0);
-    double sum = 0;
-    for (auto x : v) sum += x;
-    *mean = sum / v.size();
+  // from the blocks' row (column) indices, sorted: runs of one index are its blocks (memory in
+  // the blocks, not the dimensions)
+  auto summarize = [&](std::vector<std::int32_t> at, std::int64_t n, std::int64_t* mn, std::int64_t* mx,
+                       std::int64_t* empty, double* mean) {
+    std::sort(at.begin(), at.end());
+    std::int64_t distinct = 0, lo = std::numeric_limits<std::int64_t>::max(), hi = 0;
+    for (std::size_t i = 0; i < at.size();) {
+      std::size_t j = i;
+      while (j < at.size() && at[j] == at[i]) ++j;
+      const auto run = static_cast<std::int64_t>(j - i);
+      lo = std::min(lo, run), hi = std::max(hi, run), ++distinct, i = j;
+    }
+    *empty = n - distinct;
+    *mn = *empty > 0 ? 0 : lo;
+    *mx = hi;
+    *mean = static_cast<double>(at.size()) / static_cast<double>(n);
   };
-  summarize(per_row, &s.min_blocks_per_row, &s.max_blocks_per_row, &s.empty_rows, &s.mean_blocks_per_row);
-  summarize(per_col, &s.min_blocks_per_col, &s.max_blocks_per_col, &s.empty_cols, &s.mean_blocks_per_col);
+  std::vector<std::int32_t> rows, cols;
+  rows.reserve(coords_.size()), cols.reserve(coords_.size());
+  for (auto& [r, c] : coords_) rows.push_back(r), cols.push_back(c);
+  summarize(std::move(rows), rows_, &s.min_blocks_per_row, &s.max_blocks_per_row, &s.empty_rows,
+            &s.mean_blocks_per_row);
+  summarize(std::move(cols), cols_, &s.min_blocks_per_col, &s.max_blocks_per_col, &s.empty_cols,
+            &s.mean_blocks_per_col);
   return s;
 }
 

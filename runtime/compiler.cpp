@@ -41,7 +41,7 @@ std::string dump_source(const std::string& source, const std::string& label) {
 }  // namespace
 
 void check_arch(const std::string& arch) {
-  static const std::regex kArch("sm_([0-9]+)(a|f)?");
+  static const std::regex kArch("sm_([0-9]{2,4})(a|f)?");  // (at most 4 digits: no number that overflows)
   std::smatch m;
   if (!std::regex_match(arch, m, kArch) || std::stoi(m[1].str()) < 80)
     throw Error(fmt::format("target architecture '{}' is not supported; expected sm_80 or newer, e.g. sm_80, "

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <climits>
+
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "bsjit/layout.hpp"
 #include "bsjit/matmul.hpp"
 #include "driver.hpp"
+#include "generator/json_fields.hpp"
 #include "kernel_registry.hpp"
 #include "module.hpp"
 #include "parallel.hpp"
@@ -160,7 +163,7 @@ void count(DeployReport& r, const KernelOutcome& k) {
 // Whether a cubin built for kernel_arch loads on a device of device_arch ("sm_90"): same major;
 // an "a" target only on exactly its own major.minor, a plain one on that minor or a later one.
 bool runs_on(const std::string& kernel_arch, const std::string& device_arch) {
-  static const std::regex re("sm_([0-9]+)([0-9])(a|f)?");
+  static const std::regex re("sm_([0-9]{1,3})([0-9])(a|f)?");  // (no number that overflows stoi)
   std::smatch k, d;
   if (!std::regex_match(kernel_arch, k, re) || !std::regex_match(device_arch, d, re)) return false;
   if (k[1] != d[1]) return false;
@@ -216,7 +219,12 @@ Manifest Manifest::load(const fs::path& json_file) {
     return p.is_absolute() ? p : base / p;
   };
   auto dtype = [](const nlohmann::json& v) { return parse_dtype(v.get<std::string>()); };
-  auto integer = [](const nlohmann::json& v) { return v.get<int>(); };
+  auto integer = [&](const char* key) {  // an entry of the list `key`: an integer, nothing converted
+    return [&, key](const nlohmann::json& v) {
+      return static_cast<int>(
+          json_integer(v, 0, INT32_MAX, fmt::format("manifest '{}': '{}'", json_file.string(), key)));
+    };
+  };
   auto text = [](const nlohmann::json& v) { return v.get<std::string>(); };
   try {
     for (const auto& g : groups) {
@@ -225,7 +233,7 @@ Manifest Manifest::load(const fs::path& json_file) {
         throw Error(fmt::format("manifest '{}': every group needs a 'layouts' list", json_file.string()));
       k.layouts = list_of<fs::path>(g, "layouts", {}, path);
       k.ops = list_of<Op>(g, "ops", k.ops, [](const nlohmann::json& v) { return parse_op(v.get<std::string>()); });
-      k.blocks = list_of<int>(g, "blocks", k.blocks, integer);
+      k.blocks = list_of<int>(g, "blocks", k.blocks, integer("blocks"));
       k.dtypes = list_of<DType>(g, "dtypes", k.dtypes, dtype);
       k.feature_axes = list_of<FeatureAxis>(g, "feature_axes", k.feature_axes,
                                             [](const nlohmann::json& v) { return parse_feature_axis(v.get<std::string>()); });
@@ -255,8 +263,8 @@ Manifest Manifest::load(const fs::path& json_file) {
           if (files.empty()) throw Error(fmt::format("manifest '{}': an empty list of masks", json_file.string()));
           return files;
         });
-        a.blocks = list_of<int>(g, "blocks", a.blocks, integer);
-        a.head_dims = list_of<int>(g, "head_dims", a.head_dims, integer);
+        a.blocks = list_of<int>(g, "blocks", a.blocks, integer("blocks"));
+        a.head_dims = list_of<int>(g, "head_dims", a.head_dims, integer("head_dims"));
         a.dtypes = list_of<DType>(g, "dtypes", a.dtypes, dtype);
         a.orders = list_of<QkvOrder>(g, "orders", a.orders,
                                      [](const nlohmann::json& v) { return parse_qkv_order(v.get<std::string>()); });

@@ -14,6 +14,7 @@
 
 #include "bsjit/error.hpp"
 #include "driver.hpp"
+#include "generator/json_fields.hpp"
 #include "generator/templates.hpp"
 #include "module.hpp"
 #include "parallel.hpp"
@@ -132,12 +133,12 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
   try {
     auto j = nlohmann::json::parse(record).at("tiles");
     generator::TileConfig t;
-    t.bm = j.at("bm").get<int>();
-    t.bk = j.at("bk").get<int>();
-    t.warps_m = j.at("warps_m").get<int>();
-    t.warps_n = j.at("warps_n").get<int>();
-    t.stages = j.at("stages").get<int>();
-    t.group = j.at("group").get<int>();
+    t.bm = static_cast<int>(json_integer(j.at("bm"), 0, 4096, "tuning record: bm"));
+    t.bk = static_cast<int>(json_integer(j.at("bk"), 0, 4096, "tuning record: bk"));
+    t.warps_m = static_cast<int>(json_integer(j.at("warps_m"), 0, 4096, "tuning record: warps_m"));
+    t.warps_n = static_cast<int>(json_integer(j.at("warps_n"), 0, 4096, "tuning record: warps_n"));
+    t.stages = static_cast<int>(json_integer(j.at("stages"), 0, 4096, "tuning record: stages"));
+    t.group = static_cast<int>(json_integer(j.at("group"), 0, 4096, "tuning record: group"));
     t.wgmma = j.value("wgmma", false);
     t.tma = j.value("tma", false);
     t.persistent = j.value("persistent", false);

@@ -391,6 +391,12 @@ int main(int argc, char** argv) {
   } catch (const bsjit::Error& e) {
     fmt::print(stderr, "bsjit: error: {}\n", e.what());
     return 1;
+  } catch (const std::bad_alloc&) {  // (every input is bounded before it is allocated for: a bug if reached)
+    fmt::print(stderr, "bsjit: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {  // likewise: library code throws bsjit::Error
+    fmt::print(stderr, "bsjit: error: {}\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 // Block masks of the common sparse-attention patterns, as Layouts over [query blocks, key blocks]
 // (row i = query block i, column j = key block j). One layout per head, or one shared by all.
+// `blocks` (a side) is 1 to 16384; outside that, and for other bad arguments, bsjit::Error.
 //
 // Example, causal(4), sliding_window(4, 2), global_tokens(4, 1) and the unite of those two:
 //   causal(4)        sliding_window(4, 2)   global_tokens(4, 1) unite of the last two

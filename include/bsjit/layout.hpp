@@ -77,7 +77,6 @@ class Layout {
   Layout(std::int64_t rows, std::int64_t cols, std::vector<std::pair<std::int32_t, std::int32_t>> coords);
   std::int64_t rows_ = 0, cols_ = 0;
   std::vector<std::pair<std::int32_t, std::int32_t>> coords_;  // sorted row-major, unique
-  std::vector<std::int64_t> row_start_;                        // CSR offsets into coords_, rows+1
 };
 
 }  // namespace bsjit

@@ -161,6 +161,23 @@ TEST(CacheFormat, RejectsDamagedEntries) {
   std::string why;
   EXPECT_FALSE(KernelCache::deserialize(good, "another-key", &why));
   EXPECT_NE(why.find("foreign"), std::string::npos) << why;
+  // header numbers that are not integers in range are refused, not converted
+  const std::uint32_t header_size = static_cast<std::uint8_t>(good[12]) | static_cast<std::uint8_t>(good[13]) << 8 |
+                                    static_cast<std::uint8_t>(good[14]) << 16 |
+                                    static_cast<std::uint8_t>(good[15]) << 24;
+  const std::string header = good.substr(16, header_size);
+  const auto at = header.find("\"shared_bytes\":");
+  ASSERT_NE(at, std::string::npos) << header;
+  const auto end = header.find_first_of(",}", at);
+  for (const char* value : {"1e300", "2.5", "-5", "\"4096\"", "99999999999"}) {
+    const std::string changed = header.substr(0, at) + "\"shared_bytes\":" + value + header.substr(end);
+    std::string bytes = good.substr(0, 12);
+    for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((changed.size() >> (8 * i)) & 0xff));
+    bytes += changed + good.substr(16 + header_size);
+    why.clear();
+    EXPECT_FALSE(KernelCache::deserialize(bytes, "key1", &why)) << value;
+    EXPECT_NE(why.find("malformed header"), std::string::npos) << value << ": " << why;
+  }
 }
 
 // Golden file: pins the on-disk format. If this fails after a format change, bump kFormatVersion

@@ -195,5 +195,50 @@ TEST(Layout, JsonBothFormsAndMalformed) {
   EXPECT_THROW(Layout::load(dir.path / "l.txt"), Error);
 }
 
+// Hostile files end in an Error naming what is wrong, never an abort: a shape whose size wraps
+// 64 bits, a link to an endless device, dimensions up to 2^31 - 1 with a handful of blocks (nothing
+// allocated per row or column), and JSON numbers that are not integers in range.
+TEST(Layout, HostileFilesAreClearErrorsAndHugeShapesCostNothing) {
+  TempDir dir;
+  auto message = [](auto&& load) -> std::string {
+    try {
+      load();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const auto npy = dir.path / "wrap.npy";
+  write_npy(npy, "<i8", false, 1263665316, 1824726041, std::string(64, '\1'));  // rows · cols · 8 wraps
+  EXPECT_NE(message([&] { Layout::from_npy(npy); }).find("truncated"), std::string::npos);
+  const auto zero = dir.path / "zero.npy";
+  fs::create_symlink("/dev/zero", zero);
+  EXPECT_NE(message([&] { Layout::from_npy(zero); }).find("not a regular file"), std::string::npos);
+  EXPECT_NE(message([&] { Layout::load(dir.path); }).find("unknown extension"), std::string::npos);
+
+  const auto json = dir.path / "l.json";
+  { std::ofstream(json) << R"({"rows": 2147483647, "cols": 268435456, "blocks": [[0, 0], [2147483646, 7]]})"; }
+  const Layout huge = Layout::from_json(json);
+  EXPECT_EQ(huge.blocks(), 2);
+  EXPECT_EQ(huge.block_index(2147483646, 7), 1);
+  EXPECT_EQ(huge.block_index(5, 5), -1);
+  const LayoutStats s = huge.stats();
+  EXPECT_EQ(s.empty_rows, 2147483645);
+  EXPECT_EQ(s.max_blocks_per_row, 1);
+  EXPECT_EQ(s.min_blocks_per_col, 0);
+  EXPECT_THROW(huge.dense(), Error) << "no dense mask of 2^59 entries";
+  for (const char* bad :
+       {R"({"rows": 2147483648, "cols": 1, "blocks": []})", R"({"rows": 1e300, "cols": 1, "blocks": []})",
+        R"({"rows": 2.5, "cols": 1, "blocks": []})", R"({"rows": -5, "cols": 1, "blocks": []})",
+        R"({"rows": 0, "cols": 1, "blocks": []})", R"({"rows": "2", "cols": 1, "blocks": []})",
+        R"({"rows": 2, "cols": 2, "blocks": [[0, 1e300]]})", R"({"rows": 2, "cols": 2, "blocks": [[0.5, 0]]})",
+        R"({"rows": 2, "cols": 2, "blocks": [[0, -1]]})", R"({"rows": 2, "cols": 2, "blocks": {"a": 1}})",
+        R"({"rows": 18446744073709551615, "cols": 2, "blocks": []})"}) {
+    { std::ofstream(json) << bad; }
+    const std::string m = message([&] { Layout::from_json(json); });
+    EXPECT_NE(m.find("JSON layout"), std::string::npos) << bad << ": " << m;
+  }
+}
+
 }  // namespace
 }  // namespace bsjit

@@ -265,5 +265,47 @@ TEST(Cli, MakeLayoutWritesAttentionMasks) {
   EXPECT_EQ(bsjit::Layout::load(dir.path / "c.json").blocks(), 36);
   EXPECT_NE(sh("make-layout window --blocks 8 --window 0 -o " + (dir.path / "x.npy").string()).status, 0);
   EXPECT_NE(sh("make-layout causal --blocks 8 -o " + (dir.path / "x.txt").string()).status, 0);
+  // sides past the bound (one whose square wraps 64 bits, one too large to allocate) are refused
+  for (const char* kind : {"causal", "window --window 2", "window+global --window 2 --global 1", "strided --stride 2",
+                           "fixed --chunk 2 --summary 1", "bigbird --window 2 --global 1 --random 1"})
+    for (const char* blocks : {"4294967296", "100000", "0", "3e9"}) {
+      r = sh(std::string("make-layout ") + kind + " --blocks " + blocks + " -o " + (dir.path / "x.json").string());
+      if (std::string(blocks) == "3e9") {  // not an integer: the argument parser's own error (exit 104)
+        EXPECT_GT(r.status, 0) << kind << " " << blocks << ": " << r.output;
+        continue;
+      }
+      EXPECT_EQ(r.status, 1) << kind << " " << blocks << ": " << r.output;
+      EXPECT_NE(r.output.find("expected 1 to 16384"), std::string::npos) << kind << " " << blocks << ": " << r.output;
+    }
+}
+
+// An architecture number too large for an int is refused like any unsupported one, from the
+// command line and from a manifest.
+TEST(Cli, HugeArchitectureNumbersAreRefused) {
+  TempDir dir;
+  auto r = sh("--cache-dir " + dir.path.string() + " precompile -l " + kExamples +
+              "/layouts/banded.json -o forward -b 16 -t bf16 -a sm_99999999999");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("sm_99999999999"), std::string::npos) << r.output;
+  const auto manifest = dir.path / "m.json";
+  std::ofstream(manifest)
+      << R"({"layouts": [")" << kExamples
+      << R"(/layouts/banded.json"], "ops": ["forward"], "blocks": [16], "dtypes": ["bf16"], "archs": ["sm_99999999999"]})";
+  r = sh("--cache-dir " + dir.path.string() + " precompile -m " + manifest.string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("sm_99999999999"), std::string::npos) << r.output;
+}
+
+// Manifest numbers that are not integers in range are refused with the key they sit under.
+TEST(Cli, ManifestNumbersMustBeIntegers) {
+  TempDir dir;
+  const auto manifest = dir.path / "m.json";
+  for (const char* blocks : {"1e300", "2.5", "-5", "\"16\""}) {
+    std::ofstream(manifest) << R"({"layouts": [")" << kExamples << R"(/layouts/banded.json"], "blocks": [)" << blocks
+                            << "]}";
+    auto r = sh("--cache-dir " + dir.path.string() + " precompile -m " + manifest.string());
+    EXPECT_EQ(r.status, 1) << blocks << ": " << r.output;
+    EXPECT_NE(r.output.find("'blocks' must be"), std::string::npos) << blocks << ": " << r.output;
+  }
 }
 }  // namespace
