@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -45,6 +46,9 @@ namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'B', 'S', 'J', 'I', 'T', 'K', 'C', '\0'};
 constexpr const char* kEntryExt = ".bsjit";
 constexpr const char* kLockExt = ".lock";
+// A disk bound under this keeps no kernel (the smallest cache entries, of the FMA kernels, take
+// some 20 KB): BSJIT_CACHE_MAX_SIZE below it is warned about.
+constexpr std::uint64_t kSmallCacheBound = 64 * 1024;
 constexpr const char* kTmpMark = ".tmp.";
 constexpr const char* kTuneExt = ".tune";
 
@@ -117,16 +121,22 @@ bool env_flag(const char* name) {
   return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
 
+// Bytes from "N", "NK", "NM" or "NG" (N a decimal number ≥ 0, e.g. 1.5G), at most 2^60; anything
+// else (a negative, nan, inf, 1e30, a stray suffix) throws std::invalid_argument.
 std::uint64_t parse_size_or_throw(const std::string& text) {
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.'))
+    throw std::invalid_argument(text);  // (no sign, no "nan" or "inf")
   std::size_t used = 0;
-  double v = std::stod(text, &used);
-  std::string suffix = text.substr(used);
+  const double v = std::stod(text, &used);
+  const std::string suffix = text.substr(used);
   double mult = 1;
   if (suffix == "K" || suffix == "k") mult = 1024.0;
   else if (suffix == "M" || suffix == "m") mult = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g") mult = 1024.0 * 1024 * 1024;
   else if (!suffix.empty()) throw std::invalid_argument(text);
-  return static_cast<std::uint64_t>(v * mult);
+  const double bytes = v * mult;
+  if (!(bytes >= 0) || bytes > 0x1p60) throw std::invalid_argument(text);
+  return static_cast<std::uint64_t>(bytes);
 }
 
 bool is_entry(const fs::path& p) { return p.extension() == kEntryExt; }
@@ -146,7 +156,8 @@ bool is_tmp(const fs::path& p) {
 struct FileLock {
   int fd = -1;
   explicit FileLock(const fs::path& path) {
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // like the entries: never through a link planted at the lock's name
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd >= 0 && ::flock(fd, LOCK_EX) != 0) {
       ::close(fd);
       fd = -1;
@@ -429,12 +440,18 @@ bool KernelCache::write_atomically(const fs::path& path, const std::string& byte
   }
   if (ok) ok = ::fsync(fd) == 0;
   if (fd >= 0) ok = (::close(fd) == 0) && ok;
+  const bool written = ok;  // the temporary file is whole: what fails after this is the entry's own
   if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;  // atomic; losing a race to an equal file is fine
   if (!ok) {
     int err = errno;
     ::unlink(tmp.c_str());
     std::lock_guard lock(mutex_);
-    if (writable_) {  // warn once, then stop trying
+    if (written) {
+      // Something at the entry's name (a directory), or the temporary file removed meanwhile (`cache
+      // clear`): this entry is not stored; the directory stays in use for the others.
+      spdlog::warn("bsjit: cannot store cache entry '{}' ({}); it is kept in memory", path.string(),
+                   std::strerror(err));
+    } else if (writable_) {  // the directory itself (read-only, full, refused): warn once, then stop trying
       writable_ = false;
       spdlog::warn("bsjit: cannot write to cache directory '{}' ({}); new kernels are kept in memory only",
                    config_.directory.string(), std::strerror(err));
@@ -680,6 +697,11 @@ CacheConfig default_cache_config() {
   if (const char* m = std::getenv("BSJIT_CACHE_MAX_SIZE"); m && *m) {
     try {
       c.max_bytes = cache::parse_size_or_throw(m);
+      if (c.max_bytes < cache::kSmallCacheBound)
+        spdlog::warn(
+            "bsjit: BSJIT_CACHE_MAX_SIZE='{}' is {} bytes, less than one kernel: the disk cache will keep "
+            "nothing",
+            m, c.max_bytes);
     } catch (const std::exception&) {
       spdlog::warn("bsjit: BSJIT_CACHE_MAX_SIZE='{}' is not a size (e.g. 2G, 500M); no bound is set", m);
     }

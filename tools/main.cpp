@@ -218,6 +218,8 @@ int cache_cmd(const std::string& action, std::string dir, const std::string& max
   if (action == "prune") {
     std::uint64_t max_bytes = 0;
     if (!max_size.empty()) max_bytes = parse_byte_size(max_size);
+    if (!(max_age_days >= 0 && max_age_days <= 36500))
+      throw Error(fmt::format("--max-age-days {}: expected 0 (no age bound) to 36500 days", max_age_days));
     auto age = std::chrono::seconds(static_cast<long long>(max_age_days * 86400));
     auto r = prune_cache(dir, max_bytes, age);
     fmt::print("pruned {} files ({} bytes); {} bytes left in {}\n", r.removed, r.bytes_removed, r.bytes_left, dir);

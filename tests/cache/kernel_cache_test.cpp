@@ -330,6 +330,8 @@ TEST(KernelCache, RefusesDirectoriesOthersCanWrite) {
 
 // A write that fails (here: a directory stands where the entry would go, which stops root too)
 // is logged once, and kernels are then kept in memory.
+// A write that fails for one entry (a directory sitting at its name) keeps that kernel in memory
+// and the directory in use for the others; no temporary file is left.
 TEST(KernelCache, FailedWriteKeepsWorkingInMemory) {
   TempDir dir;
   std::atomic<int> compiles{0};
@@ -338,9 +340,26 @@ TEST(KernelCache, FailedWriteKeepsWorkingInMemory) {
   EXPECT_TRUE(cache.get(request("key", &compiles)));
   EXPECT_TRUE(cache.get(request("key", &compiles)));
   EXPECT_EQ(compiles, 1);
-  EXPECT_TRUE(cache.entry_path(request("other", &compiles)).empty()) << "writes are off after a failure";
+  const fs::path other = cache.entry_path(request("other", &compiles));
+  ASSERT_FALSE(other.empty()) << "one entry's failure leaves the directory in use";
   EXPECT_TRUE(cache.get(request("other", &compiles)));
+  EXPECT_TRUE(fs::is_regular_file(other)) << "the next entry reaches the disk";
   for (auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
+}
+
+// The lock of a key is never opened through a link planted at its name: no file appears at the
+// link's target, and the kernel still compiles and is stored.
+TEST(KernelCache, ALockLinkIsNotFollowed) {
+  TempDir dir, elsewhere;
+  std::atomic<int> compiles{0};
+  KernelCache cache(config_for(dir.path));
+  fs::path lock = cache.entry_path(request("key", &compiles));
+  lock.replace_extension(".lock");
+  const fs::path target = elsewhere.path / "planted";
+  fs::create_symlink(target, lock);
+  EXPECT_TRUE(cache.get(request("key", &compiles)));
+  EXPECT_EQ(compiles, 1);
+  EXPECT_FALSE(fs::exists(target)) << "a file was created through the planted link";
 }
 
 TEST(KernelCache, UnwritableDirectoryKeepsWorkingInMemory) {

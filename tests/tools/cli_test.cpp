@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -309,6 +310,28 @@ TEST(Cli, HugeLayoutDimensionsAreDescribedAndRefusedCheaply) {
   r = sh("--no-disk-cache precompile -l " + json.string() + " -b 8 -o forward -t f32 -a sm_80");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("over 2^31"), std::string::npos) << r.output;
+}
+
+// Sizes and ages that are not what they claim are refused, never taken silently; a disk bound
+// smaller than any kernel is warned about.
+TEST(Cli, CacheSizesAndAgesAreChecked) {
+  TempDir dir;
+  const std::string prune = "cache prune --dir " + dir.path.string();
+  for (const char* size : {"-5", "nan", "1e30", "inf", "5x", "-0"}) {
+    auto r = sh(prune + " --max-size=" + size);
+    EXPECT_EQ(r.status, 1) << size << ": " << r.output;
+    EXPECT_NE(r.output.find("is not a size"), std::string::npos) << size << ": " << r.output;
+  }
+  for (const char* days : {"1e300", "-1", "nan"}) {
+    auto r = sh(prune + " --max-age-days=" + days);
+    EXPECT_EQ(r.status, 1) << days << ": " << r.output;
+    EXPECT_NE(r.output.find("--max-age-days"), std::string::npos) << days << ": " << r.output;
+  }
+  EXPECT_EQ(sh(prune + " --max-size=2G --max-age-days=30").status, 0);
+  ::setenv("BSJIT_CACHE_MAX_SIZE", "1K", 1);
+  auto r = sh("--cache-dir " + dir.path.string() + " inspect " + kExamples + "/layouts/banded.json");
+  ::unsetenv("BSJIT_CACHE_MAX_SIZE");
+  EXPECT_NE(r.output.find("less than one kernel"), std::string::npos) << r.output;
 }
 
 // Manifest numbers that are not integers in range are refused with the key they sit under.
