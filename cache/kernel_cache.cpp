@@ -300,6 +300,22 @@ std::string insecure_reason(const fs::path& path) {
 
 // --- configuration ---------------------------------------------------------------------------
 
+// Whether a cache directory may be used: no one else can write there (insecure_reason), or the
+// configuration accepts that; logs why not.
+bool KernelCache::trusted_directory(const fs::path& dir, const char* role) const {
+  std::string why = insecure_reason(dir);
+  if (why.empty()) return true;
+  if (config_.allow_insecure) {
+    spdlog::warn("bsjit: using {} cache directory although {} (allow_insecure is set)", role, why);
+    return true;
+  }
+  spdlog::error(
+      "bsjit: refusing {} cache directory: {}. Whoever can write there can make this process run their "
+      "GPU code. Fix the ownership or permissions, or set BSJIT_CACHE_ALLOW_INSECURE=1 to accept it.",
+      role, why);
+  return false;
+}
+
 KernelCache::KernelCache(CacheConfig config) { configure(std::move(config)); }
 
 void KernelCache::configure(CacheConfig config) {
@@ -308,39 +324,36 @@ void KernelCache::configure(CacheConfig config) {
   directory_bytes_.reset();
   writable_ = false;
   readable_.clear();
-  auto trusted = [&](const fs::path& dir, const char* role) {
-    std::string why = insecure_reason(dir);
-    if (why.empty()) return true;
-    if (config_.allow_insecure) {
-      spdlog::warn("bsjit: using {} cache directory although {} (allow_insecure is set)", role, why);
-      return true;
-    }
-    spdlog::error("bsjit: refusing {} cache directory: {}. Whoever can write there can make this process run their "
-                  "GPU code. Fix the ownership or permissions, or set BSJIT_CACHE_ALLOW_INSECURE=1 to accept it.",
-                  role, why);
-    return false;
-  };
-  if (!config_.directory.empty()) {
-    std::error_code ec;
-    fs::create_directories(config_.directory, ec);
-    if (ec || !fs::is_directory(config_.directory)) {
-      spdlog::warn("bsjit: cache directory '{}' cannot be created ({}); kernels are kept in memory only",
-                   config_.directory.string(), ec ? ec.message() : "not a directory");
-    } else if (trusted(config_.directory, "the")) {
-      readable_.push_back(config_.directory);
-      writable_ = ::access(config_.directory.c_str(), W_OK) == 0;
-      if (!writable_)
-        spdlog::warn("bsjit: cache directory '{}' is read-only; new kernels are kept in memory only",
-                     config_.directory.string());
-    }
-  }
+  // The writable directory is created when the first entry is written (open_directory_locked), not
+  // here: a process that sets another directory, or none, never creates the default one.
+  pending_ = !config_.directory.empty();
+  if (pending_ && fs::is_directory(config_.directory)) open_directory_locked();
   for (const auto& dir : config_.read_only) {
     if (!fs::is_directory(dir)) {
       spdlog::warn("bsjit: read-only cache directory '{}' does not exist; skipped", dir.string());
       continue;
     }
-    if (trusted(dir, "read-only")) readable_.push_back(dir);
+    if (trusted_directory(dir, "read-only")) readable_.push_back(dir);
   }
+}
+
+// Creates the writable directory if need be and checks it (trusted, writable); mutex_ held. Once per
+// configuration: after it the directory is in use (readable_, writable_) or refused with a warning.
+void KernelCache::open_directory_locked() {
+  pending_ = false;
+  std::error_code ec;
+  fs::create_directories(config_.directory, ec);
+  if (ec || !fs::is_directory(config_.directory)) {
+    spdlog::warn("bsjit: cache directory '{}' cannot be created ({}); kernels are kept in memory only",
+                 config_.directory.string(), ec ? ec.message() : "not a directory");
+    return;
+  }
+  if (!trusted_directory(config_.directory, "the")) return;
+  readable_.insert(readable_.begin(), config_.directory);  // searched first
+  writable_ = ::access(config_.directory.c_str(), W_OK) == 0;
+  if (!writable_)
+    spdlog::warn("bsjit: cache directory '{}' is read-only; new kernels are kept in memory only",
+                 config_.directory.string());
 }
 
 CacheConfig KernelCache::config() const {
@@ -348,8 +361,9 @@ CacheConfig KernelCache::config() const {
   return config_;
 }
 
-std::filesystem::path KernelCache::entry_path(const Request& r) const {
+std::filesystem::path KernelCache::entry_path(const Request& r) {
   std::lock_guard lock(mutex_);
+  if (pending_) open_directory_locked();
   if (!writable_) return {};
   return config_.directory / entry_name(r.label, r.arch, r.key);
 }
@@ -555,6 +569,7 @@ void KernelCache::store_tuning(const std::string& key, const std::string& stem, 
   fs::path dir;
   {
     std::lock_guard lock(mutex_);
+    if (pending_) open_directory_locked();
     if (!writable_) return;
     dir = config_.directory;
   }

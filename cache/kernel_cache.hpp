@@ -102,7 +102,7 @@ class KernelCache {
   OnMiss run_time_on_miss() const { return config().strict ? OnMiss::fail : OnMiss::compile; }
   // Where an entry for request is (or would be) written; empty when there is no usable
   // writable directory.
-  std::filesystem::path entry_path(const Request& request) const;
+  std::filesystem::path entry_path(const Request& request);
   CacheStats stats() const;
 
   static KernelCache& global();
@@ -161,7 +161,10 @@ class KernelCache {
   std::unordered_map<std::string, std::shared_ptr<CodeSlot>> code_slots_;  // by code key
   std::unordered_map<std::string, std::string> tunings_;  // key → record, once found or stored
   CacheConfig config_;
-  bool writable_ = false;                         // the writable directory exists, is trusted and writable
+  void open_directory_locked();
+  bool trusted_directory(const std::filesystem::path& dir, const char* role) const;
+  bool pending_ = false;   // the writable directory is still to be created and checked (at the first write)
+  bool writable_ = false;  // the writable directory exists, is trusted and writable
   std::vector<std::filesystem::path> readable_;  // trusted layers, writable first
   std::atomic<std::int64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, shared_compiles_{0}, bad_entries_{0};
 };

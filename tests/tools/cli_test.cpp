@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "bsjit/layout.hpp"
@@ -332,6 +333,35 @@ TEST(Cli, CacheSizesAndAgesAreChecked) {
   auto r = sh("--cache-dir " + dir.path.string() + " inspect " + kExamples + "/layouts/banded.json");
   ::unsetenv("BSJIT_CACHE_MAX_SIZE");
   EXPECT_NE(r.output.find("less than one kernel"), std::string::npos) << r.output;
+}
+
+// The default directory ($HOME/.cache/bsjit) is created only when it is the one used, and only
+// once something is written: --cache-dir and --no-disk-cache leave no trace of it, and a missing
+// home draws no warning from a run that writes nothing.
+TEST(Cli, OnlyTheCacheDirectoryUsedIsCreated) {
+  TempDir home, other;
+  std::map<std::string, std::string> saved;
+  for (const char* name : {"HOME", "BSJIT_CACHE_DIR", "XDG_CACHE_HOME"}) {
+    if (const char* v = std::getenv(name)) saved[name] = v;
+    ::unsetenv(name);
+  }
+  ::setenv("HOME", home.path.c_str(), 1);
+  const fs::path implied = home.path / ".cache" / "bsjit";
+  const std::string layout = kExamples + "/layouts/banded.json";
+  EXPECT_EQ(sh("--no-disk-cache precompile -l " + layout + " -o forward -b 16 -t f32 -a sm_80").status, 0);
+  EXPECT_EQ(sh("--cache-dir " + other.path.string() + " precompile -l " + layout + " -o forward -b 16 -t f32 -a sm_80")
+                .status,
+            0);
+  EXPECT_EQ(sh("inspect " + layout).status, 0);
+  EXPECT_FALSE(fs::exists(implied)) << "created though not used";
+  ::setenv("HOME", "/nonexistent-bsjit-home", 1);
+  auto r = sh("inspect " + layout);
+  EXPECT_EQ(r.output.find("warn"), std::string::npos) << r.output;
+  ::setenv("HOME", home.path.c_str(), 1);
+  EXPECT_EQ(sh("precompile -l " + layout + " -o forward -b 16 -t f32 -a sm_80").status, 0);
+  EXPECT_TRUE(fs::is_directory(implied)) << "the default directory, used, is created";
+  ::unsetenv("HOME");
+  for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
 }
 
 // Manifest numbers that are not integers in range are refused with the key they sit under.
