@@ -752,12 +752,25 @@ CacheStats cache_stats() { return cache::KernelCache::global().stats(); }
 std::vector<CacheEntryInfo> list_cache(const fs::path& directory) {
   std::vector<CacheEntryInfo> out;
   std::error_code ec;
+  const bool allow_insecure = cache::KernelCache::global().config().allow_insecure;
   for (const auto& e : fs::directory_iterator(directory, ec)) {
-    if (!e.is_regular_file() || !cache::is_entry(e.path())) continue;
+    if (!cache::is_entry(e.path())) continue;
     CacheEntryInfo info;
     info.path = e.path();
-    info.bytes = e.file_size(ec);
-    info.last_used = std::chrono::file_clock::to_sys(e.last_write_time(ec));
+    std::error_code stat_ec;
+    info.last_used = std::chrono::file_clock::to_sys(e.last_write_time(stat_ec));
+    // the loader's rules (load_from): a regular file that no one else can write, unless allowed
+    if (!e.is_regular_file(stat_ec) || fs::is_symlink(e.symlink_status(stat_ec))) {
+      info.problem = "not a regular file (something else sits at an entry's name)";
+      out.push_back(std::move(info));
+      continue;
+    }
+    info.bytes = e.file_size(stat_ec);
+    if (std::string unsafe = cache::insecure_reason(e.path()); !unsafe.empty() && !allow_insecure) {
+      info.problem = "refused by the loader: " + unsafe;
+      out.push_back(std::move(info));
+      continue;
+    }
     bool ok = false;
     std::string bytes = cache::read_all(e.path(), &ok);
     cache::EntryHeader h;

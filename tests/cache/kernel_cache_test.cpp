@@ -9,6 +9,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -538,6 +539,31 @@ TEST(KernelCache, TuningRecordsPersistAcrossProcessesAndLayers) {
   EXPECT_EQ(KernelCache(config_for(local.path)).find_tuning("aaaaaaaaaaaaaaaa0000000000000000"), "");
   EXPECT_GE(clear_cache(shipped.path).removed, 1);
   EXPECT_FALSE(fs::exists(shipped.path / "forward-bf16-b32-last-sm_90-any-n-0123456789abcdef.tune"));
+}
+
+// `cache verify` (list_cache) applies the loader's rules: an entry others can write is reported, as
+// is a directory sitting at an entry's name, though their bytes would deserialize.
+TEST(CacheTools, VerifyReportsWhatTheLoaderRefuses) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  KernelCache cache(config_for(dir.path));
+  auto r = request("key", &compiles);
+  cache.get(r);
+  const fs::path entry = cache.entry_path(r);
+  fs::permissions(entry, fs::perms::others_write | fs::perms::group_write, fs::perm_options::add);
+  fs::create_directories(dir.path / "forward-bf16-b32-last-sm_90-0123456789abcdef.bsjit");
+  std::map<std::string, std::string> problems;
+  for (const auto& e : list_cache(dir.path)) {
+    EXPECT_FALSE(e.valid) << e.path;
+    problems[e.path.filename().string()] = e.problem;
+  }
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_NE(problems[entry.filename().string()].find("writable by all users"), std::string::npos)
+      << problems[entry.filename().string()];
+  EXPECT_NE(problems["forward-bf16-b32-last-sm_90-0123456789abcdef.bsjit"].find("not a regular file"),
+            std::string::npos);
+  EXPECT_FALSE(KernelCache(config_for(dir.path)).get(request("key", &compiles)) == nullptr);
+  EXPECT_EQ(compiles, 2) << "the loader refused the entry too, and rebuilt it";
 }
 
 TEST(CacheTools, ListPruneClear) {
