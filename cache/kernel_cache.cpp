@@ -1,4 +1,4 @@
-// On-disk entry, format version 4 (changing any of it requires bumping kFormatVersion):
+// On-disk entry, format version 5 (changing any of it requires bumping kFormatVersion):
 //   8 bytes   magic "BSJITKC\0"
 //   4 bytes   format version, little-endian uint32
 //   4 bytes   header length H, little-endian uint32
@@ -7,6 +7,9 @@
 //             and number of values), tables_xxh64 (hex, of the table bytes)
 //   cubin_size bytes of cubin
 //   the tables' values, table after table, each a little-endian int32
+//   8 bytes   XXH3-64 of every byte before it, little-endian: the header is covered too (in version
+//             4 a flipped lowered_name or shared-memory size went unnoticed, the entry then failing
+//             at every load)
 // Tuning records (<label>-<arch>-<key prefix>.tune) are JSON: {"key": ..., "tiles": {...}}.
 // File name: <label>-<arch>-<first 16 key digits>.bsjit. Entries are written to a unique temporary
 // file in the same directory, fsync'ed and renamed into place, so a reader sees nothing or a whole
@@ -224,18 +227,26 @@ std::string KernelCache::serialize(const Request& r, const runtime::CompiledKern
   out += header;
   out.append(k.cubin.data(), k.cubin.size());
   out += values;
+  const std::uint64_t sum = XXH3_64bits(out.data(), out.size());
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((sum >> (8 * i)) & 0xff));
   return out;
 }
 
-std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::string& bytes,
+std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::string& whole,
                                                                   const std::string& expected_key, std::string* why,
                                                                   EntryHeader* header) {
   auto fail = [why](std::string reason) {
     *why = std::move(reason);
     return nullptr;
   };
-  const auto h = header_json(bytes, why);
+  const auto h = header_json(whole, why);
   if (!h) return nullptr;
+  if (whole.size() < 16 + 8) return fail("truncated: no checksum");
+  std::uint64_t sum = 0;
+  for (int i = 0; i < 8; ++i)
+    sum |= static_cast<std::uint64_t>(static_cast<unsigned char>(whole[whole.size() - 8 + i])) << (8 * i);
+  if (XXH3_64bits(whole.data(), whole.size() - 8) != sum) return fail("corrupt: entry checksum mismatch");
+  const std::string bytes = whole.substr(0, whole.size() - 8);  // the entry without its checksum
   const std::uint32_t header_size = get_u32(bytes, 12);
   try {
     EntryHeader e;

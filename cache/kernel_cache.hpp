@@ -20,7 +20,7 @@ namespace bsjit::cache {
 
 // Version of the on-disk entry format (kernel_cache.cpp) and of what goes into the key. Changing
 // either requires bumping it; the golden files in tests/data catch a forgotten bump.
-constexpr int kFormatVersion = 4;
+constexpr int kFormatVersion = 5;
 
 // Everything that shapes the binary and what is loaded with it.
 struct KeyInputs {

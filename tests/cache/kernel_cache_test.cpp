@@ -1,10 +1,12 @@
 #include "cache/kernel_cache.hpp"
 
 #include <gtest/gtest.h>
+#define XXH_INLINE_ALL
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <filesystem>
@@ -141,7 +143,7 @@ TEST(CacheFormat, RejectsDamagedEntries) {
   std::string flipped = good, bad_magic = good, bad_version = good, bad_header = good;
   flipped[flipped.size() - 40] ^= 0x40;  // inside the cubin
   std::string flipped_table = good;
-  flipped_table[flipped_table.size() - 5] ^= 0x01;  // in kLut's second value
+  flipped_table[flipped_table.size() - 13] ^= 0x01;  // in kLut's second value (before the 8-byte checksum)
   bad_magic[0] = 'X';
   bad_version[8] = 1;
   bad_header[17] = '#';
@@ -174,11 +176,30 @@ TEST(CacheFormat, RejectsDamagedEntries) {
     const std::string changed = header.substr(0, at) + "\"shared_bytes\":" + value + header.substr(end);
     std::string bytes = good.substr(0, 12);
     for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((changed.size() >> (8 * i)) & 0xff));
-    bytes += changed + good.substr(16 + header_size);
+    bytes += changed + good.substr(16 + header_size, good.size() - 8 - 16 - header_size);
+    const std::uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());  // a whole entry but for the value
+    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((sum >> (8 * i)) & 0xff));
     why.clear();
     EXPECT_FALSE(KernelCache::deserialize(bytes, "key1", &why)) << value;
     EXPECT_NE(why.find("malformed header"), std::string::npos) << value << ": " << why;
   }
+}
+
+// Every single-bit flip anywhere in an entry, its JSON header included (a lowered name, a table's
+// name, the options, the shared-memory size, a key), is caught by the entry's checksum.
+TEST(CacheFormat, EveryBitFlipIsCaught) {
+  std::atomic<int> n{0};
+  const std::string good = KernelCache::serialize(request("key1", &n), fake_kernel("a"));
+  std::string why;
+  ASSERT_TRUE(KernelCache::deserialize(good, "key1", &why)) << why;
+  int caught = 0, flips = 0;
+  for (std::size_t byte = 0; byte < good.size(); ++byte)
+    for (int bit = 0; bit < 8; ++bit, ++flips) {
+      std::string bad = good;
+      bad[byte] = static_cast<char>(bad[byte] ^ (1 << bit));
+      caught += KernelCache::deserialize(bad, "key1", &why) == nullptr;
+    }
+  EXPECT_EQ(caught, flips) << "of " << good.size() << " bytes";
 }
 
 // Golden file: pins the on-disk format. If this fails after a format change, bump kFormatVersion
