@@ -522,18 +522,28 @@ std::uint64_t shrink_directory(const fs::path& directory, std::uint64_t max_byte
 
 }  // namespace
 
+KernelCache::DiskWrites KernelCache::disk_writes() const {
+  std::lock_guard lock(mutex_);
+  return disk_writes_;
+}
+
 void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   fs::path path = entry_path(r);
-  if (path.empty()) return;
-  const std::string bytes = serialize(r, k);
-  if (!write_atomically(path, bytes)) return;
+  const std::string bytes = path.empty() ? std::string() : serialize(r, k);
+  if (path.empty() || !write_atomically(path, bytes)) {
+    std::lock_guard lock(mutex_);
+    ++disk_writes_.not_written;
+    return;
+  }
+  const std::uint64_t entry_bytes = bytes.size();
   std::uint64_t max_bytes;
   {
     std::lock_guard lock(mutex_);
+    disk_writes_.written.push_back(path);
     max_bytes = config_.max_bytes;
     // within the bound by this process's count: no need to look at the directory
-    if (max_bytes == 0 || (directory_bytes_ && *directory_bytes_ + bytes.size() <= max_bytes)) {
-      if (directory_bytes_) *directory_bytes_ += bytes.size();
+    if (max_bytes == 0 || (directory_bytes_ && *directory_bytes_ + entry_bytes <= max_bytes)) {
+      if (directory_bytes_) *directory_bytes_ += entry_bytes;
       return;
     }
   }

@@ -104,6 +104,13 @@ class KernelCache {
   // writable directory.
   std::filesystem::path entry_path(const Request& request);
   CacheStats stats() const;
+  // The entries this object wrote to its directory, in order, and how many kernels it stored in
+  // memory only (no directory, or the write failed): how a precompile tells what reached the disk.
+  struct DiskWrites {
+    std::vector<std::filesystem::path> written;
+    std::int64_t not_written = 0;
+  };
+  DiskWrites disk_writes() const;
 
   static KernelCache& global();
 
@@ -167,6 +174,7 @@ class KernelCache {
   bool writable_ = false;  // the writable directory exists, is trusted and writable
   std::vector<std::filesystem::path> readable_;  // trusted layers, writable first
   std::atomic<std::int64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, shared_compiles_{0}, bad_entries_{0};
+  DiskWrites disk_writes_;  // guarded by mutex_
 };
 
 }  // namespace bsjit::cache

@@ -301,6 +301,8 @@ std::size_t Manifest::kernel_count() const {
 DeployReport precompile(const Manifest& manifest, const PrecompileOptions& options) {
   const auto start = Clock::now();
   const CacheStats before = cache_stats();
+  auto& cache = cache::KernelCache::global();
+  const cache::KernelCache::DiskWrites writes_before = cache.disk_writes();
   Expanded e = expand(manifest);
   const std::size_t total = e.items.size() + e.attention.size();
   std::vector<KernelOutcome> outcomes(total);
@@ -336,6 +338,23 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
   DeployReport r;
   for (const auto& o : outcomes) count(r, o);
   count_builds(r, before);
+  // what this call built and the cache directory does not hold at its end
+  const cache::KernelCache::DiskWrites writes = cache.disk_writes();
+  const std::int64_t kept_in_memory = writes.not_written - writes_before.not_written;
+  std::int64_t evicted = 0;
+  for (std::size_t i = writes_before.written.size(); i < writes.written.size(); ++i) {
+    std::error_code ec;
+    evicted += !fs::exists(writes.written[i], ec);
+  }
+  r.not_on_disk = kept_in_memory + evicted;
+  const fs::path directory = cache.config().directory;
+  if (kept_in_memory > 0)
+    r.disk_problem = directory.empty() ? "no cache directory (memory only)"
+                                       : fmt::format("{} kernels could not be written to '{}' (see the warnings above)",
+                                                     kept_in_memory, directory.string());
+  if (evicted > 0)
+    r.disk_problem += fmt::format("{}{} entries written by this call were evicted by the size bound ({} bytes)",
+                                  r.disk_problem.empty() ? "" : "; ", evicted, cache.config().max_bytes);
   r.seconds = ms_since(start) / 1000;
   return r;
 }

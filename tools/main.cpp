@@ -184,7 +184,17 @@ int precompile_cmd(const KernelSelection& s, int threads, bool verbose) {
       if (done == total) fmt::print(stderr, "\n");
     };
   }
-  return report(precompile(m, o), "precompile", verbose);
+  const DeployReport r = precompile(m, o);
+  const int status = report(r, "precompile", verbose);
+  // A build step must be able to trust the exit code: what it built is in the cache directory, or
+  // the run fails naming why. With --no-disk-cache (no directory, by choice) it is a compile check.
+  if (r.not_on_disk > 0) {
+    const bool chosen = cache_directory().empty();
+    fmt::print(stderr, "precompile: {} kernels are not on disk: {}{}\n", r.not_on_disk, r.disk_problem,
+               chosen ? " (a compile check only)" : "");
+    if (!chosen) return 1;
+  }
+  return status;
 }
 
 int warmup_cmd(const KernelSelection& s, const std::string& dir, bool strict) {

@@ -76,6 +76,10 @@ struct DeployReport {
   // Kernels this process built during the call (an item has one or two): compiled by NVRTC, and
   // made from the code of another layout of the same shape, with no NVRTC run (docs/CACHE.md).
   std::int64_t nvrtc_runs = 0, shared_code = 0;
+  // precompile: kernels built by the call that are not in the cache directory at its end (none
+  // configured, read-only, full or refused; or evicted by the size bound), and why
+  std::int64_t not_on_disk = 0;
+  std::string disk_problem;
   double seconds = 0;
 };
 

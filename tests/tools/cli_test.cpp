@@ -364,6 +364,30 @@ TEST(Cli, OnlyTheCacheDirectoryUsedIsCreated) {
   for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
 }
 
+// precompile's exit code says whether what it built is in the cache directory at its end: not when
+// the directory is a file, nor when the size bound evicts what it wrote (each named); with
+// --no-disk-cache it is a compile check (exit 0, the note printed).
+TEST(Cli, PrecompileFailsWhenTheKernelsDoNotReachTheDisk) {
+  TempDir dir;
+  const std::string args = " precompile -l " + kExamples + "/layouts/banded.json -o forward -b 16 -t f32 -a sm_80";
+  const fs::path file = dir.path / "a-file";
+  std::ofstream(file) << "x";
+  auto r = sh("--cache-dir " + file.string() + args);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("could not be written to"), std::string::npos) << r.output;
+  ::setenv("BSJIT_CACHE_MAX_SIZE", "1K", 1);
+  r = sh("--cache-dir " + (dir.path / "bounded").string() + args);
+  ::unsetenv("BSJIT_CACHE_MAX_SIZE");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("evicted by the size bound"), std::string::npos) << r.output;
+  r = sh("--no-disk-cache" + args);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("a compile check only"), std::string::npos) << r.output;
+  r = sh("--cache-dir " + (dir.path / "good").string() + args);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("not on disk"), std::string::npos) << r.output;
+}
+
 // Manifest numbers that are not integers in range are refused with the key they sit under.
 TEST(Cli, ManifestNumbersMustBeIntegers) {
   TempDir dir;
