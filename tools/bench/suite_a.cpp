@@ -38,16 +38,91 @@ double bf16_value(std::uint16_t b) {
   return f;
 }
 
+// Normwise relative error of dQ, dK and dV (bf16) on sampled rows of (batch 0, head 5), against
+// double sums: dQ of a query row from its own softmax (O(S · d) a row); dK and dV of a key row over
+// the query rows attending it, with their probabilities from the forward's lse and D = rowsum(dO ∘
+// O) from its output (both checked: lse against the sampled rows' own sums here, O by the
+// forward's check), so that no sampled row costs the whole S² · d.
+double backward_error(const Layout& mask, int block, int d, const std::vector<std::uint16_t>& q,
+                      const std::vector<std::uint16_t>& k, const std::vector<std::uint16_t>& v,
+                      const std::vector<std::uint16_t>& go, const std::vector<std::uint16_t>& out,
+                      const std::vector<float>& lse, const std::vector<std::uint16_t>& gq,
+                      const std::vector<std::uint16_t>& gk, const std::vector<std::uint16_t>& gv) {
+  const std::int64_t head = 0 * kHeads + 5, base = head * kSeq * d;
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  const auto at = [&](const std::vector<std::uint16_t>& x, std::int64_t row, int e) {
+    return bf16_value(x[base + row * d + e]);
+  };
+  const auto attends = [&](std::int64_t i, std::int64_t j) { return j <= i && mask.at(i / block, j / block); };
+  const auto score = [&](std::int64_t i, std::int64_t j) {
+    double dot = 0;
+    for (int e = 0; e < d; ++e) dot += at(q, i, e) * at(k, j, e);
+    return dot * scale;
+  };
+  const auto dot_go = [&](std::int64_t i, const std::vector<std::uint16_t>& x, std::int64_t j) {
+    double dot = 0;
+    for (int e = 0; e < d; ++e) dot += at(go, i, e) * at(x, j, e);
+    return dot;
+  };
+  double err = 0;
+  const auto compare = [&](const std::vector<double>& want, const std::vector<std::uint16_t>& got, std::int64_t row) {
+    double worst = 0, norm = 0;
+    for (int e = 0; e < d; ++e) {
+      const double g = at(got, row, e);
+      worst = std::isfinite(g) ? std::max(worst, std::abs(g - want[e])) : INFINITY;
+      norm = std::max(norm, std::abs(want[e]));
+    }
+    err = std::max(err, worst / std::max(norm, 1e-30));
+  };
+  const std::int64_t rows[] = {0, 777, kSeq / 2 + 3, kSeq - 1};
+  for (std::int64_t i : rows) {  // dQ_i = scale Σ_j P_ij (dP_ij - D_i) k_j, D_i = Σ_j P_ij dP_ij
+    std::vector<std::int64_t> keys;
+    std::vector<double> s;
+    double m = -INFINITY;
+    for (std::int64_t j = 0; j <= i; ++j)
+      if (attends(i, j)) keys.push_back(j), s.push_back(score(i, j)), m = std::max(m, s.back());
+    double sum = 0;
+    for (double x : s) sum += std::exp(x - m);
+    err = std::max(err, std::abs(static_cast<double>(lse[head * kSeq + i]) - (m + std::log(sum))) /
+                            std::max(1.0, std::abs(m + std::log(sum))));
+    std::vector<double> p(keys.size()), dp(keys.size());
+    double big_d = 0;
+    for (std::size_t t = 0; t < keys.size(); ++t) {
+      p[t] = std::exp(s[t] - m) / sum, dp[t] = dot_go(i, v, keys[t]);
+      big_d += p[t] * dp[t];
+    }
+    std::vector<double> want(d, 0.0);
+    for (std::size_t t = 0; t < keys.size(); ++t)
+      for (int e = 0; e < d; ++e) want[e] += scale * p[t] * (dp[t] - big_d) * at(k, keys[t], e);
+    compare(want, gq, i);
+  }
+  for (std::int64_t j : rows) {  // dV_j = Σ_i P_ij dO_i, dK_j = scale Σ_i P_ij (dP_ij - D_i) q_i
+    std::vector<double> want_v(d, 0.0), want_k(d, 0.0);
+    for (std::int64_t i = j; i < kSeq; ++i) {
+      if (!attends(i, j)) continue;
+      const double p = std::exp(score(i, j) - static_cast<double>(lse[head * kSeq + i]));
+      double big_d = 0;
+      for (int e = 0; e < d; ++e) big_d += at(go, i, e) * at(out, i, e);
+      const double ds = p * (dot_go(i, v, j) - big_d);
+      for (int e = 0; e < d; ++e) want_v[e] += p * at(go, i, e), want_k[e] += scale * ds * at(q, i, e);
+    }
+    compare(want_v, gv, j);
+    compare(want_k, gk, j);
+  }
+  return err;
+}
+
 }  // namespace
 
 std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
   std::vector<AttentionRow> rows;
   for (int d : {128, 64}) {
     const std::size_t n = static_cast<std::size_t>(kBatch * kHeads * kSeq * d);
-    const auto q = random_bf16_bits(n, 1), k = random_bf16_bits(n, 2), v = random_bf16_bits(n, 3);
-    tools::DeviceBuffer dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(kBatch * kHeads * kSeq * 4);
-    tools::DeviceBuffer dgq(n * 2), dgk(n * 2), dgv(n * 2);  // gradients (dO: q's values, unchecked here)
-    dq.upload(q), dk.upload(k), dv.upload(v);
+    const auto q = random_bf16_bits(n, 1), k = random_bf16_bits(n, 2), v = random_bf16_bits(n, 3),
+               go = random_bf16_bits(n, 4);  // dO: inputs of their own, not one buffer as two
+    tools::DeviceBuffer dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(kBatch * kHeads * kSeq * 4), dgo(n * 2);
+    tools::DeviceBuffer dgq(n * 2), dgk(n * 2), dgv(n * 2);  // the gradients
+    dq.upload(q), dk.upload(k), dv.upload(v), dgo.upload(go);
     for (int block : {128, 64}) {
       const std::int64_t blocks = kSeq / block;
       const std::pair<std::string, Layout> masks[] = {
@@ -95,12 +170,17 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
         for (const auto& [r, c] : mask.coords())
           pairs += r == c ? block * (block + 1) / 2.0 : static_cast<double>(block) * block;
         const double ms = time_ms(fn, stream, 3, reps);
-        const double bw_ms = time_ms(
-            [&] {
-              attn.backward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<const float*>(dlse.get()), dq.get(),
-                            dgq.get(), dgk.get(), dgv.get(), kBatch, kHeads, stream);
-            },
-            stream, 3, reps);
+        auto backward = [&] {
+          attn.backward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<const float*>(dlse.get()), dgo.get(),
+                        dgq.get(), dgk.get(), dgv.get(), kBatch, kHeads, stream);
+        };
+        for (auto* g : {&dgq, &dgk, &dgv}) BSJIT_CU(runtime::driver().cuMemsetD8(g->ptr, 0xff, g->bytes));  // NaN
+        backward();
+        BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));
+        err = std::max(
+            err, backward_error(mask, block, d, q, k, v, go, out, dlse.download<float>(), dgq.download<std::uint16_t>(),
+                                dgk.download<std::uint16_t>(), dgv.download<std::uint16_t>()));
+        const double bw_ms = time_ms(backward, stream, 3, reps);
         // the forward through the decomposed ops: S and P as block-sparse tensors in memory
         AttentionOps ops({mask}, {block, d, DType::bf16, QkvOrder::bhsd, true, ""});
         const std::size_t sparse = static_cast<std::size_t>(ops.sparse_elements(kHeads) * kBatch);
