@@ -5,6 +5,13 @@ window of 1024 keys plus the first 256 keys global, at blocks 128 and 64, elemen
 the diagonal blocks. B = 4, H = 16, S = 8192, bf16, [batch, heads, seq, d]. Forward and forward +
 backward times (median ms); one line per case, JSON with --json.
 
+Timed as bsjit-bench times (tools/bench/baselines.hpp): each run after a read of a 256 MiB buffer
+on the stream (L2 then holds none of the inputs, and the GPU is busy while the host enqueues the
+run), CUDA events around the run alone, the median of --reps runs after 3 warm-ups. Each
+FlexAttention configuration gets its own compiled function after a reset of the compiler's caches
+(sharing one, the head-dim-64 cases ran past its recompile limit), and the backward is
+torch.autograd.grad, so that no gradient accumulates across runs.
+
 The masks follow bsjit::layouts (include/bsjit/attention_layouts.hpp): causal(i, j) = j <= i;
 sliding_window(w)(i, j) = 0 <= i - j < w; global_tokens(g)(i, j) = j < g and j <= i.
 """
@@ -14,7 +21,7 @@ import json
 import sys
 
 import torch
-from triton.testing import do_bench
+import statistics
 
 B, H, S = 4, 16, 8192
 
@@ -31,14 +38,31 @@ def block_mask_table(name, blocks, block):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     import torch.nn.functional as F
 
-    flex = torch.compile(flex_attention)
-    ms = lambda fn: do_bench(fn, warmup=10, rep=args.reps, return_mode="median")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def ms(fn):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(args.reps):
+            flush.max()  # a read of 256 MiB: L2 holds none of fn's inputs
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    def fwd_bwd(attention):  # forward and backward, no gradient accumulated in q, k, v
+        return lambda: torch.autograd.grad(attention(), (q, k, v), grad)
+
     rows = []
 
     def report(**kv):
@@ -53,7 +77,7 @@ def main():
             fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
             with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
                 t_f = ms(fwd)
-                t_fb = ms(lambda: fwd().backward(grad))
+                t_fb = ms(fwd_bwd(fwd))
             report(impl="sdpa" if backend is None else "sdpa-flash", mask="causal(dense)", block=0, d=d, fwd_ms=t_f,
                    bwd_ms=t_fb - t_f)
         for block in (128, 64):
@@ -66,10 +90,12 @@ def main():
                 # FlexAttention's compiled kernel takes blocks of 128: at block 64 the same element
                 # mask is given over 128-blocks (mask_mod keeps it exact)
                 bm = create_block_mask(mask_mod, None, None, S, S, device="cuda", BLOCK_SIZE=max(block, 128))
+                torch._dynamo.reset()  # one compiled function per configuration
+                flex = torch.compile(flex_attention)
                 fwd = lambda: flex(q, k, v, block_mask=bm)
                 try:
                     t_f = ms(fwd)
-                    t_fb = ms(lambda: fwd().backward(grad))
+                    t_fb = ms(fwd_bwd(fwd))
                     report(impl="flex", mask=name, block=block, d=d, fwd_ms=t_f, bwd_ms=t_fb - t_f)
                 except Exception as e:  # e.g. a block size the compiled kernel does not take
                     print(f"torch flex {name} b{block} d{d} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
