@@ -17,9 +17,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <vector>
 
 #include "bsjit/bsjit.hpp"
+#include "kernel_hashes.hpp"
 #include "op_check.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
@@ -316,6 +319,19 @@ int main(int argc, char** argv) {
   auto* ins = app.add_subcommand("inspect", "print a layout file's statistics and hash");
   ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required()->check(CLI::ExistingFile);
 
+  std::vector<std::string> hash_archs{"sm_80", "sm_90a"};
+  std::string hash_out;
+  auto* hashes = app.add_subcommand(
+      "kernel-hashes",
+      "compile every kernel variant the library can emit (no GPU) and print one line per variant with a hash of its "
+      "binary: diff the output of two trees to check that a refactor changed no kernel");
+  hashes->add_option("-a,--arch", hash_archs, "target architectures")->delimiter(',');
+  int hash_threads = 0;
+  hashes->add_option("-j,--threads", hash_threads, "compile threads (default: one per core)");
+  hashes->add_option("-o,--output", hash_out, "write the lines to this file instead of standard output");
+  std::string hash_only;
+  hashes->add_option("--only", hash_only, "only the variants whose name holds this text (e.g. 'matmul split forward')");
+
   PatternArgs pat;
   auto* mk = app.add_subcommand("make-layout", "write an attention block mask (query blocks × key blocks) to a file");
   mk->add_option("pattern", pat.pattern, "causal, window, window+global, strided, fixed or bigbird")
@@ -395,6 +411,17 @@ int main(int argc, char** argv) {
     if (*inf) return info(require_gpu);
     if (*ins) return inspect(inspect_files);
     if (*mk) return make_layout(pat);
+    if (*hashes) {
+      const auto lines = tools::kernel_hashes(hash_archs, static_cast<unsigned>(std::max(hash_threads, 0)), hash_only);
+      std::ofstream file;
+      if (!hash_out.empty()) file.open(hash_out);
+      std::ostream& out = hash_out.empty() ? std::cout : file;
+      int errors = 0;
+      for (const auto& l : lines) out << l << "\n", errors += l.find(" ERROR: ") != std::string::npos;
+      out.flush();
+      fmt::print(stderr, "kernel-hashes: {} variants, {} that do not compile\n", lines.size(), errors);
+      return out ? 0 : 1;
+    }
     if (*pre) return precompile_cmd(pre_sel, threads, verbose);
     if (*warm) return warmup_cmd(warm_sel, warm_dir, strict);
     if (*cache) return cache_cmd(cache_action, cache_target, max_size, max_age_days);

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
+#include <sstream>
 
 #include "bsjit/layout.hpp"
 #include "runtime/driver.hpp"
@@ -386,6 +388,29 @@ TEST(Cli, PrecompileFailsWhenTheKernelsDoNotReachTheDisk) {
   r = sh("--cache-dir " + (dir.path / "good").string() + args);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("not on disk"), std::string::npos) << r.output;
+}
+
+// kernel-hashes (the refactor check): a line per variant with a 16-digit hash of its binary, the
+// same in every run; variants of one source share it, different kernels differ.
+TEST(Cli, KernelHashesAreStableAndTellKernelsApart) {
+  const std::string args = "--no-disk-cache kernel-hashes -a sm_90a --only 'matmul split forward-bf16-b64-last-bm128'";
+  const auto first = sh(args), second = sh(args);
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_EQ(first.output, second.output) << "the same binaries every run";
+  std::map<std::string, std::string> hash_of;  // variant → hash
+  std::istringstream lines(first.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("matmul ", 0) != 0) continue;
+    const auto last = line.rfind(' ');
+    const std::string hash = line.substr(last + 1);
+    EXPECT_EQ(hash.size(), 16u) << line;
+    EXPECT_EQ(hash.find_first_not_of("0123456789abcdef"), std::string::npos) << line;
+    hash_of[line.substr(0, last)] = hash;
+  }
+  ASSERT_GE(hash_of.size(), 4u) << first.output;
+  std::set<std::string> distinct;
+  for (const auto& [what, hash] : hash_of) distinct.insert(hash);
+  EXPECT_GE(distinct.size(), 3u) << "plain, general and other tile shapes compile to different binaries";
 }
 
 // Manifest numbers that are not integers in range are refused with the key they sit under.
