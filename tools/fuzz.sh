@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 build=${2:-build-fuzz}
-command -v clang++ >/dev/null || { echo "tools/fuzz.sh needs clang++ (Debian: apt-get install clang)" >&2; exit 1; }
+command -v clang++ >/dev/null || { echo "tools/fuzz.sh needs clang++ (Debian: apt-get install clang libclang-rt-dev)" >&2; exit 1; }
 flags="-fsanitize=fuzzer-no-link,address,undefined -fsanitize=float-cast-overflow -fno-sanitize-recover=all -g"
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" \
   -DBSJIT_FUZZ=ON -DBSJIT_BUILD_TESTS=OFF -DBSJIT_BUILD_TOOLS=OFF >/dev/null
