@@ -232,21 +232,21 @@ std::string KernelCache::serialize(const Request& r, const runtime::CompiledKern
   return out;
 }
 
-std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::string& whole,
+std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::string& bytes,
                                                                   const std::string& expected_key, std::string* why,
                                                                   EntryHeader* header) {
   auto fail = [why](std::string reason) {
     *why = std::move(reason);
     return nullptr;
   };
-  const auto h = header_json(whole, why);
+  const auto h = header_json(bytes, why);
   if (!h) return nullptr;
-  if (whole.size() < 16 + 8) return fail("truncated: no checksum");
+  if (bytes.size() < 16 + 8) return fail("truncated: no checksum");
   std::uint64_t sum = 0;
   for (int i = 0; i < 8; ++i)
-    sum |= static_cast<std::uint64_t>(static_cast<unsigned char>(whole[whole.size() - 8 + i])) << (8 * i);
-  if (XXH3_64bits(whole.data(), whole.size() - 8) != sum) return fail("corrupt: entry checksum mismatch");
-  const std::string bytes = whole.substr(0, whole.size() - 8);  // the entry without its checksum
+    sum |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[bytes.size() - 8 + i])) << (8 * i);
+  const std::size_t size = bytes.size() - 8;  // the entry without its checksum
+  if (XXH3_64bits(bytes.data(), size) != sum) return fail("corrupt: entry checksum mismatch");
   const std::uint32_t header_size = get_u32(bytes, 12);
   try {
     EntryHeader e;
@@ -266,13 +266,13 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::deserialize(const std::str
     if (!expected_key.empty() && e.key != expected_key) return fail("foreign: the entry holds another key");
     std::uint64_t values = 0;
     for (const auto& [name, count] : e.tables) {
-      if (count > (bytes.size() / 4)) return fail(fmt::format("malformed header: table {} of {} values", name, count));
+      if (count > (size / 4)) return fail(fmt::format("malformed header: table {} of {} values", name, count));
       values += count;
     }
     const std::uint64_t cubin_at = 16 + static_cast<std::uint64_t>(header_size), tables_at = cubin_at + e.cubin_size;
-    if (e.cubin_size > bytes.size() || values > bytes.size() / 4 || bytes.size() != tables_at + 4 * values)
-      return fail(fmt::format("truncated or padded: {} bytes, header says {}", bytes.size(),
-                              cubin_at + e.cubin_size + 4 * values));
+    if (e.cubin_size > size || values > size / 4 || size != tables_at + 4 * values)
+      return fail(
+          fmt::format("truncated or padded: {} bytes, header says {}", size, cubin_at + e.cubin_size + 4 * values));
     auto k = std::make_shared<runtime::CompiledKernel>();
     k->cubin.assign(bytes.begin() + static_cast<std::ptrdiff_t>(cubin_at),
                     bytes.begin() + static_cast<std::ptrdiff_t>(tables_at));
@@ -527,6 +527,12 @@ KernelCache::DiskWrites KernelCache::disk_writes() const {
   return disk_writes_;
 }
 
+void KernelCache::record_writes(bool on) {
+  std::lock_guard lock(mutex_);
+  recordings_ += on ? 1 : -1;
+  if (recordings_ == 0) disk_writes_.written.clear();
+}
+
 void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   fs::path path = entry_path(r);
   const std::string bytes = path.empty() ? std::string() : serialize(r, k);
@@ -539,7 +545,7 @@ void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   std::uint64_t max_bytes;
   {
     std::lock_guard lock(mutex_);
-    disk_writes_.written.push_back(path);
+    if (recordings_ > 0) disk_writes_.written.push_back(path);
     max_bytes = config_.max_bytes;
     // within the bound by this process's count: no need to look at the directory
     if (max_bytes == 0 || (directory_bytes_ && *directory_bytes_ + entry_bytes <= max_bytes)) {

@@ -104,13 +104,16 @@ class KernelCache {
   // writable directory.
   std::filesystem::path entry_path(const Request& request);
   CacheStats stats() const;
-  // The entries this object wrote to its directory, in order, and how many kernels it stored in
-  // memory only (no directory, or the write failed): how a precompile tells what reached the disk.
+  // How a precompile tells what reached the disk: the entries written to the directory while a
+  // recording is open (record_writes(true) ... (false), nesting; the list is dropped when the last
+  // one closes, so a process that never records keeps none), and how many kernels were stored in
+  // memory only (no directory, or the write failed), counted always.
   struct DiskWrites {
     std::vector<std::filesystem::path> written;
     std::int64_t not_written = 0;
   };
   DiskWrites disk_writes() const;
+  void record_writes(bool on);
 
   static KernelCache& global();
 
@@ -175,6 +178,7 @@ class KernelCache {
   std::vector<std::filesystem::path> readable_;  // trusted layers, writable first
   std::atomic<std::int64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, shared_compiles_{0}, bad_entries_{0};
   DiskWrites disk_writes_;  // guarded by mutex_
+  int recordings_ = 0;      // open record_writes; guarded by mutex_
 };
 
 }  // namespace bsjit::cache

@@ -3,10 +3,9 @@
 
 #include <fmt/format.h>
 
-#include <climits>
-
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -302,6 +301,11 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
   const auto start = Clock::now();
   const CacheStats before = cache_stats();
   auto& cache = cache::KernelCache::global();
+  struct Recording {  // the entries this call writes are listed while it runs
+    cache::KernelCache& cache;
+    explicit Recording(cache::KernelCache& c) : cache(c) { cache.record_writes(true); }
+    ~Recording() { cache.record_writes(false); }
+  } recording(cache);
   const cache::KernelCache::DiskWrites writes_before = cache.disk_writes();
   Expanded e = expand(manifest);
   const std::size_t total = e.items.size() + e.attention.size();
