@@ -678,14 +678,15 @@ void KernelCache::offer_code(const std::string& code_key, const Compiled& k) {
   if (!slot->kernel) slot->kernel = k;
 }
 
+std::shared_ptr<runtime::CompiledKernel> KernelCache::compile_now(const Request& r) {
+  auto k = std::make_shared<runtime::CompiledKernel>(r.compile());
+  ++compiles_;
+  k->tables = r.tables;
+  return k;
+}
+
 std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
-  auto compile = [&] {
-    auto k = std::make_shared<runtime::CompiledKernel>(r.compile());
-    ++compiles_;
-    k->tables = r.tables;
-    return k;
-  };
-  if (r.code_key.empty()) return compile();
+  if (r.code_key.empty()) return compile_now(r);
   auto slot = slot_in(code_slots_, r.code_key);
   std::lock_guard code_lock(slot->mutex);  // taken after the entry's slot lock, never before
   if (!slot->kernel) slot->kernel = code_from_layers(r);
@@ -695,9 +696,42 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
     k->tables = r.tables;
     return k;
   }
-  auto k = compile();
+  auto k = compile_now(r);
   slot->kernel = k;
   return k;
+}
+
+KernelCache::Compiled KernelCache::rebuild(const Request& r, const Compiled& refused, OnMiss on_miss) {
+  auto slot = slot_in(slots_, r.key);
+  std::lock_guard slot_lock(slot->mutex);
+  if (slot->kernel && slot->kernel != refused) return slot->kernel;  // replaced by another caller
+  const fs::path path = entry_path(r);
+  if (on_miss == OnMiss::fail)
+    throw Error(fmt::format(
+        "bsjit: strict cache: the driver refuses kernel {} for {} (key {}) as its cache entry holds it{}{}; "
+        "strict mode compiles nothing at run time: precompile it again (bsjit precompile) after removing the entry",
+        r.label, r.arch, r.key, path.empty() ? "" : " at ", path.string()));
+  ++bad_entries_;
+  spdlog::warn("bsjit: the driver refuses cached kernel {} for {} (key {}); compiling it again{}{}", r.label, r.arch,
+               r.key, path.empty() ? "" : " and replacing ", path.string());
+  std::shared_ptr<runtime::CompiledKernel> k;
+  if (r.code_key.empty()) {
+    k = compile_now(r);
+  } else {  // the refused code serves no other layout of the shape either; code rebuilt for one serves all
+    auto code = slot_in(code_slots_, r.code_key);
+    std::lock_guard code_lock(code->mutex);
+    if (code->kernel && code->kernel->cubin != refused->cubin) {
+      k = std::make_shared<runtime::CompiledKernel>(*code->kernel);
+      k->tables = r.tables;
+      ++shared_compiles_;
+    } else {
+      code->kernel = k = compile_now(r);
+    }
+  }
+  std::unique_ptr<FileLock> lock;
+  if (!path.empty()) lock = std::make_unique<FileLock>(fs::path(path).replace_extension(kLockExt));
+  store(r, *k);
+  return slot->kernel = k;
 }
 
 void KernelCache::insert(const std::string& key, Compiled kernel, const std::string& code_key) {

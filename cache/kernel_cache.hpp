@@ -87,6 +87,14 @@ class KernelCache {
   // request's tables instead of compiling. *compiled_now tells whether this call made a new entry.
   Compiled get(const Request& request, OnMiss on_miss = OnMiss::compile, bool* compiled_now = nullptr);
 
+  // The request's kernel compiled again with NVRTC, in place of `refused`: a kernel of this
+  // request that the driver would not load (an entry that verifies, yet whose binary does not load
+  // or lacks its function). The new one replaces it in memory, as its code key's code, and in the
+  // writable directory, so no later get, here or in another process, returns the refused code.
+  // Where another caller has replaced it already, returns that one. With OnMiss::fail (strict
+  // mode, which never compiles at run time) an Error that names the entry.
+  Compiled rebuild(const Request& request, const Compiled& refused, OnMiss on_miss = OnMiss::compile);
+
   // Tuning records: small JSON documents stored beside the kernels (<stem>-<key>.tune), searched in
   // the same layers. find_tuning returns "" when there is none.
   std::string find_tuning(const std::string& key);
@@ -153,6 +161,8 @@ class KernelCache {
   Compiled code_from_layers(const Request& request);
   // The request's code with its tables: from an entry of the same code key, else compiled.
   std::shared_ptr<runtime::CompiledKernel> build(const Request& request);
+  // NVRTC on the request's source (counted), with the request's tables.
+  std::shared_ptr<runtime::CompiledKernel> compile_now(const Request& request);
   // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).
   Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
   Compiled load_from_layers(const Request& request, bool quiet);

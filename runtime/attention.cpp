@@ -38,11 +38,13 @@ struct Attention::Impl {
     return it->second;  // std::map: stays where it is
   }
 
-  cache::KernelCache::Compiled compiled(const std::string& arch, cache::OnMiss on_miss, bool* now = nullptr) {
+  cache::Request forward_request(const std::string& arch) {
     runtime::check_arch(arch);
     const generator::GeneratedAttention& g = generated_for(arch);
-    return runtime::cached_kernel(g.source, g.tables, g.name_expression, g.label, g.shared_bytes, arch, masks_hash,
-                                  on_miss, now);
+    return runtime::attention_request(g.source, g.tables, g.name_expression, g.label, g.shared_bytes, arch, masks_hash);
+  }
+  cache::KernelCache::Compiled compiled(const std::string& arch, cache::OnMiss on_miss, bool* now = nullptr) {
+    return cache::KernelCache::global().get(forward_request(arch), on_miss, now);
   }
 
   // The backward: one source, three kernels (generator::GeneratedAttentionBackward), compiled
@@ -65,22 +67,28 @@ struct Attention::Impl {
     return it->second;
   }
 
+  // The cache request of the backward's kernel i: prep, dq, main.
+  cache::Request backward_request(const generator::GeneratedAttentionBackward& g, const std::string& arch,
+                                  int i) const {
+    if (i == 0) return runtime::attention_request(g.source, g.tables, g.prep, g.label + "-prep", 0, arch, masks_hash);
+    if (i == 1) return runtime::attention_request(g.source, g.tables, g.dq, g.label + "-dq", 0, arch, masks_hash);
+    return runtime::attention_request(g.source, g.tables, g.main, g.label, g.shared_bytes, arch, masks_hash);
+  }
+
   // prep, dq and main of the backward for arch from the cache; *now: any compiled in this call.
   std::array<cache::KernelCache::Compiled, 3> backward_kernels(const generator::GeneratedAttentionBackward& g,
                                                                const std::string& arch, cache::OnMiss on_miss,
                                                                bool* now = nullptr) {
     // the main kernel (most of the compile time) on another thread while prep and dq compile here
     bool compiled[3] = {};
-    auto main = std::async(std::launch::async, [&] {
-      return runtime::cached_kernel(g.source, g.tables, g.main, g.label, g.shared_bytes, arch, masks_hash, on_miss,
-                                    &compiled[2]);
-    });
+    auto get = [&](int i) {
+      return cache::KernelCache::global().get(backward_request(g, arch, i), on_miss, &compiled[i]);
+    };
+    auto main = std::async(std::launch::async, get, 2);
     std::array<cache::KernelCache::Compiled, 3> k;
     try {
-      k[0] = runtime::cached_kernel(g.source, g.tables, g.prep, g.label + "-prep", 0, arch, masks_hash, on_miss,
-                                    &compiled[0]);
-      k[1] =
-          runtime::cached_kernel(g.source, g.tables, g.dq, g.label + "-dq", 0, arch, masks_hash, on_miss, &compiled[1]);
+      k[0] = get(0);
+      k[1] = get(1);
     } catch (...) {
       main.wait();  // it writes compiled[2], on this frame
       throw;
@@ -96,8 +104,8 @@ struct Attention::Impl {
     if (!bw.kernels[2]) {
       const std::string arch = runtime::attention_arch(options, ctx);
       bw.g = &backward_source(arch);
-      const auto k = backward_kernels(*bw.g, arch, on_miss);
-      for (int i = 0; i < 3; ++i) bw.kernels[i] = runtime::SharedKernels::global().acquire(k[i], ctx);
+      backward_kernels(*bw.g, arch, on_miss);  // compiled side by side; each loaded from memory below
+      for (int i = 0; i < 3; ++i) bw.kernels[i] = runtime::load_cached(backward_request(*bw.g, arch, i), ctx, on_miss);
     }
     if (workspace_bytes > 0 && (!bw.workspace || bw.workspace->bytes < workspace_bytes))
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
@@ -126,7 +134,7 @@ struct Attention::Impl {
       if (it != functions.end()) return {it->second.first->function, it->second.second};
     }
     const std::string arch = runtime::attention_arch(options, ctx);
-    auto kernel = runtime::SharedKernels::global().acquire(compiled(arch, on_miss), ctx);
+    auto kernel = runtime::load_cached(forward_request(arch), ctx, on_miss);
     const generator::GeneratedAttention* g = &generated_for(arch);
     std::lock_guard lock(mutex);
     const auto& f = functions[ctx] = {std::move(kernel), g};

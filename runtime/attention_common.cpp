@@ -64,12 +64,9 @@ cache::Request attention_request(const std::string& source, const generator::Dev
           cache::code_key(code, arch)};
 }
 
-cache::KernelCache::Compiled cached_kernel(const std::string& source, const generator::DeviceTables& tables,
-                                           const std::string& name, const std::string& label, int shared_bytes,
-                                           const std::string& arch, const std::string& masks_hash,
-                                           cache::OnMiss on_miss, bool* now) {
-  return cache::KernelCache::global().get(
-      attention_request(source, tables, name, label, shared_bytes, arch, masks_hash), on_miss, now);
+SharedKernels::Handle load_cached(const cache::Request& request, const Context& ctx, cache::OnMiss on_miss) {
+  auto kernel = cache::KernelCache::global().get(request, on_miss);
+  return load_or_rebuild(&kernel, request, ctx, on_miss);
 }
 
 }  // namespace bsjit::runtime

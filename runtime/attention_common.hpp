@@ -1,6 +1,6 @@
 // What bsjit::Attention and bsjit::AttentionOps share: the masks' hash (the layout tag of their
 // cache entries), the argument checks every call makes, and kernels of a multi-kernel source
-// compiled and cached one by one.
+// compiled, cached and loaded one by one.
 #pragma once
 
 #include <cuda.h>
@@ -34,13 +34,9 @@ cache::Request attention_request(const std::string& source, const generator::Dev
                                  const std::string& name, const std::string& label, int shared_bytes,
                                  const std::string& arch, const std::string& masks_hash);
 
-// Kernel `name` (a name expression) of source with its tables for arch from the global cache,
-// compiling it on a miss unless on_miss says fail; each kernel of a source has its own entry.
-// Masks of one shape whose sources agree share the compile (cache::Request::code_key). *now: a
-// new entry was made (by NVRTC or from shared code).
-cache::KernelCache::Compiled cached_kernel(const std::string& source, const generator::DeviceTables& tables,
-                                           const std::string& name, const std::string& label, int shared_bytes,
-                                           const std::string& arch, const std::string& masks_hash,
-                                           cache::OnMiss on_miss, bool* now = nullptr);
+// The request's kernel loaded into ctx: from the global cache (compiled on a miss unless on_miss
+// says fail; masks of one shape whose sources agree share the compile, cache::Request::code_key),
+// loaded by load_or_rebuild (compiled again where the driver refuses the cached code).
+SharedKernels::Handle load_cached(const cache::Request& request, const Context& ctx, cache::OnMiss on_miss);
 
 }  // namespace bsjit::runtime

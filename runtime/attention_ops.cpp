@@ -59,16 +59,17 @@ struct AttentionOps::Impl {
     static const char* names[] = {"-scores", "-softmax", "-softmax_grad", "-probs_v", "-probs_t"};
     return names[k];
   }
+  cache::Request request(Kernel k, const std::string& arch) const {
+    const auto [name, shared] = kernel(k);
+    return runtime::attention_request(g.source, g.tables, *name, g.label + suffix(k), shared, arch, masks_hash);
+  }
 
   PerContext& context(const runtime::Context& ctx, Kernel k,
                       cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
     if (!c.kernels[k]) {
-      const auto [name, shared] = kernel(k);
-      const auto compiled = runtime::cached_kernel(g.source, g.tables, *name, g.label + suffix(k), shared,
-                                                   runtime::attention_arch(options, ctx), masks_hash, on_miss);
-      c.kernels[k] = runtime::SharedKernels::global().acquire(compiled, ctx);
+      c.kernels[k] = runtime::load_cached(request(k, runtime::attention_arch(options, ctx)), ctx, on_miss);
     }
     if (k == kSoftmax && !slots.empty() && !c.masks) {
       const std::size_t slot_bytes = slots.size() * sizeof(int), bit_bytes = bits.size() * sizeof(std::uint32_t);
@@ -200,10 +201,7 @@ int AttentionOps::precompile(const std::string& arch) const {
   for (int k = 0; k < kKernels; ++k)
     pending.push_back(std::async(std::launch::async, [this, k, &arch] {
       bool now = false;
-      const auto [name, shared] = impl_->kernel(static_cast<Kernel>(k));
-      runtime::cached_kernel(impl_->g.source, impl_->g.tables, *name,
-                             impl_->g.label + Impl::suffix(static_cast<Kernel>(k)), shared, arch, impl_->masks_hash,
-                             cache::OnMiss::compile, &now);
+      cache::KernelCache::global().get(impl_->request(static_cast<Kernel>(k), arch), cache::OnMiss::compile, &now);
       return now;
     }));
   int compiled = 0;

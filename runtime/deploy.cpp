@@ -399,8 +399,9 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         for (int v = 0; v < static_cast<int>(specs.size()); ++v)
           for (bool plain : runtime::plain_kinds(item.calls)) {
             const auto spec = runtime::call_spec(hash, specs, v, plain, item.options.arch);
-            auto p = runtime::KernelRegistry::global().prepare(layout, {hash, spec, item.options.arch}, on_miss);
-            runtime::KernelRegistry::global().pin(p->compiled, dev.ctx, p);
+            const runtime::KernelId id{hash, spec, item.options.arch};
+            auto p = runtime::KernelRegistry::global().prepare(layout, id, on_miss);
+            runtime::KernelRegistry::global().pin(id, p, dev.ctx, on_miss);
           }
       });
     for (const AttentionItem& item : e.attention)

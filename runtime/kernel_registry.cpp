@@ -68,6 +68,28 @@ std::shared_ptr<const PreparedKernel> KernelRegistry::prepare(const Layout& layo
   return p;
 }
 
+SharedKernels::Handle KernelRegistry::load(const KernelId& id, std::shared_ptr<const PreparedKernel>* prepared,
+                                           const Context& ctx, cache::OnMiss on_miss) {
+  const PreparedKernel& p = **prepared;
+  cache::KernelCache::Compiled kernel = p.compiled;
+  auto loaded = load_or_rebuild(&kernel, cache_request(p.generated, p.key, id.arch, id.layout_hash), ctx, on_miss);
+  if (kernel != p.compiled) {
+    auto rebuilt = std::make_shared<PreparedKernel>(p);
+    rebuilt->compiled = kernel;
+    *prepared = rebuilt;
+    std::shared_ptr<Slot> slot;
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = prepared_.find(id); it != prepared_.end()) slot = it->second;
+    }
+    if (slot) {
+      std::lock_guard slot_lock(slot->mutex);
+      slot->prepared = rebuilt;
+    }
+  }
+  return loaded;
+}
+
 std::vector<std::shared_ptr<const PreparedKernel>> KernelRegistry::prepare_all(
     const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss,
     std::vector<char>* compiled_now) {
@@ -252,6 +274,12 @@ CUfunction KernelRegistry::pin(const cache::KernelCache::Compiled& kernel, const
   if (!p.loaded) p.loaded = std::move(loaded);
   if (!p.prepared) p.prepared = std::move(prepared);
   return p.loaded->function;
+}
+
+CUfunction KernelRegistry::pin(const KernelId& id, std::shared_ptr<const PreparedKernel> prepared, const Context& ctx,
+                               cache::OnMiss on_miss) {
+  const SharedKernels::Handle loaded = load(id, &prepared, ctx, on_miss);  // held: pin finds it loaded
+  return pin(prepared->compiled, ctx, prepared);
 }
 
 std::size_t KernelRegistry::slots() {

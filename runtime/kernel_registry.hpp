@@ -93,11 +93,20 @@ class KernelRegistry {
       const std::vector<std::pair<const Layout*, KernelId>>& kernels, cache::OnMiss on_miss,
       std::vector<char>* compiled_now = nullptr);
 
+  // *prepared (id's) loaded into ctx by load_or_rebuild: where its code is compiled again, *prepared
+  // becomes a kernel holding the new code, and later prepares of id return that one.
+  SharedKernels::Handle load(const KernelId& id, std::shared_ptr<const PreparedKernel>* prepared, const Context& ctx,
+                             cache::OnMiss on_miss);
+
   // Loads kernel into ctx (SharedKernels: the one loaded there already, if any) and keeps it loaded,
   // with `prepared` when given, for the life of the process (deploy's warm-up): a later MatMul of
   // the kernel finds both without generating or loading anything. Returns its function.
   CUfunction pin(const cache::KernelCache::Compiled& kernel, const Context& ctx,
                  std::shared_ptr<const PreparedKernel> prepared = nullptr);
+  // The same for id's prepared kernel, loaded by load() (its code compiled again where the driver
+  // refuses it).
+  CUfunction pin(const KernelId& id, std::shared_ptr<const PreparedKernel> prepared, const Context& ctx,
+                 cache::OnMiss on_miss);
 
   // Kernel ids the registry keeps a slot for: those held, and those released since its last sweep
   // (tests, diagnostics).

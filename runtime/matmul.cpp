@@ -128,9 +128,9 @@ struct MatMul::Impl {
     const std::string arch = arch_for(ctx);
     auto on_miss = cache::KernelCache::global().run_time_on_miss();
     Launchable l;
-    l.prepared =
-        runtime::KernelRegistry::global().prepare(layout, id(spec_for(op, v, plain, arch), arch), on_miss);  // unlocked
-    l.loaded = runtime::SharedKernels::global().acquire(l.prepared->compiled, ctx);
+    const runtime::KernelId kernel = id(spec_for(op, v, plain, arch), arch);
+    l.prepared = runtime::KernelRegistry::global().prepare(layout, kernel, on_miss);  // unlocked
+    l.loaded = runtime::KernelRegistry::global().load(kernel, &l.prepared, ctx, on_miss);
     std::lock_guard lock(mutex);
     launchables[ctx][static_cast<int>(op)][v][plain] = l;
     return l;
@@ -242,7 +242,8 @@ TuneResult MatMul::autotune(Op op, std::int64_t n, Stream stream) const {
   std::size_t best_i = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     // loaded for the timing only: released after it (parked for a while, then unloaded)
-    const auto loaded = runtime::SharedKernels::global().acquire(prepared[i]->compiled, ctx);
+    const auto loaded =
+        runtime::KernelRegistry::global().load(kernels[i].second, &prepared[i], ctx, cache::OnMiss::compile);
     CUfunction f = loaded->function;
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a.get(), b.get(), out.get(), nullptr, static_cast<int>(n), 0, nullptr};

@@ -172,11 +172,22 @@ LoadedKernel load(const CompiledKernel& kernel, const Context& ctx) {
   if (r != CUDA_SUCCESS) {
     const char* name = "unknown";
     d.cuGetErrorName(r, &name);
-    throw Error(fmt::format("bsjit: cannot load kernel {} built for {} into the current context: {}{}{}",
-                            kernel.lowered_name, kernel.arch, what.empty() ? "" : what + ": ", name,
-                            what.empty() && (r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_INVALID_IMAGE)
-                                ? "; the kernel's target architecture does not match this device"
-                                : ""));
+    const std::string message = fmt::format(
+        "bsjit: cannot load kernel {} built for {} into the current context: {}{}{}", kernel.lowered_name, kernel.arch,
+        what.empty() ? "" : what + ": ", name,
+        r == CUDA_ERROR_NO_BINARY_FOR_GPU ? "; the kernel's target architecture does not match this device" : "");
+    switch (r) {
+      case CUDA_ERROR_INVALID_IMAGE:
+      case CUDA_ERROR_INVALID_PTX:
+      case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+      case CUDA_ERROR_INVALID_SOURCE:
+      case CUDA_ERROR_NOT_FOUND:
+      case CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND:
+      case CUDA_ERROR_SHARED_OBJECT_INIT_FAILED:
+        throw LoadError(message);
+      default:
+        throw Error(message);
+    }
   }
   return k;
 }
@@ -247,6 +258,24 @@ SharedKernels::Handle SharedKernels::acquire(const std::shared_ptr<const Compile
   const LoadedKernel loaded = load(*kernel, ctx);  // (two threads may both load: each parks its own)
   std::lock_guard lock(mutex_);
   return hold(key, kernel, loaded);
+}
+
+SharedKernels::Handle load_or_rebuild(cache::KernelCache::Compiled* kernel, const cache::Request& request,
+                                      const Context& ctx, cache::OnMiss on_miss, const Loader& load,
+                                      cache::KernelCache& cache) {
+  const Loader acquire =
+      load ? load : [&ctx](const cache::KernelCache::Compiled& k) { return SharedKernels::global().acquire(k, ctx); };
+  try {
+    return acquire(*kernel);
+  } catch (const LoadError& refused) {
+    spdlog::debug("bsjit: {}", refused.what());
+    *kernel = cache.rebuild(request, *kernel, on_miss);
+  }
+  try {
+    return acquire(*kernel);
+  } catch (const LoadError& e) {
+    throw LoadError(fmt::format("{} (the code was compiled again, not read from a cache)", e.what()));
+  }
 }
 
 SharedKernels::Handle SharedKernels::hold(const Key& key, std::shared_ptr<const CompiledKernel> kernel,

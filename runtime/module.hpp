@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "bsjit/error.hpp"
 #include "bsjit/types.hpp"
 #include "cache/kernel_cache.hpp"
 
@@ -53,7 +54,16 @@ struct LoadedKernel {
   CUfunction function = nullptr;
   CUdeviceptr tables = 0;
 };
+// Throws LoadError where the driver refuses the code itself, Error for any other failure.
 LoadedKernel load(const CompiledKernel& kernel, const Context& ctx);
+// load()'s failure where the driver refuses the code itself: an image it cannot load, a function
+// the module lacks, tables that do not match the module's symbols. A kernel from the cache that
+// fails so is compiled again (load_or_rebuild); not an architecture that does not match the device
+// (compiling again for it would fail the same way).
+class LoadError : public Error {
+ public:
+  using Error::Error;
+};
 // Unloads k's module and frees its tables' memory in ctx. Both wait for the context's work (the
 // driver synchronizes them), so no launch still queued can read what goes. Nothing where ctx is
 // gone (the driver freed them with it).
@@ -90,6 +100,18 @@ class SharedKernels {
   std::map<Key, std::weak_ptr<const LoadedKernel>> held_;
   std::list<Parked> parked_;  // most recently released first
 };
+
+// How a kernel is loaded into a context: SharedKernels::acquire there, or a stand-in (tests).
+using Loader = std::function<SharedKernels::Handle(const cache::KernelCache::Compiled&)>;
+
+// *kernel, the request's, loaded into ctx (by `load`, default SharedKernels::global() in ctx).
+// Where the driver refuses its code (LoadError: an entry that verifies yet does not load), the
+// kernel is compiled again (KernelCache::rebuild, which replaces it in memory and on disk), *kernel
+// becomes the new one and is loaded; a refusal of that one is thrown as such. Strict mode
+// (on_miss fail) compiles nothing: the Error names the entry to precompile again.
+SharedKernels::Handle load_or_rebuild(cache::KernelCache::Compiled* kernel, const cache::Request& request,
+                                      const Context& ctx, cache::OnMiss on_miss, const Loader& load = {},
+                                      cache::KernelCache& cache = cache::KernelCache::global());
 
 struct LaunchShape {
   std::uint32_t grid_x = 1, grid_y = 1, threads = 1, shared_bytes = 0;

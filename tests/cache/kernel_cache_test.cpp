@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "bsjit/error.hpp"
+#include "runtime/module.hpp"
 
 namespace bsjit::cache {
 namespace {
@@ -524,6 +525,120 @@ TEST(KernelCache, ADamagedEntryOfTheCodeKeyIsNotUsed) {
   other.code_key = "code-of-another-shape";
   fresh.get(other);
   EXPECT_EQ(compiles, 3);
+}
+
+// An entry that verifies but holds code the driver refuses (here: a function name the code lacks,
+// written with a valid checksum), as a bsjit of another build or a hand-made file could leave.
+void plant_refused_entry(const Request& r, const fs::path& path) {
+  auto refused = fake_kernel("bad");
+  refused.tables = r.tables;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << KernelCache::serialize(r, refused);
+}
+
+TEST(KernelCache, ARefusedKernelIsRebuiltInMemoryAndOnDisk) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  const auto r = request("key-refused", &compiles);
+  const fs::path path = KernelCache(config_for(dir.path)).entry_path(r);
+  plant_refused_entry(r, path);
+  KernelCache cache(config_for(dir.path));
+  const auto refused = cache.get(r);
+  ASSERT_EQ(refused->lowered_name, "_Z6kernelbad") << "the planted entry verifies";
+  EXPECT_EQ(compiles, 0);
+  const auto rebuilt = cache.rebuild(r, refused);
+  EXPECT_EQ(rebuilt->lowered_name, "_Z6kernelk");
+  EXPECT_EQ(rebuilt->tables, r.tables);
+  EXPECT_EQ(compiles, 1);
+  EXPECT_EQ(cache.stats().bad_entries, 1);
+  EXPECT_EQ(cache.get(r), rebuilt) << "memory holds the new kernel";
+  EXPECT_EQ(cache.rebuild(r, refused), rebuilt) << "a second caller with the refused kernel gets the new one";
+  EXPECT_EQ(compiles, 1);
+  std::string why;
+  auto stored = KernelCache::deserialize(read(path), "key-refused", &why);
+  ASSERT_TRUE(stored) << why;
+  EXPECT_EQ(stored->lowered_name, "_Z6kernelk") << "the entry on disk is replaced";
+  KernelCache fresh(config_for(dir.path));
+  EXPECT_EQ(fresh.get(r)->lowered_name, "_Z6kernelk");
+  EXPECT_EQ(compiles, 1);
+  // strict mode compiles nothing: it names the entry
+  plant_refused_entry(r, path);
+  KernelCache strict(config_for(dir.path));
+  const auto strict_refused = strict.get(r, OnMiss::fail);
+  try {
+    strict.rebuild(r, strict_refused, OnMiss::fail);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("precompile"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(compiles, 1);
+}
+
+// Layouts of one shape share code: code the driver refuses is compiled again once, and serves the
+// other layouts from then on, the one whose entry held the refused code too.
+TEST(KernelCache, ARefusedSharedCodeIsCompiledOnceForEveryLayout) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  const auto first = layout_request(1, &compiles);
+  const fs::path path = KernelCache(config_for(dir.path)).entry_path(first);
+  plant_refused_entry(first, path);
+  KernelCache cache(config_for(dir.path));
+  const auto second = layout_request(2, &compiles);
+  const auto refused = cache.get(second);
+  ASSERT_EQ(refused->lowered_name, "_Z6kernelbad") << "the code of the planted entry, shared";
+  EXPECT_EQ(compiles, 0);
+  EXPECT_EQ(cache.rebuild(second, refused)->lowered_name, "_Z6kernelshape");
+  EXPECT_EQ(compiles, 1);
+  EXPECT_EQ(cache.get(layout_request(3, &compiles))->lowered_name, "_Z6kernelshape");
+  const auto first_refused = cache.get(first);
+  EXPECT_EQ(first_refused->lowered_name, "_Z6kernelbad") << "its own entry, read from disk";
+  const auto first_rebuilt = cache.rebuild(first, first_refused);
+  EXPECT_EQ(first_rebuilt->lowered_name, "_Z6kernelshape");
+  EXPECT_EQ(first_rebuilt->tables, first.tables);
+  EXPECT_EQ(compiles, 1) << "the code compiled for the second layout serves the first";
+}
+
+// load_or_rebuild with a stand-in for the driver's loader: a refused kernel is rebuilt and loaded;
+// a refusal of the rebuilt code, and failures other than a refusal, are thrown as they are.
+TEST(KernelCache, LoadOrRebuildCompilesARefusedKernelAgainOnce) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  const auto r = request("key-load", &compiles);
+  const fs::path path = KernelCache(config_for(dir.path)).entry_path(r);
+  plant_refused_entry(r, path);
+  KernelCache cache(config_for(dir.path));
+  int loads = 0;
+  const runtime::Loader driver_refuses_bad = [&](const KernelCache::Compiled& k) {
+    ++loads;
+    if (k->lowered_name == "_Z6kernelbad") throw runtime::LoadError("bsjit: cannot load kernel: CUDA_ERROR_NOT_FOUND");
+    return std::make_shared<const runtime::LoadedKernel>();
+  };
+  auto kernel = cache.get(r);
+  auto loaded = runtime::load_or_rebuild(&kernel, r, runtime::Context{}, OnMiss::compile, driver_refuses_bad, cache);
+  EXPECT_TRUE(loaded);
+  EXPECT_EQ(loads, 2);
+  EXPECT_EQ(kernel->lowered_name, "_Z6kernelk");
+  EXPECT_EQ(compiles, 1);
+  // a kernel that loads is not compiled again
+  EXPECT_TRUE(runtime::load_or_rebuild(&kernel, r, runtime::Context{}, OnMiss::compile, driver_refuses_bad, cache));
+  EXPECT_EQ(compiles, 1);
+  // the driver refuses the fresh code too: thrown, saying so
+  const runtime::Loader driver_refuses_all = [](const KernelCache::Compiled&) -> runtime::SharedKernels::Handle {
+    throw runtime::LoadError("bsjit: cannot load kernel: CUDA_ERROR_INVALID_IMAGE");
+  };
+  try {
+    runtime::load_or_rebuild(&kernel, r, runtime::Context{}, OnMiss::compile, driver_refuses_all, cache);
+    FAIL() << "expected a LoadError";
+  } catch (const runtime::LoadError& e) {
+    EXPECT_NE(std::string(e.what()).find("compiled again"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(compiles, 2);
+  // any other failure (out of memory, a context gone) is not the code's: no compile
+  const runtime::Loader out_of_memory = [](const KernelCache::Compiled&) -> runtime::SharedKernels::Handle {
+    throw Error("bsjit: cannot load kernel: CUDA_ERROR_OUT_OF_MEMORY");
+  };
+  EXPECT_THROW(runtime::load_or_rebuild(&kernel, r, runtime::Context{}, OnMiss::compile, out_of_memory, cache), Error);
+  EXPECT_EQ(compiles, 2);
 }
 
 TEST(KernelCache, ConcurrentLayoutsOfOneShapeCompileOnce) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "bsjit/bsjit.hpp"
+#include "cache/kernel_cache.hpp"
 #include "op_check.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
@@ -190,6 +191,62 @@ TEST_F(DeployGpu, AutotuneChoiceReachesTheNextProcess) {
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
   for (const auto& c : chosen)
     EXPECT_NE(r.output.find("-" + c + "-plain\n"), std::string::npos) << c << "\n" << r.output;
+}
+
+// Rewrites every entry in dir with a function name its code lacks, checksum and all: entries that
+// verify, and that the driver refuses (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND). Returns how many.
+int plant_refused_entries(const fs::path& dir) {
+  int planted = 0;
+  for (auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".bsjit") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string why;
+    cache::EntryHeader h;
+    auto k = cache::KernelCache::deserialize(bytes, "", &why, &h);
+    EXPECT_TRUE(k) << e.path() << ": " << why;
+    if (!k) continue;
+    k->lowered_name = "_Z22bsjit_no_such_function";
+    cache::Request r{h.key, h.label, h.arch, h.layout_hash, {}, k->tables, h.code_key};
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << cache::KernelCache::serialize(r, *k);
+    ++planted;
+  }
+  return planted;
+}
+
+// An entry that verifies but does not load is compiled again and replaced, like one that fails to
+// verify; strict mode, which compiles nothing, fails naming it; warm-up of the directory reports it.
+TEST_F(DeployGpu, AnEntryTheDriverRefusesIsRebuilt) {
+  TempDir dir;
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  const std::string run = cache + " run -n 300 -l " + (fs::absolute(examples()) / "layouts" / "banded.json").string() +
+                          " -o forward,backward_weight -b 32 -t bf16";
+  auto r = sh(run);
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_GT(plant_refused_entries(dir.path / "c"), 0);
+  r = sh(cache + " cache verify");
+  EXPECT_EQ(r.status, 0) << "the planted entries verify:\n" << r.output;
+  r = sh(cache + " warmup --dir " + (dir.path / "c").string());
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("CUDA_ERROR_NOT_FOUND"), std::string::npos) << r.output;
+  r = sh(run, "BSJIT_STRICT_CACHE=1");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("precompile it again"), std::string::npos) << r.output;
+  r = sh(run);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("refuses cached kernel"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  for (auto& e : fs::directory_iterator(dir.path / "c")) {
+    if (e.path().extension() != ".bsjit") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string why;
+    auto k = cache::KernelCache::deserialize(bytes, "", &why);
+    ASSERT_TRUE(k) << e.path() << ": " << why;
+    EXPECT_NE(k->lowered_name, "_Z22bsjit_no_such_function") << e.path() << " was not replaced";
+  }
+  r = sh(run, "BSJIT_STRICT_CACHE=1");
+  EXPECT_EQ(r.status, 0) << "the replaced entries serve a strict run:\n" << r.output;
 }
 
 TEST_F(DeployGpu, StrictModeAtOpTime) {
