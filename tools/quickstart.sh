@@ -25,9 +25,25 @@ if ! command -v nvcc >/dev/null && [ ! -e /usr/local/cuda/include/nvrtc.h ]; the
   exit 1
 fi
 
+# The Python package's interpreter: python3, or a virtual environment in the build tree where the
+# system's Python refuses packages (PEP 668). ctest runs the Python tests with it.
+py=${BSJIT_PYTHON:-python3}
+if ! "$py" -m pip --version >/dev/null 2>&1 || "$py" -c 'import sys, sysconfig, os; \
+    sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix else 1)'; then
+  echo "== a virtual environment for the Python package ($build/venv)"
+  python3 -m venv "$build/venv"
+  py="$build/venv/bin/python"
+fi
+py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")
+
 echo "== build ($build)"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBSJIT_WERROR=ON >/dev/null
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBSJIT_WERROR=ON -DBSJIT_TEST_PYTHON="$py" >/dev/null
 cmake --build "$build" -j"$(nproc)"
+
+echo "== the Python package (pip install .; torch too where missing)"
+"$py" -c 'import torch' 2>/dev/null || "$py" -m pip install -q torch
+"$py" -m pip install -q numpy pytest
+"$py" -m pip install -q .
 
 echo "== precompile the example layouts and attention masks (examples/manifest.json; no GPU needed)"
 cache="$build/example-kernel-cache"

@@ -1,0 +1,22 @@
+"""bsjit for PyTorch: block-sparse matmul with kernels generated per layout and compiled at run time.
+
+    import bsjit
+    layout = bsjit.Layout(mask)                          # [in/b, out/b] bool mask
+    layer = bsjit.nn.BlockSparseLinear(layout, block=32, dtype=torch.bfloat16, device="cuda")
+    y = layer(x)                                         # x [..., in]; autograd, torch.compile
+    y = bsjit.functional.matmul(x, w, layout)            # w [blocks, 32, 32]
+
+The C++ library (bsjit._C) does the work: kernels compile with NVRTC at first use and are cached in
+memory and on disk (BSJIT_CACHE_DIR, default ~/.cache/bsjit), so a later process loads them.
+"""
+
+from __future__ import annotations
+
+from . import _C, _ops, functional, nn
+from ._C import Error
+from .layout import Layout
+from .deploy import cache_stats, precompile, set_cache_directory, set_strict_cache, warmup
+
+__all__ = ["Error", "Layout", "functional", "nn", "precompile", "warmup", "cache_stats", "set_cache_directory",
+           "set_strict_cache"]
+__version__ = "0.1.0"

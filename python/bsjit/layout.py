@@ -1,0 +1,186 @@
+"""bsjit.Layout: a block mask over a weight matrix, and the registry that hands layouts to the ops.
+
+The ops take a layout as an int handle (torch.library ops take tensors and scalars only): `handle`
+names a slot of this process's registry. A slot can be pointed at another layout of the same shape
+(`rebind`), so a model whose sparsity changes while training keeps its handle, and a compiled graph
+that holds the handle as a constant runs the new layout without being traced again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from . import _C
+
+
+class Layout:
+    """A [rows, cols] block mask: block (r, c) of a weight W[C, K] = [rows·b, cols·b] is stored when
+    the mask is nonzero there. The nonzero blocks are ordered row-major over the mask (numpy.nonzero
+    order, as openai/blocksparse's block_coord), the order of the weight's first dimension."""
+
+    __slots__ = ("_layout", "_handle")
+
+    def __init__(self, mask):
+        """mask: a 2-D numpy array or torch tensor (bool or integer; nonzero marks a block), or a
+        path to a .npy or .json layout file."""
+        if isinstance(mask, _C.Layout):
+            self._layout = mask
+        elif isinstance(mask, (str, os.PathLike)):
+            self._layout = _C.Layout.load(os.fspath(mask))
+        else:
+            m = _as_numpy(mask)
+            if m.ndim != 2:
+                raise ValueError(f"bsjit.Layout: a mask must be 2-D [rows, cols], not of shape {tuple(m.shape)}")
+            if not (m.dtype == np.bool_ or np.issubdtype(m.dtype, np.integer)):
+                raise TypeError(f"bsjit.Layout: a mask must be bool or integer, not {m.dtype}")
+            rows, cols = m.shape
+            self._layout = _C.Layout.from_mask(rows, cols, np.ascontiguousarray(m != 0, dtype=np.uint8).tobytes())
+        self._handle = None
+
+    @classmethod
+    def from_coords(cls, rows: int, cols: int, coords: Iterable[Sequence[int]]) -> "Layout":
+        """The layout of the blocks at coords [(row, col), ...] (any order; duplicates merge)."""
+        return cls(_C.Layout.from_coords(int(rows), int(cols), [(int(r), int(c)) for r, c in coords]))
+
+    @classmethod
+    def from_bsr(cls, tensor) -> "Layout":
+        """The block mask of a torch sparse BSR tensor (Tensor.to_sparse_bsr): its blocks' positions;
+        the block size is the tensor's."""
+        import torch
+
+        if tensor.layout != torch.sparse_bsr:
+            raise TypeError(f"bsjit.Layout.from_bsr: expected a sparse BSR tensor, got layout {tensor.layout}")
+        crow = tensor.crow_indices().cpu().numpy()
+        col = tensor.col_indices().cpu().numpy()
+        b0, b1 = tensor.values().shape[-2:]
+        rows, cols = tensor.shape[-2] // b0, tensor.shape[-1] // b1
+        coords = [(r, int(c)) for r in range(rows) for c in col[crow[r] : crow[r + 1]]]
+        return cls.from_coords(rows, cols, coords)
+
+    @classmethod
+    def from_block_mask(cls, kv_num_blocks, kv_indices, kv_blocks: int | None = None):
+        """Layouts from a FlexAttention BlockMask's kv_num_blocks [B, H, q blocks] and kv_indices
+        [B, H, q blocks, k blocks] (pass `block_mask.kv_num_blocks, block_mask.kv_indices`): one per
+        (batch, head), as a list of lists; kv_blocks (default: kv_indices' last dimension) is the
+        number of key blocks."""
+        n = _as_numpy(kv_num_blocks)
+        idx = _as_numpy(kv_indices)
+        if n.ndim != 3 or idx.ndim != 4 or idx.shape[:3] != n.shape:
+            raise ValueError(
+                f"bsjit.Layout.from_block_mask: kv_num_blocks must be [B, H, Q] and kv_indices [B, H, Q, K]; "
+                f"got {tuple(n.shape)} and {tuple(idx.shape)}"
+            )
+        k = int(kv_blocks if kv_blocks is not None else idx.shape[3])
+        out = []
+        for b in range(n.shape[0]):
+            heads = []
+            for h in range(n.shape[1]):
+                coords = [(q, int(c)) for q in range(n.shape[2]) for c in idx[b, h, q, : int(n[b, h, q])]]
+                heads.append(cls.from_coords(n.shape[2], k, coords))
+            out.append(heads)
+        return out
+
+    @property
+    def rows(self) -> int:
+        return self._layout.rows
+
+    @property
+    def cols(self) -> int:
+        return self._layout.cols
+
+    @property
+    def blocks(self) -> int:
+        return self._layout.blocks
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def hash(self) -> str:
+        """A 128-bit content hash (32 hex digits), the layout's part of every cache key."""
+        return self._layout.hash()
+
+    def stats(self) -> dict:
+        return self._layout.stats()
+
+    def coords(self) -> list[tuple[int, int]]:
+        """(row, col) of each stored block, in the weight's block order."""
+        return self._layout.coords()
+
+    def to_numpy(self) -> np.ndarray:
+        """The mask as a [rows, cols] bool array."""
+        return np.frombuffer(self._layout.dense(), dtype=np.uint8).reshape(self.rows, self.cols).astype(bool)
+
+    def to_dense_mask(self, device=None):
+        """The mask as a [rows, cols] bool torch tensor."""
+        import torch
+
+        return torch.from_numpy(self.to_numpy()).to(device) if device is not None else torch.from_numpy(self.to_numpy())
+
+    def transposed(self) -> "Layout":
+        return Layout(self._layout.transposed())
+
+    def save(self, path) -> None:
+        """Writes the layout to a .npy or .json file (bsjit precompile, bsjit inspect read them)."""
+        self._layout.save(os.fspath(path))
+
+    @property
+    def handle(self) -> int:
+        """This layout's slot in the registry the ops read (registered on first use)."""
+        if self._handle is None:
+            self._handle = register(self)
+        return self._handle
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Layout) and self._layout == other._layout
+
+    def __hash__(self) -> int:
+        return hash(self.hash)
+
+    def __repr__(self) -> str:
+        return f"bsjit.Layout({self.rows}x{self.cols}, {self.blocks} blocks)"
+
+
+def _as_numpy(x) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+_lock = threading.Lock()
+_slots: dict[int, Layout] = {}
+_next = [1]
+
+
+def register(layout: Layout) -> int:
+    """A new registry slot holding layout; returns its handle."""
+    with _lock:
+        h = _next[0]
+        _next[0] += 1
+        _slots[h] = layout
+        return h
+
+
+def rebind(handle: int, layout: Layout) -> None:
+    """Points an existing slot at another layout of the same shape (rows and cols)."""
+    with _lock:
+        old = _slots.get(handle)
+        if old is None:
+            raise KeyError(f"bsjit: no layout handle {handle}")
+        if old.shape != layout.shape:
+            raise ValueError(f"bsjit: layout handle {handle} holds a {old.shape} mask; a {layout.shape} one cannot replace it")
+        _slots[handle] = layout
+
+
+def lookup(handle: int) -> Layout:
+    layout = _slots.get(int(handle))
+    if layout is None:
+        raise KeyError(f"bsjit: no layout handle {handle} (handles come from Layout.handle, in this process)")
+    return layout

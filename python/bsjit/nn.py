@@ -1,0 +1,170 @@
+"""bsjit.nn: modules over bsjit's ops."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from . import _ops
+from .functional import _axis
+from .layout import Layout, rebind, register
+
+
+class BlockSparseLinear(nn.Module):
+    """y = x · W + bias with W [in_features, out_features] block-sparse: only the layout's blocks are
+    stored, as the parameter `weight` [blocks, block, block] (row-major block order, Layout.coords).
+
+    layout: a bsjit.Layout (or a mask it takes) of [in_features / block, out_features / block].
+    feature_axis: "last" (x is [..., in_features]) or "first" (x is [in_features, N]).
+    gated: a float32 parameter `gate` [blocks] scales each block (openai/blocksparse's gated matmul),
+    with its gradient.
+
+    The weight is an ordinary dense parameter, so optimizers, DDP and FSDP2 treat it as any other.
+    The layout is saved in the state_dict (`layout_mask`), so a checkpoint reloads to the same
+    layer. Constructible on the meta device; reset_parameters() initializes it later.
+    """
+
+    def __init__(self, layout, block: int, bias: bool = True, *, feature_axis: str = "last", gated: bool = False,
+                 device=None, dtype=None):
+        super().__init__()
+        layout = layout if isinstance(layout, Layout) else Layout(layout)
+        self.block = int(block)
+        self.feature_axis = feature_axis
+        self._axis = _axis(feature_axis)
+        self.in_features = layout.rows * self.block
+        self.out_features = layout.cols * self.block
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(layout.blocks, self.block, self.block, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.gate = nn.Parameter(torch.ones(layout.blocks, device=device, dtype=torch.float32)) if gated else None
+        self._layout = layout
+        self._handle = register(layout)  # this layer's own slot: set_layout repoints it
+        self.register_buffer("layout_mask", torch.from_numpy(layout.to_numpy()), persistent=True)
+        self.reset_parameters()
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    def set_layout(self, layout, weight: Optional[Tensor] = None) -> None:
+        """Changes the sparsity (pruning, RigL): a layout of the same shape, and its blocks' values
+        (default: the blocks both layouts hold keep theirs, new blocks start at zero). The layer keeps
+        its handle, so a compiled graph runs the new layout without being traced again (its weight's
+        shape changes with the block count, which torch.compile treats as a new input shape)."""
+        layout = layout if isinstance(layout, Layout) else Layout(layout)
+        if layout.shape != self._layout.shape:
+            raise ValueError(f"bsjit: set_layout needs a {self._layout.shape} mask, got {layout.shape}")
+        with torch.no_grad():
+            if weight is None:
+                weight = self.weight.new_zeros(layout.blocks, self.block, self.block)
+                old = {rc: i for i, rc in enumerate(self._layout.coords())}
+                keep = [(i, old[rc]) for i, rc in enumerate(layout.coords()) if rc in old]
+                if keep:
+                    new_i, old_i = (torch.tensor(v, device=weight.device) for v in zip(*keep))
+                    weight[new_i] = self.weight[old_i]
+            self.weight = nn.Parameter(weight.to(self.weight.dtype), requires_grad=self.weight.requires_grad)
+            if self.gate is not None:
+                self.gate = nn.Parameter(torch.ones(layout.blocks, device=self.gate.device, dtype=torch.float32))
+            self.layout_mask = torch.from_numpy(layout.to_numpy()).to(self.layout_mask.device)
+        self._layout = layout
+        rebind(self._handle, layout)
+
+    def _fan_in(self) -> np.ndarray:
+        """Inputs feeding each output block column: its blocks times the block size."""
+        per_col = np.bincount([c for _, c in self._layout.coords()], minlength=self._layout.cols)
+        return per_col * self.block
+
+    def reset_parameters(self) -> None:
+        """As nn.Linear: weight and bias uniform in ±1/sqrt(fan_in), fan_in counting only the blocks
+        that feed each output column."""
+        fan_in = self._fan_in()
+        bound = 1.0 / np.sqrt(np.maximum(fan_in, 1))
+        cols = np.array([c for _, c in self._layout.coords()], dtype=np.int64)
+        with torch.no_grad():
+            per_block = torch.tensor(bound[cols] if len(cols) else np.zeros(0), dtype=torch.float32)
+            self.weight.uniform_(-1.0, 1.0)
+            self.weight.mul_(per_block.to(self.weight.device, self.weight.dtype)[:, None, None])
+            if self.bias is not None:
+                per_feature = torch.tensor(np.repeat(np.where(fan_in > 0, bound, 0.0), self.block), dtype=torch.float32)
+                self.bias.uniform_(-1.0, 1.0)
+                self.bias.mul_(per_feature.to(self.bias.device, self.bias.dtype))
+            if self.gate is not None:
+                self.gate.fill_(1.0)
+
+    def ortho_init(self) -> None:
+        """Each output block column's weights (its blocks stacked over the inputs, [fan_in, block])
+        get orthonormal columns (QR of a Gaussian), so the layer maps onto each column's outputs
+        without changing norms; where a column has fewer inputs than outputs, its rows are
+        orthonormal instead."""
+        coords = self._layout.coords()
+        with torch.no_grad():
+            w = torch.zeros(self.weight.shape, dtype=torch.float32)
+            for col in range(self._layout.cols):
+                idx = [i for i, (_, c) in enumerate(coords) if c == col]
+                if not idx:
+                    continue
+                q, r = torch.linalg.qr(torch.randn(len(idx) * self.block, self.block))
+                q = q * torch.sign(torch.diagonal(r))  # a uniform draw over orthogonal matrices
+                w[idx] = q.reshape(len(idx), self.block, self.block)
+            self.weight.copy_(w.to(self.weight.device, self.weight.dtype))
+
+    def identity_init(self, scale: float = 1.0) -> None:
+        """Diagonal blocks (row == column) scale · I, every other block zero: y = scale · x on the
+        features the diagonal covers."""
+        with torch.no_grad():
+            w = torch.zeros(self.weight.shape, dtype=torch.float32)
+            for i, (r, c) in enumerate(self._layout.coords()):
+                if r == c:
+                    w[i] = scale * torch.eye(self.block)
+            self.weight.copy_(w.to(self.weight.device, self.weight.dtype))
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, layout, block: int, **kwargs) -> "BlockSparseLinear":
+        """The layout's blocks of a trained nn.Linear (y = x · Aᵀ + b, so W = Aᵀ), on its device and
+        dtype: the rest is dropped."""
+        layout = layout if isinstance(layout, Layout) else Layout(layout)
+        if (layout.rows * block, layout.cols * block) != (linear.in_features, linear.out_features):
+            raise ValueError(
+                f"bsjit: a {layout.shape} layout at block {block} is {layout.rows * block} → {layout.cols * block} "
+                f"features; the linear layer is {linear.in_features} → {linear.out_features}")
+        layer = cls(layout, block, bias=linear.bias is not None, device=linear.weight.device,
+                    dtype=linear.weight.dtype, **kwargs)
+        with torch.no_grad():
+            dense = linear.weight.t()
+            for i, (r, c) in enumerate(layout.coords()):
+                layer.weight[i] = dense[r * block:(r + 1) * block, c * block:(c + 1) * block]
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer
+
+    def to_dense(self) -> Tensor:
+        """W as a dense [in_features, out_features] tensor (zeros outside the layout; gate applied)."""
+        w = self.weight if self.gate is None else self.weight * self.gate[:, None, None].to(self.weight.dtype)
+        dense = w.new_zeros(self.in_features, self.out_features)
+        b = self.block
+        for i, (r, c) in enumerate(self._layout.coords()):
+            dense[r * b:(r + 1) * b, c * b:(c + 1) * b] = w[i]
+        return dense
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = _ops.matmul(x, self.weight, self._handle, self.in_features, self.out_features, self._axis, self.gate)
+        if self.bias is not None:
+            y = y + (self.bias if self._axis == 0 else self.bias[:, None])
+        return y
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        mask = state_dict.get(prefix + "layout_mask")
+        if mask is not None and not torch.equal(mask.cpu().bool(), self.layout_mask.cpu().bool()):
+            self.set_layout(Layout(mask), weight=state_dict.get(prefix + "weight"))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}, "
+                f"blocks={self._layout.blocks}, bias={self.bias is not None}, feature_axis={self.feature_axis!r}"
+                + (", gated=True" if self.gate is not None else ""))

@@ -1,0 +1,149 @@
+// bsjit._C: the C++ library as the Python package calls it. It takes device pointers, sizes and
+// stream handles as integers and knows nothing of torch: the PyTorch ops (python/bsjit/_ops.py)
+// are registered with torch.library in Python, so one build of this module serves every torch
+// version (torch's stable C ABI would tie it to torch ≥ 2.9's headers at build time and still
+// leave the fake kernels and autograd to be written in Python). Every bsjit::Error becomes a
+// bsjit.Error (a RuntimeError) with the library's message.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bsjit/bsjit.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+bsjit::Stream stream_of(std::uintptr_t handle) { return reinterpret_cast<bsjit::Stream>(handle); }
+template <class T>
+T* pointer(std::uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+// The layout of a mask given as its bytes (row-major, rows × cols, nonzero: a block).
+bsjit::Layout layout_from_mask(std::int64_t rows, std::int64_t cols, nb::bytes mask) {
+  const auto* data = static_cast<const std::uint8_t*>(mask.data());
+  if (rows < 0 || cols < 0 || static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) != mask.size())
+    throw bsjit::Error("bsjit: a mask of " + std::to_string(rows) + " × " + std::to_string(cols) + " blocks needs " +
+                       std::to_string(rows * cols) + " bytes, not " + std::to_string(mask.size()));
+  return bsjit::Layout::from_dense(rows, cols, std::vector<std::uint8_t>(data, data + mask.size()));
+}
+
+void run(const bsjit::MatMul& mm, const std::string& op, std::uintptr_t a, std::uintptr_t b, std::uintptr_t out,
+         std::int64_t n, std::uintptr_t stream, bool accumulate, std::uintptr_t gate) {
+  const bsjit::OpOptions options{accumulate, pointer<const float>(gate)};
+  switch (bsjit::parse_op(op)) {
+    case bsjit::Op::forward:
+      return mm.forward(pointer<const void>(a), pointer<const void>(b), pointer<void>(out), n, stream_of(stream),
+                        options);
+    case bsjit::Op::backward_data:
+      return mm.backward_data(pointer<const void>(a), pointer<const void>(b), pointer<void>(out), n,
+                              stream_of(stream), options);
+    case bsjit::Op::backward_weight:
+      return mm.backward_weight(pointer<const void>(a), pointer<const void>(b), pointer<void>(out), n,
+                                stream_of(stream), options);
+  }
+}
+
+std::vector<bsjit::Op> ops_of(const std::vector<std::string>& names) {
+  std::vector<bsjit::Op> ops;
+  for (const auto& n : names) ops.push_back(bsjit::parse_op(n));
+  return ops;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "bsjit's C++ library, called by the bsjit package (device pointers and streams as integers)";
+  nb::exception<bsjit::Error>(m, "Error", PyExc_RuntimeError);
+
+  nb::class_<bsjit::Layout>(m, "Layout")
+      .def_static("from_mask", &layout_from_mask, "rows"_a, "cols"_a, "mask"_a)
+      .def_static("from_coords", &bsjit::Layout::from_coords, "rows"_a, "cols"_a, "coords"_a)
+      .def_static("load", &bsjit::Layout::load, "path"_a)
+      .def_prop_ro("rows", &bsjit::Layout::rows)
+      .def_prop_ro("cols", &bsjit::Layout::cols)
+      .def_prop_ro("blocks", &bsjit::Layout::blocks)
+      .def("hash", [](const bsjit::Layout& l) { return l.hash().hex(); })
+      .def("dense", [](const bsjit::Layout& l) {
+        const auto d = l.dense();
+        return nb::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      })
+      .def("coords", [](const bsjit::Layout& l) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> c(l.coords().begin(), l.coords().end());
+        return c;
+      })
+      .def("transposed", &bsjit::Layout::transposed)
+      .def("save", [](const bsjit::Layout& l, const std::filesystem::path& p) {
+        if (p.extension() == ".npy") l.save_npy(p);
+        else l.save_json(p);
+      })
+      .def("stats", [](const bsjit::Layout& l) {
+        const auto s = l.stats();
+        nb::dict d;
+        d["rows"] = s.rows, d["cols"] = s.cols, d["blocks"] = s.blocks, d["density"] = s.density;
+        d["min_blocks_per_row"] = s.min_blocks_per_row, d["max_blocks_per_row"] = s.max_blocks_per_row;
+        d["min_blocks_per_col"] = s.min_blocks_per_col, d["max_blocks_per_col"] = s.max_blocks_per_col;
+        d["empty_rows"] = s.empty_rows, d["empty_cols"] = s.empty_cols;
+        d["mean_blocks_per_row"] = s.mean_blocks_per_row, d["mean_blocks_per_col"] = s.mean_blocks_per_col;
+        return d;
+      })
+      .def("__eq__", [](const bsjit::Layout& a, const bsjit::Layout& b) { return a == b; });
+
+  nb::class_<bsjit::MatMul>(m, "MatMul")
+      .def(
+          "__init__",
+          [](bsjit::MatMul* self, const bsjit::Layout& layout, int block, const std::string& dtype,
+             const std::string& feature_axis, bool tf32, const std::string& arch) {
+            bsjit::MatMulOptions o;
+            o.block = block;
+            o.dtype = bsjit::parse_dtype(dtype);
+            o.feature_axis = bsjit::parse_feature_axis(feature_axis);
+            o.tf32 = tf32;
+            o.arch = arch;
+            new (self) bsjit::MatMul(layout, o);
+          },
+          "layout"_a, "block"_a, "dtype"_a, "feature_axis"_a = "last", "tf32"_a = false, "arch"_a = "")
+      .def("run", &run, "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "precompile",
+          [](const bsjit::MatMul& mm, const std::vector<std::string>& ops, const std::string& arch,
+             const std::string& calls) { return mm.precompile(ops_of(ops), arch, bsjit::parse_calls(calls)); },
+          "ops"_a, "arch"_a, "calls"_a = "all", nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "prepare",
+          [](const bsjit::MatMul& mm, const std::vector<std::string>& ops, const std::string& calls) {
+            mm.prepare(ops_of(ops), bsjit::parse_calls(calls));
+          },
+          "ops"_a, "calls"_a = "all", nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "kernel_label",
+          [](const bsjit::MatMul& mm, const std::string& op, std::int64_t n, bool with_options) {
+            bsjit::OpOptions o;
+            o.accumulate = with_options;
+            return mm.kernel_label(bsjit::parse_op(op), n, o);
+          },
+          "op"_a, "n"_a, "with_options"_a = false)
+      .def_prop_ro("in_features", &bsjit::MatMul::in_features)
+      .def_prop_ro("out_features", &bsjit::MatMul::out_features);
+
+  m.def("set_cache_directory", &bsjit::set_cache_directory, "directory"_a);
+  m.def("cache_directory", &bsjit::cache_directory);
+  m.def("set_strict_cache", &bsjit::set_strict_cache, "strict"_a);
+  m.def("cache_stats", [] {
+    const auto s = bsjit::cache_stats();
+    nb::dict d;
+    d["memory_hits"] = s.memory_hits, d["disk_hits"] = s.disk_hits, d["compiles"] = s.compiles;
+    d["shared_compiles"] = s.shared_compiles, d["bad_entries"] = s.bad_entries;
+    return d;
+  });
+}

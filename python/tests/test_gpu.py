@@ -1,0 +1,165 @@
+"""bsjit's torch ops on a GPU (skipped without one): every op and gradient against the dense torch
+computation with the mask expanded, in double precision; torch.library.opcheck; torch.compile
+training steps; CUDA graph capture and replay; two streams; a layout change with no NVRTC run."""
+
+import numpy as np
+import pytest
+import torch
+
+import bsjit
+import bsjit.functional as F
+from bsjit.nn import BlockSparseLinear
+
+from conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def random_mask(rows, cols, density, seed):
+    rng = np.random.default_rng(seed)
+    m = rng.random((rows, cols)) < density
+    m[0, 0] = True
+    return m
+
+
+def dense_weight(w, layout, block, gate=None):
+    w = w.double() if gate is None else w.double() * gate.double()[:, None, None]
+    out = torch.zeros(layout.rows * block, layout.cols * block, dtype=torch.float64, device=w.device)
+    for i, (r, c) in enumerate(layout.coords()):
+        out[r * block:(r + 1) * block, c * block:(c + 1) * block] = w[i]
+    return out
+
+
+def blocks_of(dense, layout, block):
+    return torch.stack([dense[r * block:(r + 1) * block, c * block:(c + 1) * block] for r, c in layout.coords()])
+
+
+def rel_err(got, want):
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("feature_axis", ["last", "first"])
+@pytest.mark.parametrize("gated", [False, True])
+def test_ops_and_gradients_match_the_dense_computation(dtype, block, feature_axis, gated):
+    if feature_axis == "first" and dtype != torch.float32 and block > 64:
+        pytest.skip("covered at smaller blocks")
+    torch.manual_seed(block)
+    layout = bsjit.Layout(random_mask(5, 7, 0.4, seed=block))
+    n, C, K = 300, layout.rows * block, layout.cols * block
+    x = torch.randn(n, C, device="cuda", dtype=dtype)
+    if feature_axis == "first":
+        x = x.t().contiguous()
+    w = torch.randn(layout.blocks, block, block, device="cuda", dtype=dtype) / block
+    gate = torch.rand(layout.blocks, device="cuda") if gated else None
+    x.requires_grad_(True), w.requires_grad_(True)
+    if gate is not None:
+        gate.requires_grad_(True)
+    y = F.matmul(x, w, layout, feature_axis=feature_axis, gate=gate)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    W = dense_weight(w.detach(), layout, block, gate.detach() if gated else None)
+    xd = x.detach().double() if feature_axis == "last" else x.detach().double().t()
+    dyd = dy.double() if feature_axis == "last" else dy.double().t()
+    want_y = xd @ W
+    want_dx = dyd @ W.t()
+    grad_dense = xd.t() @ dyd
+    g = gate.detach().double()[:, None, None] if gated else 1.0
+    want_dw = blocks_of(grad_dense, layout, block) * g
+    got_y = y.detach() if feature_axis == "last" else y.detach().t()
+    got_dx = x.grad if feature_axis == "last" else x.grad.t()
+    assert rel_err(got_y, want_y) < TOL[dtype]
+    assert rel_err(got_dx, want_dx) < TOL[dtype]
+    assert rel_err(w.grad, want_dw) < TOL[dtype]
+    if gated:
+        want_dg = (blocks_of(grad_dense, layout, block) * w.detach().double()).sum((1, 2))
+        assert rel_err(gate.grad, want_dg) < TOL[dtype]
+
+
+def test_opcheck_every_op():
+    layout = bsjit.Layout(random_mask(4, 4, 0.5, seed=0))
+    b = 32
+    x = torch.randn(64, 4 * b, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(layout.blocks, b, b, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 4 * b, device="cuda", dtype=torch.bfloat16)
+    h, c, k = layout.handle, 4 * b, 4 * b
+    torch.library.opcheck(torch.ops.bsjit.matmul, (x, w, h, c, k, 0, None))
+    torch.library.opcheck(torch.ops.bsjit.matmul_backward_data, (dy, w.detach(), h, c, k, 0, None))
+    torch.library.opcheck(torch.ops.bsjit.matmul_backward_weight, (x.detach(), dy, w.detach(), h, c, k, 0, None))
+
+
+def make_model(dtype=torch.bfloat16):
+    return torch.nn.Sequential(
+        BlockSparseLinear(random_mask(8, 16, 0.3, 1), 32, device="cuda", dtype=dtype),
+        torch.nn.GELU(),
+        BlockSparseLinear(random_mask(16, 8, 0.3, 2), 32, device="cuda", dtype=dtype),
+    )
+
+
+def test_torch_compile_training_steps_match_eager():
+    torch.manual_seed(0)
+    eager = make_model()
+    compiled_model = make_model()
+    compiled_model.load_state_dict(eager.state_dict())
+    step = torch.compile(lambda m, x: m(x).float().pow(2).mean(), fullgraph=True)
+    x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        for m, loss_of in ((eager, lambda m, x: m(x).float().pow(2).mean()), (compiled_model, step)):
+            m.zero_grad()
+            loss_of(m, x).backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+    for a, b in zip(eager.parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_graph_capture_and_replay():
+    model = make_model()
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    bsjit.warmup(model)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # the warm-up runs torch wants before capture
+        for _ in range(2):
+            model(x).sum().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = model(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(y, model(x), atol=1e-2, rtol=1e-2)
+
+
+def test_two_streams_give_the_results_of_one():
+    layout = bsjit.Layout(random_mask(8, 8, 0.5, 3))
+    w = torch.randn(layout.blocks, 32, 32, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(512, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    want = [F.matmul(x, w, layout) for x in xs]
+    streams = [torch.cuda.Stream() for _ in xs]
+    got = []
+    for s, x in zip(streams, xs):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            got.append(F.matmul(x, w, layout))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_new_layout_of_a_compiled_shape_costs_no_nvrtc_run():
+    layer = BlockSparseLinear(random_mask(8, 8, 0.5, 4), 32, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    layer(x).sum().backward()
+    before = bsjit.cache_stats()["compiles"]
+    for seed in range(5, 9):  # the same shape and block count: the same kernel source
+        mask = random_mask(8, 8, 0.5, seed)
+        layer.set_layout(mask)
+        layer(x).sum().backward()
+    torch.cuda.synchronize()
+    assert bsjit.cache_stats()["compiles"] == before

@@ -1,0 +1,77 @@
+"""The torch.ops.bsjit operators without a GPU: registration, shape propagation under FakeTensorMode
+and on the meta device (fake CUDA tensors included), errors, and autograd's graph."""
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import bsjit
+import bsjit.functional as F
+
+MASK = np.array([[1, 0, 1, 1], [0, 1, 0, 0], [1, 1, 0, 0]], dtype=bool)  # 3 × 4 blocks, 6 stored
+B = 32
+C, K = 3 * B, 4 * B
+
+
+def test_ops_are_registered():
+    for name in ("matmul", "matmul_backward_data", "matmul_backward_weight"):
+        assert hasattr(torch.ops.bsjit, name), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("device", ["meta", "fake-cuda"])
+def test_shapes_propagate(dtype, device):
+    layout = bsjit.Layout(MASK)
+
+    def run():
+        dev = "cuda" if device == "fake-cuda" else "meta"
+        x = torch.empty(5, 7, C, dtype=dtype, device=dev)
+        w = torch.empty(layout.blocks, B, B, dtype=dtype, device=dev)
+        y = F.matmul(x, w, layout)
+        assert y.shape == (5, 7, K) and y.dtype == dtype and y.device.type == dev
+        dy = torch.empty_like(y)
+        assert F.matmul_backward_data(dy, w, layout).shape == x.shape
+        assert F.matmul_backward_weight(x, dy, w, layout).shape == w.shape
+        xt = torch.empty(C, 11, dtype=dtype, device=dev)
+        assert F.matmul(xt, w, layout, feature_axis="first").shape == (K, 11)
+
+    if device == "fake-cuda":
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            run()
+    else:
+        run()
+
+
+def test_autograd_through_meta_tensors():
+    layout = bsjit.Layout(MASK)
+    x = torch.empty(16, C, device="meta", requires_grad=True)
+    w = torch.empty(layout.blocks, B, B, device="meta", requires_grad=True)
+    gate = torch.empty(layout.blocks, device="meta", requires_grad=True)
+    y = F.matmul(x, w, layout, gate=gate)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape and gate.grad.shape == gate.shape
+
+
+def test_wrong_inputs_raise_with_the_reason():
+    layout = bsjit.Layout(MASK)
+    w = torch.empty(layout.blocks, B, B, device="meta")
+    with pytest.raises(ValueError, match=r"must be \[\.\.\., 96\]"):
+        F.matmul(torch.empty(4, C + 1, device="meta"), w, layout)
+    with pytest.raises(ValueError, match="one dtype"):
+        F.matmul(torch.empty(4, C, device="meta", dtype=torch.bfloat16), w, layout)
+    with pytest.raises(ValueError, match="block size 24"):
+        F.matmul(torch.empty(4, 72, device="meta"), torch.empty(6, 24, 24, device="meta"), layout)
+    with pytest.raises(ValueError, match="float32 \\[6\\]"):
+        F.matmul(torch.empty(4, C, device="meta"), w, layout, gate=torch.empty(5, device="meta"))
+    with pytest.raises(ValueError, match="feature_axis"):
+        F.matmul(torch.empty(4, C, device="meta"), w, layout, feature_axis="middle")
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        F.matmul(torch.empty(4, C, dtype=torch.float64, device="meta"),
+                 torch.empty(6, B, B, dtype=torch.float64, device="meta"), layout)
+
+
+def test_cpu_tensors_are_refused_not_run():
+    layout = bsjit.Layout(MASK)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        F.matmul(torch.randn(4, C), torch.randn(layout.blocks, B, B), layout)
