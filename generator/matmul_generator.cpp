@@ -853,6 +853,46 @@ double tile_fill(const Layout& layout, std::int64_t rows, std::int64_t cols) {
   return tiles.empty() ? 0.0 : static_cast<double>(layout.blocks()) / (static_cast<double>(tiles.size()) * rows * cols);
 }
 
+// The order in which the Hopper backward-weight kernels take their units, for L2. CTA p of the P
+// resident ones takes units p, p + P, ... (SddSchedule), so each wave of P consecutive units walks N
+// together, and what one step of a wave reads from L2 (X's rows of the units' row positions, dY's
+// of their column positions) is read from DRAM once if the CTAs stay within a few steps of one
+// another. Over many waves they do not: in the order the tables come in (row positions ascending,
+// then columns), a wave spans a few row positions and every column, so a step's rows of dY are a
+// whole row of dY (24 KB at K = 12288), and CTAs some tens of steps apart need more than L2 holds.
+// Instead the units go in super-rows of S row positions, column-major within one: a wave spans S
+// row positions × about P / (S · u) of each one's u units, and the rows a step reads fall to
+// S · x + K · P / (S · u) features (x: a unit's own features of X at its row position, K: the
+// features of all columns), least at S = sqrt(K · P / (u · x)). C = K = 12288, b = 32, 64 × 512
+// bands (u = 11 units a band, x = 64): S = 48, 6144 features a step against 13056. Measured (H100,
+// bf16, d = 0.25, N = 8192, 2026-12-05; docs/PERFORMANCE.md "Backward-weight in an L2 order"):
+// 12288² 78.9 -> 176.6 TFLOP/s at b = 32 and 165.7 -> 396.0 at b = 64, 4096 × 11008 ×1.9, suite
+// W's 4096² ×1.08-1.18 at d = 0.25; at d = 0.1 b = 32 from level to 6% slower (three rounds).
+// row[i], col[i]: unit i's row and column positions (block rows or bands, first block column).
+std::vector<std::int64_t> l2_unit_order(const std::vector<std::int64_t>& row, const std::vector<std::int64_t>& col,
+                                        double x_features, double k_features, double ctas) {
+  const std::int64_t units = static_cast<std::int64_t>(row.size());
+  std::vector<std::int64_t> order(units);
+  std::iota(order.begin(), order.end(), 0);
+  if (units == 0) return order;
+  const std::int64_t rows = *std::max_element(row.begin(), row.end()) + 1;
+  const double per_row = static_cast<double>(units) / static_cast<double>(rows);
+  const std::int64_t s =
+      std::clamp<std::int64_t>(std::llround(std::sqrt(k_features * ctas / (per_row * x_features))), 1, rows);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return std::tuple(row[a] / s, col[a], row[a]) < std::tuple(row[b] / s, col[b], row[b]);
+  });
+  return order;
+}
+
+// Puts units in `order`: each unit's `per_unit` entries of `table` (a table of units) moved with it.
+void permute_units(std::vector<int>& table, std::int64_t per_unit, const std::vector<std::int64_t>& order) {
+  std::vector<int> out;
+  out.reserve(table.size());
+  for (std::int64_t u : order) out.insert(out.end(), table.begin() + u * per_unit, table.begin() + (u + 1) * per_unit);
+  table = std::move(out);
+}
+
 // For each output block column j: pairs (input block, W block index), input block ascending.
 // forward: columns of the layout; backward-data (trans_w): rows (the layout of Wᵀ).
 Columns output_columns(const Layout& layout, bool trans_w) {
@@ -1361,6 +1401,27 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     } else {
       coords.reserve(2 * layout.blocks());
       for (auto& [r, c] : layout.coords()) coords.push_back(r), coords.push_back(c);
+      if (t.tma)  // the block of each unit, once the units are reordered (l2_unit_order)
+        for (std::int64_t i = 0; i < layout.blocks(); ++i) tile_blocks.push_back(static_cast<int>(i));
+    }
+    if (t.tma && units > 0) {  // units in an order that keeps a wave's reads in L2 (l2_unit_order)
+      // per unit: coords' and tile_blocks' entries; its row and column positions, the features of X
+      // at its row position and the features of the other operand across all positions
+      const std::int64_t per_coords = static_cast<std::int64_t>(coords.size()) / units,
+                         per_blocks = static_cast<std::int64_t>(tile_blocks.size()) / units;
+      std::vector<std::int64_t> row(units), col(units);
+      double x_features = static_cast<double>(b), k_features = static_cast<double>(K);
+      for (std::int64_t u = 0; u < units; ++u) {
+        row[u] = coords[u * per_coords];
+        col[u] = coords[u * per_coords + 1];
+      }
+      if (t.tile_edge > 0) x_features = static_cast<double>(t.tile_edge);
+      if (t.row_blocks > 0) x_features = static_cast<double>(band_rows_of(t, b) * b);
+      if (t.col_blocks > 0) k_features = static_cast<double>(C);  // a block column's dY, its rows of X gathered
+      const std::vector<std::int64_t> order =
+          l2_unit_order(row, col, x_features, k_features, static_cast<double>(resident_ctas(t)));
+      permute_units(coords, per_coords, order);
+      permute_units(tile_blocks, per_blocks, order);
     }
     g.grid_x = units;
     g.rows_per_cta = 0;
@@ -1397,25 +1458,27 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                 kernels::kSplitCounters));
       g.workspace_bytes = (kernels::kSplitCounters + partials) * 4;
     }
-    tables =
-        t.row_blocks > 0
-            ? fmt::format(
-                  "// Units of {} block columns of a band of {} block row(s): per unit the band, then its\n"
-                  "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
-                  "// column) (row-major; -1: none).\n",
-                  t.row_blocks, band_rows_of(t, b))
-        : t.col_blocks > 0 ? fmt::format(
-                                 "// Units of {} blocks of a block column: per unit the block column, then its block\n"
-                                 "// rows (-1: an empty slot), and the block index of each (-1: none).\n",
-                                 t.col_blocks)
-        : t.tile_edge > 0 ? fmt::format(
-                                "// (tile row, tile column) of each {} × {} tile of dW holding a block, and "
-                                "the\n// block index of each block of the tile (row-major; -1: none).\n",
-                                edge, t.bn)
-                          : std::string("// (block row, block column) of each nonzero block of W, in block order.\n");
+    tables = t.row_blocks > 0
+                 ? fmt::format(
+                       "// Units of {} block columns of a band of {} block row(s): per unit the band, then its\n"
+                       "// block columns (-1: an empty slot), and the block index at each (row of the band,\n"
+                       "// column) (row-major; -1: none).\n",
+                       t.row_blocks, band_rows_of(t, b))
+             : t.col_blocks > 0
+                 ? fmt::format(
+                       "// Units of {} blocks of a block column: per unit the block column, then its block\n"
+                       "// rows (-1: an empty slot), and the block index of each (-1: none).\n",
+                       t.col_blocks)
+             : t.tile_edge > 0 ? fmt::format(
+                                     "// (tile row, tile column) of each {} × {} tile of dW holding a block, and "
+                                     "the\n// block index of each block of the tile (row-major; -1: none).\n",
+                                     edge, t.bn)
+             : t.tma ? std::string(
+                           "// (block row, block column) of each unit's block of W, and the block's index,\n"
+                           "// in the order the CTAs take the units.\n")
+                     : std::string("// (block row, block column) of each nonzero block of W, in block order.\n");
     tables += add_table(g.tables, "kCoords", std::move(coords));
-    if (t.row_blocks > 0 || t.col_blocks > 0 || t.tile_edge > 0)
-      tables += add_table(g.tables, "kTileBlocks", std::move(tile_blocks));
+    if (t.tma) tables += add_table(g.tables, "kTileBlocks", std::move(tile_blocks));
   } else {
     // For each output block column j: pairs (input block, W block index), input block ascending.
     // forward: columns of the layout; backward-data: rows (the layout of Wᵀ).
@@ -1500,7 +1563,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       !grouping     ? std::string()
       : group_table ? std::string("  __device__ static int groups() { return kCounts[0]; }\n")
                     : fmt::format("  __device__ static constexpr int groups() {{ return {}; }}\n", g.grid_x);
-  const bool slots = t.tile_edge > 0 || t.row_blocks > 0 || t.col_blocks > 0;  // sdd tables of block slots per unit
+  const bool slots = t.tma;  // sdd tables of block slots per unit (one block a unit: sdd_tma_kernel's)
   const std::string accessors =
       (sdd && t.tma ? std::string("  __device__ static const int* counts() { return kCounts; }\n") : groups) +
       (sdd        ? (slots ? "  __device__ static const int* coords() { return kCoords; }\n"

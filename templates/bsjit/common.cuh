@@ -50,6 +50,17 @@ __device__ __forceinline__ T zero() {
   return from_float<T>(0.0f);
 }
 
+// at(p) for a run-time p in 0 .. K - 1, from K statically indexed candidates at(0) .. at(K - 1):
+// K - 1 selects, so that register arrays stay in registers where a loop over p is rolled (one copy
+// of the loop's code for every p).
+template <int K, class At>
+__device__ __forceinline__ auto select_static(int p, At at) {
+  auto v = at(0);
+#pragma unroll
+  for (int q = 1; q < K; ++q) v = p == q ? at(q) : v;
+  return v;
+}
+
 // A kernel built for calls without per-call options (Config::kPlain: neither accumulate nor gate)
 // drops both at its entry, so that NVVM removes their code: a tenth to a half of a Hopper
 // kernel's cold compile (docs/PERFORMANCE.md). The host passes the same arguments to either kernel.

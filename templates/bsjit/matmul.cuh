@@ -581,7 +581,7 @@ __device__ __forceinline__ void add_old_features(float (&d)[R / 2], const typena
     for (int i = 8 * p; i < 8 * p + 8; i += 2) {
       // the ldmatrix tile q that store_feature_piece's stmatrix writes: packed pairs 2i .. 2i + 3
       const int q = lane / 8, row = 8 * (i - 8 * p + q / 2) + lane % 8, chunk = 2 * warp + q % 2;
-      add_ldmatrix_trans<T>(d + 4 * i, tile_p + swizzled_offset(row, chunk));
+      add_ldmatrix<T, true>(d + 4 * i, tile_p + swizzled_offset(row, chunk));
     }
   }
   consumer_barrier(consumer);  // the tiles are read: the pieces' stores may fill them
@@ -615,11 +615,7 @@ __device__ __forceinline__ void store_feature_piece(int p, const PackedFeatures<
   unsigned char* tile_p = out_tile + (piece % 2) * 64 * kSwizzleRowBytes;
   unsigned v[16];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    v[j] = tile.packed[j];
-#pragma unroll
-    for (int pp = 1; pp < R / 64; ++pp) v[j] = p == pp ? tile.packed[16 * pp + j] : v[j];
-  }
+  for (int j = 0; j < 16; ++j) v[j] = select_static<R / 64>(p, [&](int q) { return tile.packed[16 * q + j]; });
 #pragma unroll
   for (int i = 0; i < 8; i += 2) {
     // stmatrix tile q: rows 8 (i + q / 2) .., features 16·warp + 8 (q % 2) ..
@@ -692,21 +688,29 @@ __device__ __forceinline__ void dsd_tma_stages(const Ring& ring, const float* __
 }
 
 // The reduction of split pieces (backward-weight's SddSchedule pieces, the small batch's split
-// columns): a piece's accumulators d (TILES m64 tiles from row row0, N columns from col0, of planes
-// of `width` floats a row) go to its plane; the last of the `pieces` to arrive (counter) adds every
-// plane, in piece order (deterministic), into d, sets the counter back to 0 for the next launch and
-// returns true; the others return false. Planes: `planes`, `plane` floats apart. leader: the thread
+// columns): a piece's accumulators d (TILES m64 tiles of N columns a consumer thread) go to its
+// plane; the last of the `pieces` to arrive (counter) adds every plane, in piece order
+// (deterministic), into d, sets the counter back to 0 for the next launch and returns true; the
+// others return false. Planes: `planes`, `plane` floats apart (16-byte aligned). leader: the thread
 // that counts. Every one of the kConsumerThreads consumer threads calls it.
+// A plane holds the partials thread-major, not as the tile: every piece runs the same kernel, so a
+// consumer thread holds the same elements of the tile in each, and the last piece adds slot by
+// slot. Vector v of thread s is float4 v · kConsumerThreads + s: each access a warp's 512
+// contiguous bytes, each at a constant offset from one address. Stored as the tile (a float2 per
+// accumulator pair, its address from the pair's row and column), the reduction cost a b = 64 row
+// group 270 ms of cold compile (415 → 685 ms; PTX 2479 → 3363 lines).
 template <int kConsumerThreads, int TILES, int N>
-__device__ __forceinline__ bool add_piece_partials(float (&d)[TILES][N / 2], int row0, int col0, int width,
-                                                   float* planes, long long plane, int piece, int pieces,
-                                                   unsigned* counter, int leader) {
-  float* mine = planes + piece * plane;
+__device__ __forceinline__ bool add_piece_partials(float (&d)[TILES][N / 2], float* planes, long long plane, int piece,
+                                                   int pieces, unsigned* counter, int leader) {
+  constexpr int kVectors = TILES * N / 8;  // float4s a thread
+  static_assert(N % 8 == 0, "whole float4s of a tile's accumulators");
+  const int slot = threadIdx.x % kConsumerThreads;  // the consumer threads, one to one
+  float4* mine = reinterpret_cast<float4*>(planes + piece * plane) + slot;
 #pragma unroll
-  for (int t = 0; t < TILES; ++t)
-    wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-      *reinterpret_cast<float2*>(mine + r * width + col0 + c) = make_float2(d[t][e], d[t][e + 1]);
-    });
+  for (int v = 0; v < kVectors; ++v) {
+    const float* a = &d[4 * v / (N / 2)][4 * v % (N / 2)];
+    mine[v * kConsumerThreads] = make_float4(a[0], a[1], a[2], a[3]);
+  }
   __threadfence();
   named_barrier_sync(1, kConsumerThreads);
   __shared__ int last;
@@ -720,14 +724,13 @@ __device__ __forceinline__ bool add_piece_partials(float (&d)[TILES][N / 2], int
     for (int e = 0; e < N / 2; ++e) d[t][e] = 0.0f;
 #pragma unroll 1
   for (int j = 0; j < pieces; ++j) {
-    const float* from = planes + j * plane;
+    const float4* from = reinterpret_cast<const float4*>(planes + j * plane) + slot;
 #pragma unroll
-    for (int t = 0; t < TILES; ++t)
-      wgmma_for_each_pair<N>(row0 + t * 64, [&](int r, int c, int e) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(from + r * width + col0 + c));
-        d[t][e] += v.x;
-        d[t][e + 1] += v.y;
-      });
+    for (int v = 0; v < kVectors; ++v) {
+      const float4 x = __ldcg(from + v * kConsumerThreads);
+      float* a = &d[4 * v / (N / 2)][4 * v % (N / 2)];
+      a[0] += x.x, a[1] += x.y, a[2] += x.z, a[3] += x.w;
+    }
   }
   if (threadIdx.x == leader) *counter = 0;
   return true;
@@ -778,14 +781,14 @@ struct DsdTiles {
   }
 };
 
-// A piece of a split column (Cfg::kSplit), its product in the consumers' accumulators d (row0: the
-// consumer's first row of the tile): written as fp32 to its plane of the workspace; the column's
-// last piece to arrive adds all the pieces' partials, in piece order (deterministic), into d and
-// returns true, to store them; the others return false. Workspace: the arrival counters (one per
-// split column and row tile; the last piece sets its own back to 0 for the next launch), then
-// Cfg::split_planes()[0] planes of BM × b partials per row tile. Every consumer thread calls it.
+// A piece of a split column (Cfg::kSplit), its product in the consumers' accumulators d: written
+// as fp32 to its plane of the workspace; the column's last piece to arrive adds all the pieces'
+// partials, in piece order (deterministic), into d and returns true, to store them; the others
+// return false. Workspace: the arrival counters (one per split column and row tile; the last piece
+// sets its own back to 0 for the next launch), then Cfg::split_planes()[0] planes of BM × b
+// partials per row tile. Every consumer thread calls it.
 template <class Cfg, int TILES>
-__device__ __forceinline__ bool dsd_add_pieces(float (&d)[TILES][Cfg::kBlock / 2], const DsdTile& tile, int row0,
+__device__ __forceinline__ bool dsd_add_pieces(float (&d)[TILES][Cfg::kBlock / 2], const DsdTile& tile,
                                                float* workspace) {
   constexpr int b = Cfg::kBlock;
   constexpr long long kPlane = static_cast<long long>(Cfg::kBM) * b;
@@ -793,8 +796,7 @@ __device__ __forceinline__ bool dsd_add_pieces(float (&d)[TILES][Cfg::kBlock / 2
   unsigned* counter = reinterpret_cast<unsigned*>(workspace) + row_tile * gridDim.x + tile.split;
   float* planes = workspace + kSplitCounters +
                   (static_cast<long long>(row_tile) * Cfg::split_planes()[0] + tile.first_plane) * kPlane;
-  return add_piece_partials<Cfg::kWarpsM * 128, TILES, b>(d, row0, 0, b, planes, kPlane, tile.piece, tile.pieces,
-                                                          counter, 128);
+  return add_piece_partials<Cfg::kWarpsM * 128, TILES, b>(d, planes, kPlane, tile.piece, tile.pieces, counter, 128);
 }
 
 template <class Cfg>
@@ -917,7 +919,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
       if constexpr (Cfg::kSplit)
-        if (tile.split >= 0 && !dsd_add_pieces<Cfg, kTiles>(d, tile, consumer * kRows, workspace)) continue;
+        if (tile.split >= 0 && !dsd_add_pieces<Cfg, kTiles>(d, tile, workspace)) continue;
       // Accumulator d[t][4i + 2h + e]: row 16·warp + lane / 4 + 8h of m64 tile t, column 8i + 2·(lane % 4) + e.
       // Each warp stores its 16 rows, kSlice columns at a time, through its part of the staging tile.
       unsigned char* warp_tile = out_tile + warp * 16 * kRow;  // two whole swizzle atoms
@@ -1114,60 +1116,78 @@ struct StagedBlocks {
 // block by TMA (map_dw: dW as [blocks · b, b]): whole rows of a block, where the register epilogue
 // writes 4 bytes per pair, 8 rows of 16 bytes per warp instruction. At N = 64, b = 64 (one 64-row
 // step per block) the register stores took 60% of the kernel: 0.064 ms, 0.026 without them.
+// The 64-column pieces go through one copy of the code (a rolled loop; a piece's 32 accumulators and
+// its blocks selected from the N / 64 candidates, statically indexed), and dW's old values come in
+// through the staging as the new ones go out (16-byte row loads, ldmatrix), instead of a 4-byte
+// load per accumulator pair. Cold compile of the general kernels (NVRTC alone, 2-core machine, 4096
+// blocks; 2026-12-05, docs/PERFORMANCE.md), both together: rows4 b = 64 475 → 280-307 ms, tile128 b = 32 424 → 268;
+// the rolled loop alone: rows4 352 → 280, tile128 b = 32 330 → 275, b = 128 334 → 293, b = 16 390
+// → 327. The plain kernels' compile is level either way.
 template <class Cfg, int TILES, int N, class Units>
 __device__ __forceinline__ void store_sdd_staged(float (&d)[TILES][N / 2], int row0, int col0, const Units& units,
                                                  const StagedBlocks<Cfg, TILES, N>& blocks, const TensorMap& map_dw,
                                                  unsigned char* tile) {
   using T = typename Cfg::T;
   constexpr int b = Cfg::kBlock, W = b < 64 ? b : 64, kRowBytes = 2 * W, kPieceBytes = 16 * kRowBytes;
-  static_assert((64 / W) * kPieceBytes == kSddWarpStaging, "a warp's pieces fill its staging");
+  constexpr int kPieces = N / 64, kSlots = 64 / W;
+  static_assert(kSlots * kPieceBytes == kSddWarpStaging, "a warp's pieces fill its staging");
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
     const int r = row0 + t * 64 + warp * 16;  // the warp's first row of the unit (16 rows of one block row)
+#pragma unroll 1
+    for (int p = 0; p < kPieces; ++p) {
+      float v[32];
+      int at_block[kSlots];
 #pragma unroll
-    for (int p = 0; p < N / 64; ++p) {
-      if (units.gate != nullptr || units.accumulate) {
+      for (int e = 0; e < 32; ++e) v[e] = select_static<kPieces>(p, [&](int q) { return d[t][32 * q + e]; });
 #pragma unroll
-        for (int i = 8 * p; i < 8 * p + 8; ++i) {
-          const int c = col0 + 8 * i, block = blocks.at[t][p][(8 * (i - 8 * p)) / W];
-          if (block < 0) continue;
-          const float g = units.gate == nullptr ? 1.0f : units.gate[block];
+      for (int s = 0; s < kSlots; ++s)
+        at_block[s] = select_static<kPieces>(p, [&](int q) { return blocks.at[t][q][s]; });
+      if (units.gate != nullptr) {  // each piece's gate, read once (a piece without a block: any)
+        float g[kSlots];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& v0 = d[t][4 * i + 2 * h];
-            float& v1 = d[t][4 * i + 2 * h + 1];
-            if (g == 0.0f) v0 = v1 = 0.0f;  // whatever X and dY hold
-            v0 *= g, v1 *= g;
-            if (units.accumulate) {
-              float lo, hi;
-              unpack_pair<T>(
-                  *reinterpret_cast<const unsigned*>(units.dw + static_cast<long long>(block) * b * b +
-                                                     ((r + lane / 4 + 8 * h) % b) * b + (c + 2 * (lane % 4)) % b),
-                  lo, hi);
-              v0 += lo, v1 += hi;
-            }
-          }
+        for (int s = 0; s < kSlots; ++s) g[s] = at_block[s] < 0 ? 1.0f : units.gate[at_block[s]];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+          const float ge = g[8 * (e / 4) / W];  // pair e / 4: columns 8 (e / 4) .. of the 64
+          v[e] = ge == 0.0f ? 0.0f : v[e] * ge;  // 0 where gated to 0, whatever X and dY hold
         }
       }
       if (lane == 0) bulk_wait_group_read<0>();  // the warp's last store has read the staging
       __syncwarp();
+      if (units.accumulate) {  // dW's old rows of the pieces into the staging, where stmatrix writes
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // 16 rows of 8 16-byte chunks, 4 a lane
+          const int e = lane + 32 * k, row = e / 8, chunk = e % 8, block = at_block[chunk / (W / 8)];
+          if (block < 0) continue;
+          const T* from =
+              units.dw + static_cast<long long>(block) * b * b + ((r + row) % b) * b + (col0 + 64 * p + 8 * chunk) % b;
+          *reinterpret_cast<Chunk16*>(tile + (chunk / (W / 8)) * kPieceBytes +
+                                      swizzled_offset_in<kRowBytes>(row, chunk % (W / 8))) =
+              *reinterpret_cast<const Chunk16*>(from);
+        }
+        __syncwarp();
+      }
       // stmatrix tile q of pair i: the warp's rows 8 (q % 2) .., columns 8 (i + q / 2) .. of the piece
       const int q = lane / 8, row = 8 * (q % 2) + lane % 8;
 #pragma unroll
-      for (int i = 8 * p; i < 8 * p + 8; i += 2) {
-        const float* v = d[t] + 4 * i;
-        const unsigned regs[4] = {pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]), pack_pair<T>(v[4], v[5]),
-                                  pack_pair<T>(v[6], v[7])};
-        const int chunk = i - 8 * p + q / 2;  // 16-byte chunk of the warp's 64 columns
-        stmatrix_x4(tile + (chunk / (W / 8)) * kPieceBytes + swizzled_offset_in<kRowBytes>(row, chunk % (W / 8)), regs);
+      for (int i = 0; i < 8; i += 2) {
+        float* x = v + 4 * i;
+        const int chunk = i + q / 2;  // 16-byte chunk of the warp's 64 columns
+        unsigned char* at =
+            tile + (chunk / (W / 8)) * kPieceBytes + swizzled_offset_in<kRowBytes>(row, chunk % (W / 8));
+        if (units.accumulate) add_ldmatrix<T, false>(x, at);  // in fp32: the sum rounded once
+        const unsigned regs[4] = {pack_pair<T>(x[0], x[1]), pack_pair<T>(x[2], x[3]), pack_pair<T>(x[4], x[5]),
+                                  pack_pair<T>(x[6], x[7])};
+        stmatrix_x4(at, regs);
       }
       fence_proxy_async();
       __syncwarp();
       if (lane == 0) {
 #pragma unroll
-        for (int s = 0; s < 64 / W; ++s) {
-          const int block = blocks.at[t][p][s];
+        for (int s = 0; s < kSlots; ++s) {
+          const int block = at_block[s];
           if (block >= 0) tma_store_2d(map_dw, tile + s * kPieceBytes, (col0 + 64 * p + s * W) % b, block * b + r % b);
         }
         bulk_commit_group();
@@ -1192,8 +1212,7 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
       const int leftover = schedule.leftover(item);
       unsigned* counter = reinterpret_cast<unsigned*>(workspace) + leftover;
       float* planes = workspace + kSplitCounters + leftover * schedule.q * kPlane;
-      if (!add_piece_partials<kConsumerThreads, TILES, N>(d, row0, col0, C, planes, kPlane, item.piece, schedule.q,
-                                                          counter, 0))
+      if (!add_piece_partials<kConsumerThreads, TILES, N>(d, planes, kPlane, item.piece, schedule.q, counter, 0))
         return;
     }
   }
@@ -1254,8 +1273,15 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
   ring.init(kConsumerThreads);
   const SddSchedule schedule(Cfg::counts()[0], gridDim.x, Cfg::counts()[1], (n + 63) / 64);  // units, planes
   const int items = schedule.items(blockIdx.x);
+  // b = 32 and 64: the consumers' k loop rolled (one wgmma statement per m64 tile instead of 4),
+  // their role from warpgroup_index so that ptxas keeps the rolled wgmmas pipelined. Cold compile
+  // (2-core machine, NVRTC alone, suite W Bernoulli d = 0.25): rows16 434 → 252 ms, rows4 420 → 228
+  // (split layouts 585 → 331, 558 → 309). Run time, one A/B round with every Hopper kernel rolled:
+  // b = 32 ×1.037, b = 64 ×0.992; b = 16 ×0.966 and b = 128 ×0.962 keep the unrolled loop.
+  constexpr bool kRolledK = Cfg::kBlock == 32 || Cfg::kBlock == 64;
+  const int warpgroup = kRolledK ? warpgroup_index() : static_cast<int>(threadIdx.x / 128);
 
-  if (threadIdx.x >= kConsumerThreads) {  // the producer warp
+  if (warpgroup >= kConsumers) {  // the producer warp
     if (threadIdx.x != kConsumerThreads) return;
     // An item's coordinates, read from the tables once (the copies' asm clobbers memory, so reads in
     // the step loop would be repeated every step); for units with gaps (row bands and groups: up to
@@ -1307,7 +1333,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
     return;
   }
 
-  const int consumer = threadIdx.x / 128;
+  const int consumer = warpgroup;
   // (constants where the consumers split only one way: the epilogue then finds each pair's block
   // at compile time)
   const int row0 = kAlongRows == 1 ? 0 : (consumer % kAlongRows) * kRows;
@@ -1347,7 +1373,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
       const unsigned char* as = stage_a(i) + (row0 / 64) * kBoxBytes;
       const unsigned char* bs = stage_b(i) + (col0 / kBoxCols) * kDyBoxBytes;
       wgmma_fence();
-#pragma unroll
+#pragma unroll(kRolledK ? 1 : kSlice / 16)
       for (int kk = 0; kk < kSlice / 16; ++kk) {
         // 16 rows of N further on; dY's boxes of kBoxCols features kSlice rows apart
         const unsigned long long db =
@@ -1410,14 +1436,17 @@ struct DwWriter {
   }
 };
 
-// sdd_tma_kernel's units: block u of dW.
+// sdd_tma_kernel's units: one block of dW each (Cfg::coords(): its block row and column;
+// Cfg::tile_blocks(): its index), in the order the generator chose for L2.
 template <class Cfg>
 struct BlockUnits : DwWriter<Cfg> {
   static constexpr bool kGaps = false;
   __device__ __forceinline__ int row(int u, int box) const { return Cfg::coords()[2 * u] * Cfg::kBlock + box * 64; }
   __device__ __forceinline__ int column(int u, int box) const { return Cfg::coords()[2 * u + 1] * Cfg::kBlock + box * 64; }
-  __device__ __forceinline__ int block(int u, int, int) const { return u; }
-  __device__ __forceinline__ SddItem gated(const SddItem& item) const { return DwWriter<Cfg>::gated(item, &item.unit, 1); }
+  __device__ __forceinline__ int block(int u, int, int) const { return Cfg::tile_blocks()[u]; }
+  __device__ __forceinline__ SddItem gated(const SddItem& item) const {
+    return DwWriter<Cfg>::gated(item, Cfg::tile_blocks() + item.unit, 1);
+  }
 };
 
 // sdd_tiled_kernel's units: tile u of E rows × EC features of dW (Cfg::coords(): its tile row and

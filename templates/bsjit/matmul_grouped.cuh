@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // stmatrix (ldmatrix) tile q: rows 8 (i + q / 2) .., outputs 16·warp + 8 (q % 2) ..
       const int q = lane / 8, row = (8 * (i + q / 2) + lane % 8) % kOutRows, chunk = 2 * warp + q % 2;
       unsigned char* at = out_tile + swizzled_offset(row, chunk);
-      if (accumulate) add_ldmatrix_trans<T>(d + 4 * i, at);
+      if (accumulate) add_ldmatrix<T, true>(d + 4 * i, at);
       const unsigned r[4] = {pack_pair<T>(d[4 * i], d[4 * i + 1]), pack_pair<T>(d[4 * i + 2], d[4 * i + 3]),
                              pack_pair<T>(d[4 * i + 4], d[4 * i + 5]), pack_pair<T>(d[4 * i + 6], d[4 * i + 7])};
       stmatrix_x4_trans(at, r);

@@ -85,13 +85,16 @@ __device__ __forceinline__ unsigned scale_pair(unsigned v, float s) {
   return pack_pair<T>(lo * s, hi * s);
 }
 
-// Adds to d[0..7], in fp32, the 8 16-bit values ldmatrix.trans hands this thread from the four 8 × 8
-// tiles at p (pairs in register order): how a consumer adds Y's old values, staged in shared memory
-// where its stmatrix.trans would write the new ones, to its accumulators.
-template <class T>
-__device__ __forceinline__ void add_ldmatrix_trans(float* d, const void* p) {
+// Adds to d[0..7], in fp32, the 8 16-bit values ldmatrix (.trans with TRANS) hands this thread from
+// the four 8 × 8 tiles at p (pairs in register order): how a consumer adds an output's old values,
+// staged in shared memory where its stmatrix (.trans) would write the new ones, to its accumulators.
+template <class T, bool TRANS>
+__device__ __forceinline__ void add_ldmatrix(float* d, const void* p) {
   unsigned old[4];
-  ldmatrix_x4_trans(old, p);
+  if constexpr (TRANS)
+    ldmatrix_x4_trans(old, p);
+  else
+    ldmatrix_x4(old, p);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float lo, hi;

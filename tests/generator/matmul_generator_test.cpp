@@ -825,8 +825,9 @@ TEST(Generator, TiledTablesRebuildTheLayout) {
 }
 
 // The row-grouped backward-weight kernel's tables: a unit is a band of block rows (one at b ≥ 64,
-// 64 / b at b ≤ 32) with up to m block columns holding a block in the band, ascending, padded with -1
-// only in the band's last unit; the block index of each (row, column) of a unit is the layout's, and
+// 64 / b at b ≤ 32) with up to m block columns holding a block in the band, ascending over the band's
+// units (in whatever order the bands' units interleave: l2_unit_order), padded with -1 only in the
+// band's last unit; the block index of each (row, column) of a unit is the layout's, and
 // together the units hold every block once.
 TEST(Generator, RowBandTablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 10; ++seed)
@@ -851,13 +852,13 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
           ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * (m + 1)));
           ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * per * m));
           std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
-          int previous_band = -1, previous_column = -1, padded_units = 0;
+          std::map<int, int> last_column, short_units;  // per band: its last column so far, its short units
+          int padded_units = 0;
           for (int u = 0; u < units; ++u) {
             const int band = coords[u * (m + 1)];
             const int* columns = coords.data() + u * (m + 1) + 1;
-            EXPECT_GE(band, previous_band) << "units in band order";
-            if (band != previous_band) previous_column = -1;
-            previous_band = band;
+            EXPECT_EQ(short_units[band], 0) << "only a band's last unit is short";
+            int& previous_column = last_column.try_emplace(band, -1).first->second;
             ASSERT_GE(columns[0], 0) << "a unit's first slot holds a column";
             bool padded = false;
             for (int s = 0; s < m; ++s) {
@@ -878,10 +879,7 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
               }
               EXPECT_GT(held, 0) << "only columns holding a block in the band";
             }
-            if (padded) {
-              ++padded_units;
-              EXPECT_TRUE(u + 1 == units || coords[(u + 1) * (m + 1)] != band) << "only a band's last unit is short";
-            }
+            if (padded) ++padded_units, ++short_units[band];
           }
           EXPECT_LE(padded_units, (layout.rows() + per - 1) / per);
           EXPECT_EQ(static_cast<std::int64_t>(rebuilt.size()), layout.blocks()) << "every block once";
@@ -901,7 +899,8 @@ TEST(Generator, RowBandTablesRebuildTheLayout) {
 }
 
 // The column-grouped backward-weight kernel's tables (b = 128): a unit is a block column with up to
-// 2 of its blocks' rows, ascending, padded with -1 only in the column's last unit; the block index of
+// 2 of its blocks' rows, ascending over the column's units, padded with -1 only in the column's last
+// unit; the block index of
 // each slot is the layout's, and together the units hold every block once.
 TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
   for (std::uint64_t seed = 1; seed <= 10; ++seed) {
@@ -920,19 +919,18 @@ TEST(Generator, ColumnGroupTablesRebuildTheLayout) {
     ASSERT_EQ(static_cast<int>(coords.size()), std::max(1, units * 3));
     ASSERT_EQ(static_cast<int>(blocks.size()), std::max(1, units * 2));
     std::vector<std::pair<std::int64_t, std::int64_t>> rebuilt;
-    int previous_column = -1, previous_row = -1;
+    std::map<int, int> last_row, short_units;  // per block column: its last row so far, its short units
     for (int u = 0; u < units; ++u) {
       const int column = coords[u * 3];
-      EXPECT_GE(column, previous_column) << "units in column order";
-      if (column != previous_column) previous_row = -1;
-      previous_column = column;
+      EXPECT_EQ(short_units[column], 0) << "only a column's last unit is short";
+      int& previous_row = last_row.try_emplace(column, -1).first->second;
       ASSERT_GE(coords[u * 3 + 1], 0) << "a unit's first slot holds a block";
       for (int s = 0; s < 2; ++s) {
         const int row = coords[u * 3 + 1 + s], block = blocks[u * 2 + s];
         if (row < 0) {
           EXPECT_EQ(s, 1);
           EXPECT_EQ(block, -1);
-          EXPECT_TRUE(u + 1 == units || coords[(u + 1) * 3] != column) << "only a column's last unit is short";
+          ++short_units[column];
           continue;
         }
         EXPECT_GT(row, previous_row) << "a column's rows ascending, each once";
@@ -1558,6 +1556,90 @@ TEST(Generator, LayoutsOfOneShapeShareTheSource) {
       EXPECT_EQ(ga.source, gb.source) << ga.label;
       EXPECT_NE(tables_digest(ga.tables), tables_digest(gb.tables)) << ga.label;
     }
+}
+
+// The Hopper backward-weight kernels take their units in an order that keeps a wave's reads in L2
+// (l2_unit_order): on a 12288 × 12288 layer (d = 0.25), the rows that one step of a wave of 132
+// units reads (X at its units' row positions, dY at their columns) span under 0.65 of what the
+// tables' band order spans (0.8 for column groups, whose rows of X are scattered), for each kernel
+// kind; the one-block units carry their block's index.
+TEST(Generator, BackwardWeightUnitsGoInAnL2Order) {
+  struct Case {
+    int b;
+    TileConfig t;
+    const char* kernel;
+  };
+  TileConfig rows16, tiled, rows4, cols2, single;
+  rows16.wgmma = rows16.tma = true, rows16.row_blocks = 16, rows16.warps_m = 2, rows16.stages = 3;
+  tiled.wgmma = tiled.tma = true, tiled.tile_edge = 128, tiled.tile_cols = 256, tiled.warps_m = 2, tiled.stages = 4;
+  rows4.wgmma = rows4.tma = true, rows4.row_blocks = 4, rows4.warps_m = 1, rows4.stages = 4;
+  cols2.wgmma = cols2.tma = true, cols2.col_blocks = 2, cols2.warps_m = 2, cols2.stages = 4;
+  single.wgmma = single.tma = true, single.bm = 64, single.warps_m = 1, single.stages = 4;
+  for (const Case& c :
+       {Case{32, rows16, "sdd_rows_kernel"}, Case{16, tiled, "sdd_tiled_kernel"}, Case{64, rows4, "sdd_rows_kernel"},
+        Case{128, cols2, "sdd_cols_kernel"}, Case{64, single, "sdd_tma_kernel"}}) {
+    SCOPED_TRACE(fmt::format("b{} {}", c.b, c.kernel));
+    const std::int64_t blocks = 12288 / c.b;
+    std::mt19937_64 rng(5);
+    std::vector<std::uint8_t> m(blocks * blocks);
+    for (auto& v : m) v = rng() % 4 == 0;
+    const Layout layout = Layout::from_dense(blocks, blocks, m);
+    MatMulSpec spec{Op::backward_weight, c.b, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    spec.tiles = c.t;
+    const auto g = generate_matmul(layout, spec);
+    ASSERT_NE(g.name_expression.find(c.kernel), std::string::npos);
+    const auto coords = table(g, "kCoords"), unit_blocks = table(g, "kTileBlocks");
+    const std::int64_t units = g.grid_x, per = static_cast<std::int64_t>(coords.size()) / units;
+    // per unit: its row positions' features of one operand, and its column positions' of the other
+    const bool by_column = c.t.col_blocks > 0;
+    const std::int64_t row_features = c.t.tile_edge > 0 ? 128 : std::max(64, c.b);
+    const std::int64_t col_features = c.t.tile_edge > 0 ? 256 : c.b;
+    std::vector<std::pair<std::set<std::int64_t>, std::set<std::int64_t>>> reads(units);
+    for (std::int64_t u = 0; u < units; ++u) {
+      const int* e = coords.data() + u * per;
+      if (per == 2 || by_column) reads[u].first.insert(e[0]);
+      if (per == 2) reads[u].second.insert(e[1]);
+      for (std::int64_t j = 1; per > 2 && j < per; ++j)
+        if (e[j] >= 0) reads[u].second.insert(e[j]);
+      if (!by_column && per > 2) reads[u].first.insert(e[0]);
+    }
+    // the footprint of a wave's step, mean over the full waves, in features
+    const auto footprint = [&](const std::vector<std::int64_t>& order) {
+      double total = 0;
+      const std::int64_t waves = units / 132;
+      for (std::int64_t w = 0; w < waves; ++w) {
+        std::set<std::int64_t> rows, cols;
+        for (std::int64_t i = w * 132; i < (w + 1) * 132; ++i) {
+          rows.insert(reads[order[i]].first.begin(), reads[order[i]].first.end());
+          cols.insert(reads[order[i]].second.begin(), reads[order[i]].second.end());
+        }
+        total += static_cast<double>(rows.size() * (by_column ? c.b : row_features) +
+                                     cols.size() * (by_column ? c.b : col_features));
+      }
+      return total / static_cast<double>(waves);
+    };
+    std::vector<std::int64_t> as_generated(units), band_order(units);
+    std::iota(as_generated.begin(), as_generated.end(), 0);
+    std::iota(band_order.begin(), band_order.end(), 0);
+    std::stable_sort(band_order.begin(), band_order.end(), [&](std::int64_t a, std::int64_t b) {
+      return std::pair(coords[a * per], coords[a * per + 1]) < std::pair(coords[b * per], coords[b * per + 1]);
+    });
+    ASSERT_GE(units, 132 * 4);
+    // (a column's blocks gather rows of X from anywhere: its units' order narrows only dY)
+    const double ratio = footprint(as_generated) / footprint(band_order);
+    EXPECT_LT(ratio, by_column ? 0.8 : 0.65);
+    RecordProperty(fmt::format("b{}_{}", c.b, c.kernel), fmt::format("{:.2f}", ratio));
+    if (c.t.tile_edge == 0 && per == 2) {  // one block a unit: the block's index, each block once
+      ASSERT_EQ(static_cast<std::int64_t>(unit_blocks.size()), units);
+      std::vector<int> seen(unit_blocks);
+      std::sort(seen.begin(), seen.end());
+      for (std::int64_t i = 0; i < units; ++i) ASSERT_EQ(seen[i], i);
+      for (std::int64_t u = 0; u < units; ++u)
+        EXPECT_EQ(layout.block_coord(unit_blocks[u]),
+                  (std::pair<std::int64_t, std::int64_t>{coords[2 * u], coords[2 * u + 1]}));
+    }
+  }
 }
 
 }  // namespace

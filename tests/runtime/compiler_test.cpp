@@ -129,8 +129,9 @@ TEST(Compiler, PlainHopperKernelsDropTheOptionPaths) {
 
 // A Hopper backward-weight kernel built without split support (kSplit false: layouts whose units
 // the schedule takes whole on 132 SMs, generator::sdd_kernel_planes) compiles, and the pieces'
-// partials and their reduction are gone from it: each default's cubin at least 10% smaller than
-// the same source with kSplit true (the small layout here splits; 13-29% measured).
+// partials and their reduction are gone from it: each default's cubin at least 5% smaller than
+// the same source with kSplit true (the small layout here splits; 8-18% measured with the planes
+// thread-major, 13-29% when they held the tile).
 TEST(Compiler, UnsplitBackwardWeightKernelsDropTheSplitPath) {
   Layout layout = small_random_layout(12);
   std::vector<generator::MatMulSpec> specs;
@@ -150,7 +151,7 @@ TEST(Compiler, UnsplitBackwardWeightKernelsDropTheSplitPath) {
       const std::size_t with = runtime::compile(g.source, g.name_expression, g.label, "sm_90a").cubin.size();
       const std::size_t without =
           compile_pipelined(unsplit, g.name_expression, g.label + " without split support", "sm_90a").cubin.size();
-      if (static_cast<double>(without) > 0.9 * static_cast<double>(with))
+      if (static_cast<double>(without) > 0.95 * static_cast<double>(with))
         return fmt::format("{}: cubin without split support {} bytes, with {}", g.label, without, with);
       return "";
     } catch (const std::exception& e) {
