@@ -13,10 +13,11 @@
 #include <utility>
 
 #include "bsjit/error.hpp"
+#include "driver.hpp"
 #include "generator/matmul_generator.hpp"
 #include "kernel_registry.hpp"
-#include "driver.hpp"
 #include "module.hpp"
+#include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit {
 namespace {
@@ -56,6 +57,12 @@ struct MatMul::Impl {
   // every other kernel and MatMul there (runtime::SplitWorkspaces); held here so that it lives as
   // long as this object may launch with it.
   std::map<std::pair<runtime::Context, CUstream>, std::shared_ptr<runtime::DeviceMemory>> workspaces;
+
+  // The workspace kernel takes: its split partials and counters, or nothing.
+  static std::size_t workspace_need(const runtime::PreparedKernel& kernel) {
+    const std::size_t bytes = kernel.generated.workspace_bytes;
+    return bytes > 0 ? std::max(bytes, MatMul::workspace_counter_bytes()) : 0;
+  }
 
   float* workspace(const runtime::Context& ctx, CUstream stream, const runtime::PreparedKernel& kernel) {
     auto w = runtime::SplitWorkspaces::global().get(ctx, stream, kernel.generated.workspace_bytes);
@@ -151,8 +158,16 @@ struct MatMul::Impl {
     Launchable l = launchable(op, variant(op, n), runtime::plain_call(o), ctx);
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
-    if (l.prepared->generated.workspace_bytes > 0)
+    if (const std::size_t need = workspace_need(*l.prepared); need > 0 && o.workspace != nullptr) {
+      if (o.workspace_bytes < need || reinterpret_cast<std::uintptr_t>(o.workspace) % 16 != 0)
+        throw Error(
+            fmt::format("bsjit: {}: the workspace given ({} bytes at {}) must hold {} bytes and be 16-byte "
+                        "aligned (MatMul::workspace_size)",
+                        to_string(op), o.workspace_bytes, o.workspace, need));
+      args.workspace = static_cast<float*>(o.workspace);
+    } else if (need > 0) {
       args.workspace = workspace(ctx, s, *l.prepared);
+    }
     runtime::launch_prepared(*l.prepared, l.loaded->function, ctx, op, n, s, args);
   }
 };
@@ -287,6 +302,15 @@ std::string MatMul::kernel_label(Op op, std::int64_t n, const OpOptions& call) c
   const auto spec = impl_->spec_for(op, impl_->variant(op, n), runtime::plain_call(call), arch);
   return generator::generate_matmul(impl_->layout, spec).label;
 }
+
+std::size_t MatMul::workspace_size(Op op, std::int64_t n, const OpOptions& call) const {
+  if (n <= 0 || n > INT_MAX)
+    throw Error(fmt::format("bsjit: {}: n = {} is out of range; expected 1 ≤ n ≤ {}", to_string(op), n, INT_MAX));
+  const runtime::Context ctx = runtime::current_context();
+  return Impl::workspace_need(*impl_->launchable(op, impl_->variant(op, n), runtime::plain_call(call), ctx).prepared);
+}
+
+std::size_t MatMul::workspace_counter_bytes() { return sizeof(unsigned) * kernels::kSplitCounters; }
 
 const Layout& MatMul::layout() const { return impl_->layout; }
 const MatMulOptions& MatMul::options() const { return impl_->options; }

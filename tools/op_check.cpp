@@ -46,6 +46,8 @@ CheckResult run_and_check(const MatMul& mm, Op op, const CheckOptions& o) {
 
   OpOptions oo;
   oo.accumulate = o.accumulate;
+  oo.workspace = o.workspace;
+  oo.workspace_bytes = o.workspace_bytes;
   oo.gate = o.gated ? static_cast<const float*>(dgate.get()) : nullptr;
   switch (op) {
     case Op::forward: mm.forward(da.get(), db.get(), dout.get(), o.n, nullptr, oo); break;

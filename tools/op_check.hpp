@@ -14,6 +14,8 @@ struct CheckOptions {
   bool accumulate = false;  // output starts as random values and the op adds to it
   bool gated = false;       // random per-block gates, about one in four exactly 0
   std::uint64_t seed = 1;
+  void* workspace = nullptr;  // OpOptions::workspace (null: bsjit's own)
+  std::size_t workspace_bytes = 0;
 };
 
 struct CheckResult {

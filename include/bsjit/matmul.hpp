@@ -40,6 +40,13 @@ struct MatMulOptions {
 struct OpOptions {
   bool accumulate = false;      // out += result (beta = 1) instead of out = result
   const float* gate = nullptr;  // device array [layout.blocks()]: W block i scaled by gate[i]; 0 skips it
+  // The device workspace of a kernel that needs one (MatMul::workspace_size; backward-weight's split
+  // over N), given by the caller instead of the one bsjit keeps per stream: for allocators and CUDA
+  // graph capture, where bsjit must not allocate. 16-byte aligned, at least workspace_size bytes, its
+  // first workspace_counter_bytes() zero before the call (every call leaves them zero again); one
+  // call at a time uses it. Null: bsjit's own. Not a kernel option: it keeps the call plain.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 // What MatMul::autotune measured and chose.
@@ -101,6 +108,13 @@ class MatMul {
   // tile shape where it has one ("forward-bf16-b64-last-tma2-bm256-s4-plain"), tuned or the
   // default; compiles nothing.
   std::string kernel_label(Op op, std::int64_t n, const OpOptions& call = {}) const;
+
+  // Bytes of the workspace the kernel of op's calls with these options takes at n rows on the
+  // current GPU (0: none); compiles or loads the kernel like a first call. Pass a workspace of this
+  // size in OpOptions to launch without bsjit allocating.
+  std::size_t workspace_size(Op op, std::int64_t n, const OpOptions& call = {}) const;
+  // The bytes at the start of a workspace that must be zero before its first use.
+  static std::size_t workspace_counter_bytes();
 
   const Layout& layout() const;
   const MatMulOptions& options() const;

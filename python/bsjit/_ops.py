@@ -102,8 +102,17 @@ def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, 
     mm = matmul_object(handle, int(w.shape[1]), w.dtype, feature_axis)
     with torch.cuda.device(out.device):
         stream = torch.cuda.current_stream(out.device).cuda_stream
+        workspace = None
+        if op == "backward_weight":
+            # the split kernels' workspace from torch's allocator (bsjit allocates nothing, as CUDA
+            # graph capture requires), its arrival counters zeroed; the kernels leave them zero
+            bytes_ = mm.workspace_size(op, n, gate is not None)
+            if bytes_:
+                workspace = torch.empty(bytes_, dtype=torch.uint8, device=out.device)
+                workspace[: _C.MatMul.workspace_counter_bytes()].zero_()
         mm.run(op, a.data_ptr(), b.data_ptr(), out.data_ptr(), n, stream, False,
-               gate.data_ptr() if gate is not None else 0)
+               gate.data_ptr() if gate is not None else 0,
+               workspace.data_ptr() if workspace is not None else 0, workspace.numel() if workspace is not None else 0)
 
 
 # --- forward: y = x · W (W the layout's blocks, gate-scaled) ------------------------------------

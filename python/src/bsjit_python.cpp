@@ -38,8 +38,9 @@ bsjit::Layout layout_from_mask(std::int64_t rows, std::int64_t cols, nb::bytes m
 }
 
 void run(const bsjit::MatMul& mm, const std::string& op, std::uintptr_t a, std::uintptr_t b, std::uintptr_t out,
-         std::int64_t n, std::uintptr_t stream, bool accumulate, std::uintptr_t gate) {
-  const bsjit::OpOptions options{accumulate, pointer<const float>(gate)};
+         std::int64_t n, std::uintptr_t stream, bool accumulate, std::uintptr_t gate, std::uintptr_t workspace,
+         std::size_t workspace_bytes) {
+  const bsjit::OpOptions options{accumulate, pointer<const float>(gate), pointer<void>(workspace), workspace_bytes};
   switch (bsjit::parse_op(op)) {
     case bsjit::Op::forward:
       return mm.forward(pointer<const void>(a), pointer<const void>(b), pointer<void>(out), n, stream_of(stream),
@@ -113,7 +114,16 @@ NB_MODULE(_C, m) {
           },
           "layout"_a, "block"_a, "dtype"_a, "feature_axis"_a = "last", "tf32"_a = false, "arch"_a = "")
       .def("run", &run, "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0,
-           nb::call_guard<nb::gil_scoped_release>())
+           "workspace"_a = 0, "workspace_bytes"_a = 0, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "workspace_size",
+          [](const bsjit::MatMul& mm, const std::string& op, std::int64_t n, bool gated) {
+            bsjit::OpOptions call;
+            call.accumulate = gated;  // a call with options: the general kernel, as a gated call runs
+            return mm.workspace_size(bsjit::parse_op(op), n, call);
+          },
+          "op"_a, "n"_a, "gated"_a = false, nb::call_guard<nb::gil_scoped_release>())
+      .def_static("workspace_counter_bytes", &bsjit::MatMul::workspace_counter_bytes)
       .def(
           "precompile",
           [](const bsjit::MatMul& mm, const std::vector<std::string>& ops, const std::string& arch,

@@ -417,6 +417,36 @@ TEST(MatMulGpuWorkspace, SplitKernelsShareOneWorkspacePerStream) {
   EXPECT_EQ(runtime::SplitWorkspaces::global().held_bytes(ctx, nullptr), 0u) << "freed with the last holder";
 }
 
+// A workspace the caller gives (OpOptions::workspace) serves the split kernels, and bsjit allocates
+// none; one too small is refused before launch.
+TEST(MatMulGpuWorkspace, CallerWorkspaceServesTheSplitKernels) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const runtime::Context ctx = runtime::current_context();
+  const Layout layout = Layout::from_coords(8, 8, {{0, 0}, {3, 5}, {7, 7}});  // 3 blocks: split along N
+  const MatMul mm(layout, MatMulOptions{64, DType::bf16, FeatureAxis::last});
+  const std::int64_t n = 1000;
+  const std::size_t bytes = mm.workspace_size(Op::backward_weight, n);
+  ASSERT_GT(bytes, MatMul::workspace_counter_bytes()) << "this layout's backward-weight splits";
+  EXPECT_EQ(mm.workspace_size(Op::forward, n), 0u);
+  runtime::DeviceMemory memory(bytes);
+  BSJIT_CU(runtime::driver().cuMemsetD8(memory.ptr, 0, MatMul::workspace_counter_bytes()));
+  std::uint64_t seed = 16000;
+  for (int round = 0; round < 3; ++round) {
+    auto r = check::run_and_check(mm, Op::backward_weight, {n, round == 2, round == 1, seed++, memory.get(), bytes});
+    SCOPED_TRACE(round);
+    EXPECT_EQ(r.unwritten, 0);
+    EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+  }
+  EXPECT_EQ(runtime::SplitWorkspaces::global().held_bytes(ctx, nullptr), 0u) << "bsjit allocated none";
+  try {
+    check::run_and_check(mm, Op::backward_weight, {n, false, false, seed, memory.get(), bytes - 16});
+    ADD_FAILURE() << "expected an Error for a workspace too small";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace_size"), std::string::npos) << e.what();
+  }
+}
+
 // Layouts of one shape whose kernels have one source (columns permuted) share one compile, and each
 // loads its own module with its own tables: run interleaved, each matches its own reference.
 TEST(MatMulGpuSharedCode, LayoutsOfOneShapeRunWithTheirOwnTables) {
