@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""What a layout change costs a training step through PyTorch (bsjit.nn.BlockSparseLinear.set_layout):
+the step's wall time (forward and backward, synchronized) with the layout it has, after a change to a
+layout whose kernels have the same source (block columns moved: no NVRTC run), and after a change to
+a fresh random layout (NVRTC where the generator's choice differs), with the cache's compile counts.
+Needs a GPU and the bsjit package.
+
+    python3 tools/bench/layout_change.py [--n 8192] [--features 4096] [--blocks 32,64] [--density 0.25]
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import bsjit
+from bsjit.nn import BlockSparseLinear
+
+
+def timed(fn, reps=1):
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--features", type=int, default=4096)
+    ap.add_argument("--blocks", default="32,64")
+    ap.add_argument("--density", type=float, default=0.25)
+    ap.add_argument("--changes", type=int, default=5)
+    a = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, bf16, N = {a.n}, C = K = {a.features}, d = {a.density}")
+    print("block | step ms (same layout) | + change, same source: ms, NVRTC runs | + change, fresh layout: ms, NVRTC runs")
+    for b in (int(x) for x in a.blocks.split(",")):
+        rng = np.random.default_rng(b)
+        side = a.features // b
+        mask = rng.random((side, side)) < a.density
+        layer = BlockSparseLinear(mask, b, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(a.n, a.features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+        def step():
+            layer(x).sum().backward()
+
+        step()
+        steady = timed(step, 10)
+        rows = []
+        for change in ("moved", "fresh"):
+            ms, compiles = [], []
+            for i in range(a.changes):
+                new = np.roll(mask, i + 1, axis=1) if change == "moved" else rng.random((side, side)) < a.density
+                before = bsjit.cache_stats()["compiles"]
+                ms.append(timed(lambda: (layer.set_layout(new), step())))
+                compiles.append(bsjit.cache_stats()["compiles"] - before)
+            rows.append(f"{statistics.median(ms):8.2f} ms, {sum(compiles)} in {a.changes}")
+        print(f"{b:5d} | {steady:8.2f} | {rows[0]} | {rows[1]}")
+
+
+if __name__ == "__main__":
+    main()
