@@ -184,7 +184,8 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
 
 void Attention::backward(const void* q, const void* k, const void* v, const void* out, const float* lse,
                          const void* dout, void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads,
-                         Stream stream, float scale, const std::uint8_t* key_padding) const {
+                         Stream stream, float scale, const std::uint8_t* key_padding, void* workspace,
+                         std::size_t workspace_bytes) const {
   float s = runtime::check_attention_call("attention backward",
                                           {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout},
                                            {"dq", dq}, {"dk", dk}, {"dv", dv}},
@@ -194,9 +195,15 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   int heads_arg = static_cast<int>(heads);
   const runtime::Context ctx = runtime::current_context();
   const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
-  auto& bw = impl_->backward(ctx, rows * (d + 1) * sizeof(float), cache::KernelCache::global().run_time_on_miss());
+  const std::size_t need = backward_workspace_size(batch, heads);
+  if (workspace != nullptr && (workspace_bytes < need || reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0))
+    throw Error(
+        fmt::format("bsjit: attention backward: the workspace given ({} bytes at {}) must hold {} bytes and be "
+                    "16-byte aligned (Attention::backward_workspace_size)",
+                    workspace_bytes, workspace, need));
+  auto& bw = impl_->backward(ctx, workspace ? 0 : need, cache::KernelCache::global().run_time_on_miss());
   const auto& g = *bw.g;
-  float* dq_acc = static_cast<float*>(bw.workspace->get());
+  float* dq_acc = static_cast<float*>(workspace ? workspace : bw.workspace->get());
   float* delta = dq_acc + rows * d;
   const unsigned char* padding = key_padding;
   const auto bh = static_cast<unsigned>(batch * heads);
@@ -220,6 +227,10 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   }
   void* dq_args[] = {&dq_acc, &dq, &heads_arg, &s};
   BSJIT_CU(drv.cuLaunchKernel(bw.dq(), bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
+}
+
+std::size_t Attention::backward_workspace_size(std::int64_t batch, std::int64_t heads) const {
+  return static_cast<std::size_t>(batch * heads * seq_q()) * (impl_->options.head_dim + 1) * sizeof(float);
 }
 
 bool Attention::precompile(const std::string& arch) const {

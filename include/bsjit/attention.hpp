@@ -41,12 +41,16 @@ class Attention {
                const std::uint8_t* key_padding = nullptr) const;
 
   // dq, dk, dv (shaped like q, k, v) from the forward's inputs, its out and lse, and dout; the
-  // same batch, heads, scale and key_padding as the forward. Uses a workspace of batch · heads ·
-  // seq_q · (head_dim + 1) floats per context, kept between calls: calls on one Attention must not
-  // overlap on different streams.
+  // same batch, heads, scale and key_padding as the forward. Uses a workspace of
+  // backward_workspace_size(batch, heads) bytes: the caller's (16-byte aligned, one call at a time
+  // on it; for allocators and CUDA graph capture, where bsjit must not allocate), else one per
+  // context kept between calls (then calls on one Attention must not overlap on different streams).
   void backward(const void* q, const void* k, const void* v, const void* out, const float* lse, const void* dout,
                 void* dq, void* dk, void* dv, std::int64_t batch, std::int64_t heads, Stream stream = nullptr,
-                float scale = 0, const std::uint8_t* key_padding = nullptr) const;
+                float scale = 0, const std::uint8_t* key_padding = nullptr, void* workspace = nullptr,
+                std::size_t workspace_bytes = 0) const;
+  // batch · heads · seq_q · (head_dim + 1) floats: the dQ accumulator and each row's Delta.
+  std::size_t backward_workspace_size(std::int64_t batch, std::int64_t heads) const;
 
   // Compiles the forward's and the backward's kernels for arch into the cache (no GPU needed); true
   // when any was compiled now.

@@ -5,6 +5,7 @@
     layer = bsjit.nn.BlockSparseLinear(layout, block=32, dtype=torch.bfloat16, device="cuda")
     y = layer(x)                                         # x [..., in]; autograd, torch.compile
     y = bsjit.functional.matmul(x, w, layout)            # w [blocks, 32, 32]
+    o = bsjit.functional.attention(q, k, v, mask, 64, causal=True)   # block-sparse attention
 
 The C++ library (bsjit._C) does the work: kernels compile with NVRTC at first use and are cached in
 memory and on disk (BSJIT_CACHE_DIR, default ~/.cache/bsjit), so a later process loads them.
@@ -12,7 +13,7 @@ memory and on disk (BSJIT_CACHE_DIR, default ~/.cache/bsjit), so a later process
 
 from __future__ import annotations
 
-from . import _C, _ops, functional, nn
+from . import _C, _attention, _ops, functional, nn
 from ._C import Error
 from .layout import Layout
 from .deploy import cache_stats, precompile, set_cache_directory, set_strict_cache, warmup

@@ -22,7 +22,7 @@ class Layout:
     the mask is nonzero there. The nonzero blocks are ordered row-major over the mask (numpy.nonzero
     order, as openai/blocksparse's block_coord), the order of the weight's first dimension."""
 
-    __slots__ = ("_layout", "_handle")
+    __slots__ = ("_layout", "_handle", "_rows", "_cols", "_blocks", "_hash")
 
     def __init__(self, mask):
         """mask: a 2-D numpy array or torch tensor (bool or integer; nonzero marks a block), or a
@@ -40,6 +40,9 @@ class Layout:
             rows, cols = m.shape
             self._layout = _C.Layout.from_mask(rows, cols, np.ascontiguousarray(m != 0, dtype=np.uint8).tobytes())
         self._handle = None
+        # plain attributes: torch.compile reads them as constants
+        self._rows, self._cols, self._blocks = self._layout.rows, self._layout.cols, self._layout.blocks
+        self._hash = self._layout.hash()
 
     @classmethod
     def from_coords(cls, rows: int, cols: int, coords: Iterable[Sequence[int]]) -> "Layout":
@@ -86,15 +89,15 @@ class Layout:
 
     @property
     def rows(self) -> int:
-        return self._layout.rows
+        return self._rows
 
     @property
     def cols(self) -> int:
-        return self._layout.cols
+        return self._cols
 
     @property
     def blocks(self) -> int:
-        return self._layout.blocks
+        return self._blocks
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -103,7 +106,7 @@ class Layout:
     @property
     def hash(self) -> str:
         """A 128-bit content hash (32 hex digits), the layout's part of every cache key."""
-        return self._layout.hash()
+        return self._hash
 
     def stats(self) -> dict:
         return self._layout.stats()
@@ -179,8 +182,39 @@ def rebind(handle: int, layout: Layout) -> None:
         _slots[handle] = layout
 
 
-def lookup(handle: int) -> Layout:
+def lookup(handle: int):
+    """The Layout a handle names (or, for an attention mask set, its tuple of Layouts)."""
     layout = _slots.get(int(handle))
     if layout is None:
         raise KeyError(f"bsjit: no layout handle {handle} (handles come from Layout.handle, in this process)")
     return layout
+
+
+_mask_sets: dict[tuple, int] = {}
+
+
+def mask_set_handle(masks) -> int:
+    """The handle of an attention mask set: one Layout shared by every head, or one per head; the
+    same masks get the same handle."""
+    masks = tuple(masks)
+    key = tuple(m.hash for m in masks) + tuple(m.shape for m in masks)
+    with _lock:
+        h = _mask_sets.get(key)
+    if h is None:
+        h = register(masks)
+        with _lock:
+            h = _mask_sets.setdefault(key, h)
+    return h
+
+
+def as_masks(mask) -> tuple:
+    """Attention masks as a tuple of Layouts: a Layout, a list of them (one per head), a 2-D mask
+    (every head) or a 3-D [heads, query blocks, key blocks] one (openai/blocksparse's form)."""
+    if isinstance(mask, Layout):
+        return (mask,)
+    if isinstance(mask, (list, tuple)):
+        return tuple(m if isinstance(m, Layout) else Layout(m) for m in mask)
+    m = _as_numpy(mask)
+    if m.ndim == 3:
+        return tuple(Layout(m[h]) for h in range(m.shape[0]))
+    return (Layout(m),)

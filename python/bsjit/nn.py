@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from . import _ops
+from . import functional
 from .functional import _axis
-from .layout import Layout, rebind, register
+from .layout import Layout, as_masks, mask_set_handle, rebind, register
 
 
 class BlockSparseLinear(nn.Module):
@@ -168,3 +169,39 @@ class BlockSparseLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}, "
                 f"blocks={self._layout.blocks}, bias={self.bias is not None}, feature_axis={self.feature_axis!r}"
                 + (", gated=True" if self.gate is not None else ""))
+
+
+class BlockSparseAttention(nn.Module):
+    """bsjit's fused block-sparse attention as a module: forward(q, k, v, key_padding_mask=None) is
+    bsjit.functional.attention with this module's masks (one for every head, one per head, or a
+    [heads, q blocks, k blocks] array), block, causal, scale and tensor order. It holds no
+    parameters; the masks are saved in the state_dict (`masks`)."""
+
+    def __init__(self, mask, block: int, *, causal: bool = False, scale: Optional[float] = None,
+                 order: str = "bshd"):
+        super().__init__()
+        self.block, self.causal, self.scale, self.order = int(block), bool(causal), scale, order
+        self._set_masks(as_masks(mask))
+        self.register_buffer("masks", torch.stack([m.to_dense_mask() for m in self._masks]), persistent=True)
+
+    def _set_masks(self, masks) -> None:
+        self._masks = masks
+        self._handle = mask_set_handle(masks)  # looked up here, not while torch.compile traces forward
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        return functional.attention(q, k, v, self._handle, self.block, causal=self.causal,
+                                    key_padding_mask=key_padding_mask, scale=self.scale, order=self.order)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        masks = state_dict.get(prefix + "masks")
+        if masks is not None:
+            self._set_masks(as_masks(masks.cpu().numpy()))
+            self.masks = masks.clone()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def extra_repr(self) -> str:
+        rows, cols = self._masks[0].shape
+        return (f"masks={len(self._masks)} × {rows}x{cols} blocks, block={self.block}, causal={self.causal}, "
+                f"order={self.order!r}")

@@ -65,6 +65,9 @@ std::vector<bsjit::Op> ops_of(const std::vector<std::string>& names) {
 NB_MODULE(_C, m) {
   m.doc() = "bsjit's C++ library, called by the bsjit package (device pointers and streams as integers)";
   nb::exception<bsjit::Error>(m, "Error", PyExc_RuntimeError);
+  // The package's layout registry holds Layouts for the life of the interpreter on purpose (handles
+  // stay valid): those still alive at exit are not leaks to report.
+  nb::set_leak_warnings(false);
 
   nb::class_<bsjit::Layout>(m, "Layout")
       .def_static("from_mask", &layout_from_mask, "rows"_a, "cols"_a, "mask"_a)
@@ -145,6 +148,52 @@ NB_MODULE(_C, m) {
           "op"_a, "n"_a, "with_options"_a = false)
       .def_prop_ro("in_features", &bsjit::MatMul::in_features)
       .def_prop_ro("out_features", &bsjit::MatMul::out_features);
+
+  nb::class_<bsjit::Attention>(m, "Attention")
+      .def(
+          "__init__",
+          [](bsjit::Attention* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
+             const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
+            bsjit::AttentionOptions o;
+            o.block = block;
+            o.head_dim = head_dim;
+            o.dtype = bsjit::parse_dtype(dtype);
+            o.order = bsjit::parse_qkv_order(order);
+            o.causal = causal;
+            o.arch = arch;
+            new (self) bsjit::Attention(masks, o);
+          },
+          "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
+      .def(
+          "forward",
+          [](const bsjit::Attention& a, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
+             std::uintptr_t lse, std::int64_t batch, std::int64_t heads, std::uintptr_t stream, float scale,
+             std::uintptr_t key_padding) {
+            a.forward(pointer<const void>(q), pointer<const void>(k), pointer<const void>(v), pointer<void>(out),
+                      pointer<float>(lse), batch, heads, stream_of(stream), scale,
+                      pointer<const std::uint8_t>(key_padding));
+          },
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "batch"_a, "heads"_a, "stream"_a, "scale"_a = 0.0f,
+          "key_padding"_a = 0, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "backward",
+          [](const bsjit::Attention& a, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
+             std::uintptr_t lse, std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv,
+             std::int64_t batch, std::int64_t heads, std::uintptr_t stream, float scale, std::uintptr_t key_padding,
+             std::uintptr_t workspace, std::size_t workspace_bytes) {
+            a.backward(pointer<const void>(q), pointer<const void>(k), pointer<const void>(v), pointer<const void>(out),
+                       pointer<const float>(lse), pointer<const void>(dout), pointer<void>(dq), pointer<void>(dk),
+                       pointer<void>(dv), batch, heads, stream_of(stream), scale,
+                       pointer<const std::uint8_t>(key_padding), pointer<void>(workspace), workspace_bytes);
+          },
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "batch"_a, "heads"_a, "stream"_a,
+          "scale"_a = 0.0f, "key_padding"_a = 0, "workspace"_a = 0, "workspace_bytes"_a = 0,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("backward_workspace_size", &bsjit::Attention::backward_workspace_size, "batch"_a, "heads"_a)
+      .def("precompile", &bsjit::Attention::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("load", &bsjit::Attention::load, "strict"_a = false, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("seq_q", &bsjit::Attention::seq_q)
+      .def_prop_ro("seq_k", &bsjit::Attention::seq_k);
 
   m.def("set_cache_directory", &bsjit::set_cache_directory, "directory"_a);
   m.def("cache_directory", &bsjit::cache_directory);

@@ -189,3 +189,74 @@ def test_backward_weight_takes_its_workspace_from_torch():
     dense = x.double().t() @ dy.double()
     blocks = torch.stack([dense[r * 64:(r + 1) * 64, c * 64:(c + 1) * 64] for r, c in layout.coords()])
     assert rel_err(want, blocks) < TOL[torch.bfloat16]
+
+
+def dense_attention(q, k, v, masks, block, causal, pad, scale, order):
+    """The double-precision reference: [b, h, s, d] scores with the block masks expanded."""
+    if order == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = q.double(), k.double(), v.double()
+    h, sq, sk = q.shape[1], q.shape[2], k.shape[2]
+    allowed = torch.stack([torch.from_numpy(np.kron(m.to_numpy(), np.ones((block, block)))).bool() for m in masks])
+    allowed = allowed.expand(h, sq, sk).to(q.device)
+    if causal:
+        allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~allowed, float("-inf"))
+    if pad is not None:
+        s = s.masked_fill(pad[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    out = p @ v
+    return out.transpose(1, 2) if order == "bshd" else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("order", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block,d", [(64, 64), (128, 128), (32, 64)])
+def test_attention_and_gradients_match_the_dense_computation(dtype, order, causal, block, d):
+    torch.manual_seed(block + d)
+    b, h, blocks = 2, 3, 4
+    s = blocks * block
+    rng = np.random.default_rng(block)
+    per_head = [bsjit.Layout(np.tril(np.ones((blocks, blocks), bool))),
+                bsjit.Layout((rng.random((blocks, blocks)) < 0.5) | np.eye(blocks, dtype=bool)),
+                bsjit.Layout(np.eye(blocks, dtype=bool))]
+    shape = (b, s, h, d) if order == "bshd" else (b, h, s, d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    pad = torch.zeros(b, s, dtype=torch.bool, device="cuda")
+    pad[0, -5:] = True
+    out, lse = F.attention(q, k, v, per_head, block, causal=causal, key_padding_mask=pad, order=order,
+                           return_lse=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = dense_attention(qd, kd, vd, per_head, block, causal, pad, d ** -0.5, order)
+    want.backward(dout.double())
+    assert rel_err(out.detach(), want.detach()) < 1e-2
+    for got, ref in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        assert rel_err(got, ref) < 1e-2
+    assert lse.shape == (b, h, s) and lse.dtype == torch.float32
+
+
+def test_attention_module_compiles_and_captures():
+    layer = bsjit.nn.BlockSparseAttention(np.tril(np.ones((8, 8), bool)), 64, causal=True)
+    q, k, v = (torch.randn(2, 512, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    compiled = torch.compile(layer, fullgraph=True)
+    compiled(q, k, v).sum().backward()
+    eager_grad = q.grad.clone()
+    q.grad = None
+    layer(q, k, v).sum().backward()
+    torch.testing.assert_close(q.grad, eager_grad)
+    torch.library.opcheck(torch.ops.bsjit.attention,
+                          (q.detach(), k.detach(), v.detach(), layer._handle, 64, True, 0, 0.0, None))
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        layer(q, k, v).sum().backward()  # loaded before capture
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        out = layer(q, k, v)
+        out.sum().backward()
+    graph.replay()
+    torch.testing.assert_close(out, layer(q, k, v))

@@ -83,15 +83,17 @@ TEST_P(AttentionGpu, ForwardMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(All, AttentionGpu, ::testing::ValuesIn(testing::all_attention_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
-// The backward on a third of the cases (every block size, head dim, dtype and order appear):
+// The backward on every case:
 // dQ, dK, dV against the reference's gradients, from the GPU's own forward (out, lse), with
 // per-head masks (an empty block row among them), key padding, outputs poisoned.
 class AttentionBackwardGpu : public AttentionGpu {};
 
 // attn's forward then backward on fresh random inputs (key padding on batch 0's last 5 keys),
 // gradients against the reference's.
-void expect_gradients(const Attention& attn, const Case& c, const std::vector<Layout>& masks, std::mt19937_64& rng) {
-  const std::int64_t seq = masks[0].rows() * c.block, batch = 2, heads = 3;
+// With check_forward, the output against the reference's too.
+void expect_gradients(const Attention& attn, const Case& c, const std::vector<Layout>& masks, std::mt19937_64& rng,
+                      std::int64_t batch = 2, std::int64_t heads = 3, bool check_forward = false) {
+  const std::int64_t seq = masks[0].rows() * c.block;
   reference::AttentionProblem p;
   p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = seq, p.head_dim = c.head_dim, p.block = c.block;
   p.layouts = masks, p.order = c.order, p.causal = c.causal;
@@ -114,8 +116,12 @@ void expect_gradients(const Attention& attn, const Case& c, const std::vector<La
   attn.backward(dq_in.get(), dk_in.get(), dv_in.get(), d_out.get(), static_cast<const float*>(dlse.get()),
                 d_dout.get(), dq.get(), dk.get(), dv.get(), batch, heads, nullptr, 0, pad);
   BSJIT_CU(runtime::driver().cuCtxSynchronize());
-  const auto want = reference::attention_backward(p, q, k, v, dout);
   SCOPED_TRACE(fmt::format("{} at {} positions", case_name(c), seq));
+  if (check_forward) {
+    const auto out = reference::decode(c.dtype, d_out.download());
+    EXPECT_LE(reference::relative_error(out, reference::attention_forward(p, q, k, v).out), 1e-2) << "out";
+  }
+  const auto want = reference::attention_backward(p, q, k, v, dout);
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dq.download()), want.dq), 1e-2) << "dq";
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dk.download()), want.dk), 1e-2) << "dk";
   EXPECT_LE(reference::relative_error(reference::decode(c.dtype, dv.download()), want.dv), 1e-2) << "dv";
@@ -208,7 +214,50 @@ TEST_F(AttentionBackwardGpu, ObjectsPerRequestShareAndReleaseTheirKernels) {
   EXPECT_EQ(shared.counts().first, held0 + 4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Some, AttentionBackwardGpu, ::testing::ValuesIn(testing::every_third_attention_case(0)),
+// A workspace from the caller gives the gradients bsjit's own does, bit for bit; one too small is
+// refused before launch.
+TEST_F(AttentionBackwardGpu, CallerWorkspaceGivesTheSameGradients) {
+  const Case c{64, 64, DType::bf16, QkvOrder::bshd, true};
+  const std::vector<Layout> masks{layouts::causal(4)};
+  const Attention attn(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, ""});
+  const std::int64_t batch = 2, heads = 3, n = batch * attn.seq_q() * heads * c.head_dim;
+  std::mt19937_64 rng(950);
+  tools::DeviceBuffer q(n * 2), k(n * 2), v(n * 2), out(n * 2), dout(n * 2), lse(batch * heads * attn.seq_q() * 4);
+  for (auto* b : {&q, &k, &v, &dout}) b->upload(reference::encode(c.dtype, reference::random_values(c.dtype, n, rng)));
+  attn.forward(q.get(), k.get(), v.get(), out.get(), static_cast<float*>(lse.get()), batch, heads);
+  std::vector<std::vector<std::uint16_t>> grads;
+  runtime::DeviceMemory workspace(attn.backward_workspace_size(batch, heads));
+  for (void* w : {static_cast<void*>(nullptr), workspace.get()}) {
+    tools::DeviceBuffer dq(n * 2), dk(n * 2), dv(n * 2);
+    attn.backward(q.get(), k.get(), v.get(), out.get(), static_cast<const float*>(lse.get()), dout.get(), dq.get(),
+                  dk.get(), dv.get(), batch, heads, nullptr, 0, nullptr, w, w ? workspace.bytes : 0);
+    BSJIT_CU(runtime::driver().cuCtxSynchronize());
+    for (auto* g : {&dq, &dk, &dv}) grads.push_back(g->download<std::uint16_t>());
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(grads[i], grads[i + 3]) << "gradient " << i;
+  EXPECT_THROW(
+      attn.backward(q.get(), k.get(), v.get(), out.get(), static_cast<const float*>(lse.get()), dout.get(), q.get(),
+                    k.get(), v.get(), batch, heads, nullptr, 0, nullptr, workspace.get(), workspace.bytes - 16),
+      Error);
+}
+
+// A long sequence with many key blocks per query row: S = 8192 at block 128 (64 key blocks a row
+// under the causal mask; a window of 9 blocks plus 2 global ones), one batch and head, the headline
+// configuration (head dim 128, bf16, [b, h, s, d], causal), forward and backward.
+TEST_F(AttentionBackwardGpu, LongSequenceManyKeyBlocksPerRow) {
+  const Case c{128, 128, DType::bf16, QkvOrder::bhsd, true};
+  const AttentionOptions o{c.block, c.head_dim, c.dtype, c.order, c.causal, ""};
+  for (const Layout& mask : {layouts::causal(64), layouts::unite(layouts::sliding_window(64, 9, false),
+                                                                 layouts::global_tokens(64, 2, false, true))}) {
+    ASSERT_GE(mask.stats().max_blocks_per_row, 8);
+    const std::vector<Layout> masks{mask};
+    const Attention attn(masks, o);
+    std::mt19937_64 rng(900 + mask.blocks());
+    expect_gradients(attn, c, masks, rng, 1, 1, true);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AttentionBackwardGpu, ::testing::ValuesIn(testing::all_attention_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
 TEST(AttentionApi, ChecksItsArguments) {
