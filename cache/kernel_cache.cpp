@@ -425,7 +425,10 @@ KernelCache::Compiled KernelCache::load_from_layers(const Request& r, bool quiet
   }
   const std::string name = entry_name(r.label, r.arch, r.key);
   for (const auto& dir : layers)
-    if (auto k = load_from(dir / name, r.key, dir == writable_dir, quiet)) return k;
+    if (auto k = load_from(dir / name, r.key, dir == writable_dir, quiet)) {
+      spdlog::debug("bsjit: {} for {} read from {}", r.label, r.arch, (dir / name).string());
+      return k;
+    }
   return nullptr;
 }
 

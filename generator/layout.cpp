@@ -173,14 +173,28 @@ Layout Layout::from_coords(std::int64_t rows, std::int64_t cols,
   return Layout(rows, cols, std::move(out));
 }
 
-Layout Layout::from_npy(const std::filesystem::path& path) {
+namespace {
+
+constexpr std::int64_t kMaxHeads = 4096;
+
+// The masks of a .npy file: [rows, cols], or with heads, [heads, rows, cols] (one per head).
+std::vector<Layout> npy_masks(const std::filesystem::path& path, bool heads) {
   const std::string file = path.string();
   std::string data = read_file(path, ".npy");
   std::size_t offset = 0;
   NpyHeader h = parse_npy_header(data, &offset, file);
-  if (h.shape.size() != 2)
-    throw Error(fmt::format("'{}': layout must be a 2-D array [C/b, K/b]; got {} dimensions", file, h.shape.size()));
-  check_shape(h.shape[0], h.shape[1], file);
+  if (h.shape.size() != 2 && !(heads && h.shape.size() == 3))
+    throw Error(fmt::format("'{}': layout must be a 2-D array [C/b, K/b]{}; got {} dimensions", file,
+                            heads ? " or a 3-D one [heads, rows, cols]"
+                                  : " (a 3-D [heads, rows, cols] mask set: "
+                                    "Layout::load_heads)",
+                            h.shape.size()));
+  const bool three = h.shape.size() == 3;
+  const std::int64_t count_heads = three ? h.shape[0] : 1;
+  if (count_heads < 1 || count_heads > kMaxHeads)
+    throw Error(fmt::format("'{}': {} heads; expected 1 to {}", file, count_heads, kMaxHeads));
+  const std::int64_t rows = h.shape[three ? 1 : 0], cols = h.shape[three ? 2 : 1];
+  check_shape(rows, cols, file);
   std::string d = h.descr;
   if (d.size() < 3) throw Error(fmt::format("'{}': unsupported dtype '{}'", file, d));
   char order = d[0];
@@ -193,23 +207,38 @@ Layout Layout::from_npy(const std::filesystem::path& path) {
     throw Error(fmt::format("'{}': unsupported dtype '{}'; expected bool, uint8, int32 or int64", file, d));
   if (order != '<' && order != '>' && order != '|' && order != '=')
     throw Error(fmt::format("'{}': unsupported byte order in dtype '{}'", file, d));
-  const std::int64_t rows = h.shape[0], cols = h.shape[1];  // each below 2^31: the product fits
-  const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
-  if ((data.size() - offset) / width < count)  // (no product that could wrap)
-    throw Error(fmt::format("'{}': truncated: {} bytes of data; shape ({}, {}) of '{}' needs {} × {}", file,
-                            data.size() - offset, rows, cols, d, count, width));
-  std::vector<std::uint8_t> mask(count);
+  // each of rows and cols below 2^31 and heads at most 4096: the products fit
+  const std::size_t plane = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  const std::size_t available = (data.size() - offset) / width;
+  if (available / static_cast<std::size_t>(count_heads) < plane)  // (no product that could wrap)
+    throw Error(fmt::format(
+        "'{}': truncated: {} bytes of data; shape {} of '{}' needs {} × {} × {}", file, data.size() - offset,
+        three ? fmt::format("({}, {}, {})", count_heads, rows, cols) : fmt::format("({}, {})", rows, cols), d,
+        count_heads, plane, width));
+  std::vector<std::vector<std::uint8_t>> masks(count_heads, std::vector<std::uint8_t>(plane));
   const auto* p = reinterpret_cast<const unsigned char*>(data.data() + offset);
-  for (std::size_t i = 0; i < count; ++i) {
+  for (std::size_t i = 0; i < plane * static_cast<std::size_t>(count_heads); ++i) {
     bool nonzero = false;
     for (std::size_t b = 0; b < width; ++b) nonzero |= p[i * width + b] != 0;  // "≠ 0" is the same in either byte order
-    // element i of the file is (r, c) in C order, (c-major) in Fortran order
-    std::size_t r = h.fortran ? i % rows : i / cols;
-    std::size_t c = h.fortran ? i / rows : i % cols;
-    mask[r * cols + c] = nonzero;
+    // element i of the file is (head, r, c): in C order the last index varies fastest, in Fortran
+    // order the first
+    std::size_t head, r, c;
+    if (!h.fortran) {
+      head = i / plane, r = i % plane / cols, c = i % cols;
+    } else {
+      const std::size_t rest = i / static_cast<std::size_t>(count_heads);
+      head = i % static_cast<std::size_t>(count_heads), r = rest % rows, c = rest / rows;
+    }
+    masks[head][r * cols + c] = nonzero;
   }
-  return from_dense(rows, cols, mask);
+  std::vector<Layout> out;
+  for (const auto& m : masks) out.push_back(Layout::from_dense(rows, cols, m));
+  return out;
 }
+
+}  // namespace
+
+Layout Layout::from_npy(const std::filesystem::path& path) { return npy_masks(path, false).front(); }
 
 Layout Layout::from_json(const std::filesystem::path& path) {
   const std::string file = path.string();
@@ -265,6 +294,11 @@ Layout Layout::load(const std::filesystem::path& path) {
   if (ext == ".npy") return from_npy(path);
   if (ext == ".json") return from_json(path);
   throw Error(fmt::format("layout file '{}': unknown extension '{}'; expected .npy or .json", path.string(), ext));
+}
+
+std::vector<Layout> Layout::load_heads(const std::filesystem::path& path) {
+  if (path.extension() == ".npy") return npy_masks(path, true);
+  return {load(path)};
 }
 
 // --- queries ---------------------------------------------------------------------------------

@@ -62,7 +62,8 @@ struct AttentionItem {
 
 struct Expanded {
   std::vector<fs::path> files;
-  std::vector<std::shared_ptr<Layout>> layouts;  // null where the file failed to load
+  std::vector<std::shared_ptr<Layout>> layouts;  // null where the file failed to load or holds heads
+  std::vector<std::vector<Layout>> heads;        // a file's masks: one, or one per head (a 3-D .npy)
   std::vector<std::string> load_errors;
   std::vector<Item> items;
   std::vector<AttentionItem> attention;
@@ -72,20 +73,26 @@ struct Expanded {
       if (files[i] == file) return i;
     files.push_back(file);
     try {
-      layouts.push_back(std::make_shared<Layout>(Layout::load(file)));
-      load_errors.emplace_back();
+      heads.push_back(Layout::load_heads(file));
+      const bool one = heads.back().size() == 1;
+      layouts.push_back(one ? std::make_shared<Layout>(heads.back().front()) : nullptr);
+      load_errors.push_back(one ? ""
+                                : fmt::format("'{}' holds {} attention masks ([heads, rows, cols]), not a "
+                                              "matmul layout",
+                                              file.string(), heads.back().size()));
     } catch (const Error& err) {
+      heads.emplace_back();
       layouts.push_back(nullptr);
       load_errors.push_back(err.what());
     }
     return files.size() - 1;
   }
-  // The masks of an attention item; throws the first load error.
+  // The masks of an attention item (a 3-D file: its heads); throws the first load error.
   std::vector<Layout> masks_of(const AttentionItem& item) const {
     std::vector<Layout> out;
     for (std::size_t i : item.masks) {
-      if (!layouts[i]) throw Error(load_errors[i]);
-      out.push_back(*layouts[i]);
+      if (heads[i].empty()) throw Error(load_errors[i]);
+      out.insert(out.end(), heads[i].begin(), heads[i].end());
     }
     return out;
   }

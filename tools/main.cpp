@@ -7,10 +7,12 @@
 //   bsjit cache list|verify|prune|clear          look after a cache directory
 //   bsjit tune -l FILE -n N             time every tile shape, keep the fastest in the cache
 //   bsjit run -l FILE                   run ops on the GPU and check them against the CPU reference
-#include <CLI/CLI.hpp>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <spdlog/cfg/env.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <string_view>
 #include <vector>
 
 #include "bsjit/bsjit.hpp"
@@ -134,18 +137,37 @@ int info(bool require_gpu) {
   return 0;
 }
 
+// The library's messages start with "bsjit: "; the CLI prints its own "bsjit: error: " before them.
+std::string_view without_prefix(std::string_view message) {
+  constexpr std::string_view kPrefix = "bsjit: ";
+  return message.starts_with(kPrefix) ? message.substr(kPrefix.size()) : message;
+}
+
+// Every file's statistics, or the reason it is not a layout; exit 1 when any is not.
 int inspect(const std::vector<std::string>& files) {
+  int bad = 0;
   for (const auto& f : files) {
-    Layout l = Layout::load(f);
-    LayoutStats s = l.stats();
-    fmt::print("{}\n  shape        [{}, {}] blocks\n  nonzero      {} (density {:.4f})\n  hash         {}\n"
-               "  per row      min {} max {} mean {:.2f}, {} empty\n"
-               "  per column   min {} max {} mean {:.2f}, {} empty\n",
-               f, s.rows, s.cols, s.blocks, s.density, l.hash().hex(), s.min_blocks_per_row, s.max_blocks_per_row,
-               s.mean_blocks_per_row, s.empty_rows, s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col,
-               s.empty_cols);
+    std::vector<Layout> heads;
+    try {
+      heads = Layout::load_heads(f);
+    } catch (const Error& e) {
+      fmt::print(stderr, "bsjit: error: {}\n", without_prefix(e.what()));
+      ++bad;
+      continue;
+    }
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      const Layout& l = heads[h];
+      LayoutStats s = l.stats();
+      fmt::print(
+          "{}{}\n  shape        [{}, {}] blocks\n  nonzero      {} (density {:.4f})\n  hash         {}\n"
+          "  per row      min {} max {} mean {:.2f}, {} empty\n"
+          "  per column   min {} max {} mean {:.2f}, {} empty\n",
+          f, heads.size() > 1 ? fmt::format(" head {} of {}", h, heads.size()) : "", s.rows, s.cols, s.blocks,
+          s.density, l.hash().hex(), s.min_blocks_per_row, s.max_blocks_per_row, s.mean_blocks_per_row, s.empty_rows,
+          s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col, s.empty_cols);
+    }
   }
-  return 0;
+  return bad > 0 ? 1 : 0;
 }
 
 struct PatternArgs {
@@ -201,6 +223,8 @@ int precompile_cmd(const KernelSelection& s, int threads, bool verbose) {
 }
 
 int warmup_cmd(const KernelSelection& s, const std::string& dir, bool strict) {
+  if (!dir.empty() && !std::filesystem::is_directory(dir))
+    throw Error(fmt::format("warmup --dir {}: no such directory", dir));
   DeployReport r = dir.empty() ? warmup(s.to_manifest(), strict) : warmup_directory(dir);
   return report(r, "warmup", true);
 }
@@ -303,8 +327,10 @@ int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, s
 }  // namespace
 
 int main(int argc, char** argv) {
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: the library's compiles, cache hits, contexts
   CLI::App app{"bsjit: block-sparse matmul kernels generated and compiled per layout"};
   app.require_subcommand(1);
+  app.fallthrough();  // the global options below also after the subcommand: `bsjit precompile ... --cache-dir D`
   std::string cache_dir;
   bool no_disk_cache = false;
   app.add_option("--cache-dir", cache_dir,
@@ -317,7 +343,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> inspect_files;
   auto* ins = app.add_subcommand("inspect", "print a layout file's statistics and hash");
-  ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required()->check(CLI::ExistingFile);
+  ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required();
 
   std::vector<std::string> hash_archs{"sm_80", "sm_90a"};
   std::string hash_out;
@@ -428,7 +454,7 @@ int main(int argc, char** argv) {
     if (*runc) return run(run_sel, n, gated, accumulate, seed);
     if (*tunec) return tune(tune_sel, tune_n);
   } catch (const bsjit::Error& e) {
-    fmt::print(stderr, "bsjit: error: {}\n", e.what());
+    fmt::print(stderr, "bsjit: error: {}\n", without_prefix(e.what()));
     return 1;
   } catch (const std::bad_alloc&) {  // (every input is bounded before it is allocated for: a bug if reached)
     fmt::print(stderr, "bsjit: error: out of memory\n");

@@ -34,7 +34,10 @@ if ! "$py" -m pip --version >/dev/null 2>&1 || "$py" -c 'import sys, sysconfig, 
   python3 -m venv "$build/venv"
   py="$build/venv/bin/python"
 fi
-py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")
+case "$py" in
+  */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;;  # a path: made absolute for ctest
+  *) py=$(command -v "$py") ;;
+esac
 
 echo "== build ($build)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBSJIT_WERROR=ON -DBSJIT_TEST_PYTHON="$py" >/dev/null

@@ -14,6 +14,7 @@
 //
 // Attention kernels (bsjit::Attention, bsjit::AttentionOps) go in a list "attention" of groups
 //   {"masks": ["causal.npy", ["head0.npy", "head1.npy"]],  one file shared by every head, or one per head
+//                                                          (or a 3-D .npy [heads, q blocks, k blocks])
 //    "blocks": [128], "head_dims": [128], "dtypes": ["bf16"], "orders": ["bshd"], "causal": [true],
 //    "ops": ["fused", "decomposed"], "archs": ["sm_90a"]}
 // beside the matmul groups ({"kernels": [...], "attention": [...]}, or "attention" alone). "fused":

@@ -49,6 +49,9 @@ class Layout {
   static Layout from_json(const std::filesystem::path& path);
   // By extension: .npy or .json.
   static Layout load(const std::filesystem::path& path);
+  // Attention masks: a .npy of shape [heads, rows, cols] (openai/blocksparse's form, as numpy saves
+  // it) gives one Layout per head; a 2-D .npy or a JSON layout gives one.
+  static std::vector<Layout> load_heads(const std::filesystem::path& path);
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }

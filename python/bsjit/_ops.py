@@ -122,13 +122,18 @@ def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, 
 def matmul(x: Tensor, w: Tensor, layout: int, in_features: int, out_features: int, feature_axis: int,
            gate: Optional[Tensor]) -> Tensor:
     n = _check_forward(x, w, in_features, out_features, feature_axis, gate)
-    x = x.contiguous()
-    y = x.new_empty(_out_shape(x, out_features, feature_axis))
+    return _product("forward", x, w, layout, out_features, feature_axis, gate, n)
+
+
+def _product(op: str, a: Tensor, w: Tensor, layout: int, features: int, feature_axis: int, gate: Optional[Tensor],
+             n: int) -> Tensor:
+    """a · W (forward) or a · Wᵀ (backward-data) over n rows: `features` output features."""
+    a = a.contiguous()
+    out = a.new_empty(_out_shape(a, features, feature_axis))
     if n == 0 or w.shape[0] == 0:
-        return y.zero_()
-    _launch("forward", layout, w, x, w.contiguous(), y, n, gate.contiguous() if gate is not None else None,
-            feature_axis)
-    return y
+        return out.zero_()
+    _launch(op, layout, w, a, w.contiguous(), out, n, gate.contiguous() if gate is not None else None, feature_axis)
+    return out
 
 
 def _check_forward(x, w, in_features, out_features, feature_axis, gate) -> int:
@@ -152,13 +157,7 @@ def _(x, w, layout, in_features, out_features, feature_axis, gate):
 def matmul_backward_data(dy: Tensor, w: Tensor, layout: int, in_features: int, out_features: int,
                          feature_axis: int, gate: Optional[Tensor]) -> Tensor:
     n = _check_backward_data(dy, w, in_features, out_features, feature_axis, gate)
-    dy = dy.contiguous()
-    dx = dy.new_empty(_out_shape(dy, in_features, feature_axis))
-    if n == 0 or w.shape[0] == 0:
-        return dx.zero_()
-    _launch("backward_data", layout, w, dy, w.contiguous(), dx, n, gate.contiguous() if gate is not None else None,
-            feature_axis)
-    return dx
+    return _product("backward_data", dy, w, layout, in_features, feature_axis, gate, n)
 
 
 def _check_backward_data(dy, w, in_features, out_features, feature_axis, gate) -> int:

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "bsjit/error.hpp"
+#include "command.hpp"
 #include "runtime/module.hpp"
 
 namespace bsjit::cache {
@@ -775,12 +776,9 @@ TEST(CacheTools, MaxBytesBoundsTheWritableDirectory) {
 // --- stress: many processes on one directory ---------------------------------------------------
 
 int run_worker(const std::string& args, std::string* out) {
-  FILE* p = popen((std::string(BSJIT_CACHE_WORKER) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  int s = pclose(p);
-  return WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  const auto r = bsjit::testing::run_command(std::string(BSJIT_CACHE_WORKER) + " " + args);
+  *out += r.output;
+  return r.status;
 }
 
 TEST(CacheStress, EightProcessesFourThreadsOverlappingKeys) {

@@ -23,10 +23,10 @@ struct TempDir {
 };
 
 // Writes a .npy file by hand, as numpy would: version 1 or 2 header, given descr and byte payload.
-void write_npy(const fs::path& p, const std::string& descr, bool fortran, std::int64_t r, std::int64_t c,
-               const std::string& payload, int version = 1) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") +
-                       ", 'shape': (" + std::to_string(r) + ", " + std::to_string(c) + "), }";
+void write_npy_shape(const fs::path& p, const std::string& descr, bool fortran, const std::string& shape,
+                     const std::string& payload, int version = 1) {
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") + ", 'shape': (" + shape + "), }";
   std::size_t prefix = version == 1 ? 10 : 12;
   header.append((64 - (prefix + header.size() + 1) % 64) % 64, ' ');
   header.push_back('\n');
@@ -37,6 +37,11 @@ void write_npy(const fs::path& p, const std::string& descr, bool fortran, std::i
   std::size_t len = header.size();
   for (std::size_t i = 0; i < (version == 1 ? 2u : 4u); ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
   out << header << payload;
+}
+
+void write_npy(const fs::path& p, const std::string& descr, bool fortran, std::int64_t r, std::int64_t c,
+               const std::string& payload, int version = 1) {
+  write_npy_shape(p, descr, fortran, std::to_string(r) + ", " + std::to_string(c), payload, version);
 }
 
 template <class T>
@@ -238,6 +243,51 @@ TEST(Layout, HostileFilesAreClearErrorsAndHugeShapesCostNothing) {
     const std::string m = message([&] { Layout::from_json(json); });
     EXPECT_NE(m.find("JSON layout"), std::string::npos) << bad << ": " << m;
   }
+}
+
+}  // namespace
+}  // namespace bsjit
+
+namespace bsjit {
+namespace {
+
+// A [heads, rows, cols] mask set as numpy saves it (openai/blocksparse's form): one Layout per head,
+// in C and in Fortran order; a 2-D file is one head; from_npy refuses 3-D, naming load_heads.
+TEST(Layout, ThreeDimensionalMasksGiveOneLayoutPerHead) {
+  TempDir dir;
+  // heads 2, rows 2, cols 3: head 0 = [[1 0 1] [0 1 0]], head 1 = [[0 0 0] [1 1 1]]
+  const std::uint8_t m[2][2][3] = {{{1, 0, 1}, {0, 1, 0}}, {{0, 0, 0}, {1, 1, 1}}};
+  std::string c_order, f_order;
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 3; ++c) c_order.push_back(static_cast<char>(m[h][r][c]));
+  for (int c = 0; c < 3; ++c)
+    for (int r = 0; r < 2; ++r)
+      for (int h = 0; h < 2; ++h) f_order.push_back(static_cast<char>(m[h][r][c]));
+  const Layout head0 = Layout::from_coords(2, 3, {{0, 0}, {0, 2}, {1, 1}});
+  const Layout head1 = Layout::from_coords(2, 3, {{1, 0}, {1, 1}, {1, 2}});
+  for (bool fortran : {false, true}) {
+    const auto p = dir.path / (fortran ? "f.npy" : "c.npy");
+    write_npy_shape(p, "|u1", fortran, "2, 2, 3", fortran ? f_order : c_order);
+    const auto heads = Layout::load_heads(p);
+    ASSERT_EQ(heads.size(), 2u);
+    EXPECT_EQ(heads[0], head0) << (fortran ? "Fortran" : "C");
+    EXPECT_EQ(heads[1], head1) << (fortran ? "Fortran" : "C");
+    try {
+      Layout::from_npy(p);
+      ADD_FAILURE() << "from_npy takes 2-D files only";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("load_heads"), std::string::npos) << e.what();
+    }
+  }
+  write_npy(dir.path / "two.npy", "|u1", false, 2, 3, c_order.substr(0, 6));
+  const auto one = Layout::load_heads(dir.path / "two.npy");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0], head0);
+  write_npy_shape(dir.path / "short.npy", "|u1", false, "2, 2, 3", c_order.substr(0, 11));
+  EXPECT_THROW(Layout::load_heads(dir.path / "short.npy"), Error);
+  write_npy_shape(dir.path / "many.npy", "|u1", false, "5000, 1, 1", std::string(5000, '\1'));
+  EXPECT_THROW(Layout::load_heads(dir.path / "many.npy"), Error);
 }
 
 }  // namespace

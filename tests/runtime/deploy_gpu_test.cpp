@@ -11,6 +11,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "cache/kernel_cache.hpp"
+#include "command.hpp"
 #include "op_check.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
@@ -26,19 +27,9 @@ namespace fs = std::filesystem;
 fs::path cli() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "tools" / "bsjit"; }
 fs::path examples() { return fs::exists(BSJIT_EXAMPLES) ? fs::path(BSJIT_EXAMPLES) : fs::path("examples"); }
 
-struct Result {
-  int status = -1;
-  std::string output;
-};
+using Result = bsjit::testing::CommandResult;
 Result sh(const std::string& args, const std::string& env = "") {
-  Result r;
-  FILE* p = popen((env + " " + cli().string() + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[1024];
-  while (fgets(buf, sizeof buf, p)) r.output += buf;
-  int s = pclose(p);
-  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  return r;
+  return bsjit::testing::run_command(cli().string() + " " + args, env);
 }
 
 struct TempDir {

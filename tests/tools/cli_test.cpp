@@ -13,27 +13,16 @@
 #include <sstream>
 
 #include "bsjit/layout.hpp"
+#include "command.hpp"
 #include "runtime/driver.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status;
-  std::string output;
-};
-
-Result sh(const std::string& args) {
-  std::string cmd = std::string(BSJIT_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), p)) r.output += buf.data();
-  int s = pclose(p);
-  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  return r;
+using Result = bsjit::testing::CommandResult;
+Result sh(const std::string& args, const std::string& env = "") {
+  return bsjit::testing::run_command(std::string(BSJIT_CLI) + " " + args, env);
 }
 
 struct TempDir {
@@ -146,6 +135,55 @@ TEST(Cli, BadInputsAreClearErrors) {
   EXPECT_NE(r.status, 0);
   r = sh("inspect /nonexistent.npy");
   EXPECT_NE(r.status, 0);
+}
+
+// What a new user tries: global options after the subcommand, every bad file of an inspect named,
+// one "bsjit: error: " prefix, SPDLOG_LEVEL read, a missing warm-up directory named as such.
+TEST(Cli, UsedAsANewUserWould) {
+  TempDir dir;
+  const auto bad = dir.path / "bad.npy";
+  { std::ofstream(bad) << "garbage"; }
+  const std::string good = kExamples + "/layouts/banded.json";
+  auto r = sh("inspect " + good + " " + bad.string() + " /nonexistent.json " + good);
+  EXPECT_EQ(r.status, 1) << r.output;
+  std::size_t hashes = 0;
+  for (std::size_t at = 0; (at = r.output.find("  hash ", at)) != std::string::npos; ++at) ++hashes;
+  EXPECT_EQ(hashes, 2u) << "both good files reported: " << r.output;
+  EXPECT_NE(r.output.find("bad.npy"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent.json"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("bsjit: error: bsjit:"), std::string::npos) << r.output;
+  const auto cache = dir.path / "c";
+  r = sh("precompile -l " + good + " -o forward -b 32 -t bf16 -a sm_80 --calls plain --cache-dir " + cache.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(cache) && !fs::is_empty(cache)) << "--cache-dir after the subcommand: " << r.output;
+  r = sh("precompile -l " + good + " -o forward -b 32 -t bf16 -a sm_80 --calls plain --cache-dir " + cache.string(),
+         "SPDLOG_LEVEL=debug");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[debug]"), std::string::npos) << "SPDLOG_LEVEL=debug is read: " << r.output;
+  r = sh("warmup --dir " + (dir.path / "missing").string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("no such directory"), std::string::npos) << r.output;
+  // attention masks as one [heads, q blocks, k blocks] array, as numpy saves openai/blocksparse's
+  const auto heads = dir.path / "heads.npy";
+  {
+    std::string header = "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 4, 4), }";
+    header.append(64 - (10 + header.size() + 1) % 64, ' ').push_back('\n');
+    std::ofstream out(heads, std::ios::binary);
+    out.write("\x93NUMPY\x01\x00", 8);
+    out.put(static_cast<char>(header.size() & 0xff)).put(static_cast<char>(header.size() >> 8));
+    out << header;
+    for (int h = 0; h < 3; ++h)
+      for (int q = 0; q < 4; ++q)
+        for (int k = 0; k < 4; ++k) out.put(static_cast<char>(k <= q && (h == 0 || k >= q - h)));
+  }
+  r = sh("inspect " + heads.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("head 2 of 3"), std::string::npos) << r.output;
+  const auto manifest = dir.path / "m.json";
+  std::ofstream(manifest) << R"({"layouts": ["heads.npy"], "ops": ["forward"], "blocks": [32], "archs": ["sm_80"]})";
+  r = sh("--no-disk-cache precompile -m " + manifest.string());
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("holds 3 attention masks"), std::string::npos) << "not a matmul layout: " << r.output;
 }
 
 TEST(Cli, RunWithoutGpuSaysSo) {
