@@ -16,8 +16,8 @@ from __future__ import annotations
 from . import _C, _attention, _ops, functional, nn
 from ._C import Error
 from .layout import Layout
-from .deploy import cache_stats, precompile, set_cache_directory, set_strict_cache, warmup
+from .deploy import cache_directory, cache_stats, precompile, set_cache_directory, set_strict_cache, warmup
 
-__all__ = ["Error", "Layout", "functional", "nn", "precompile", "warmup", "cache_stats", "set_cache_directory",
-           "set_strict_cache"]
+__all__ = ["Error", "Layout", "functional", "nn", "precompile", "warmup", "cache_stats", "cache_directory",
+           "set_cache_directory", "set_strict_cache"]
 __version__ = "0.1.0"

@@ -59,5 +59,6 @@ def warmup(target: Union[torch.nn.Module, Iterable[tuple]], *, dtype=None, ops: 
 
 
 set_cache_directory = _C.set_cache_directory
+cache_directory = _C.cache_directory
 set_strict_cache = _C.set_strict_cache
 cache_stats = _C.cache_stats

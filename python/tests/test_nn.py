@@ -128,3 +128,21 @@ def test_export_holds_the_ops():
     model = TwoLayers("meta")
     ep = torch.export.export(model, (torch.empty(8, 4 * B, device="meta"),))
     assert "torch.ops.bsjit.matmul" in str(ep.graph)
+
+
+def test_precompile_a_model_without_a_gpu(tmp_path):
+    """bsjit.precompile compiles a model's kernels for an arch on a machine without a GPU, into the
+    cache directory; a second call finds them there and compiles nothing."""
+    previous = bsjit.cache_directory()
+    bsjit.set_cache_directory(str(tmp_path))
+    try:
+        model = torch.nn.Sequential(BlockSparseLinear(random_mask(4, 4, 0.5, 7), B, dtype=torch.bfloat16))
+        before = bsjit.cache_stats()["compiles"]
+        assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain") == 1
+        assert bsjit.cache_stats()["compiles"] > before
+        assert any(p.suffix == ".bsjit" for p in tmp_path.iterdir())
+        assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain") == 0
+        with pytest.raises(bsjit.Error, match="sm_99"):
+            bsjit.precompile(model, "sm_99", ops=["forward"])
+    finally:
+        bsjit.set_cache_directory(previous)
