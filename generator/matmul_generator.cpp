@@ -704,7 +704,7 @@ TileConfig choose_tiles(const MatMulSpec& spec) {
     // b = 64: forward 0.035 → 0.023 ms (0.36 → 0.57 of copy bandwidth on W's bytes), backward-data
     // 0.045 → 0.025 against the mma.sync shape below. At b = 64 4 stages (three CTAs per SM): the
     // balanced forward (every column 26 blocks), sweep-small, five runs in two calls: 0.0195-0.0197 ms
-    // against 0.0200-0.0204 with 6 (5 stages 0.0199-0.0203). b = 128 with 8 (24th session, sweep-small,
+    // against 0.0200-0.0204 with 6 (5 stages 0.0199-0.0203). b = 128 with 8 (2026-12-03, sweep-small,
     // ms, 6 against 8 stages): balanced forward 0.0196 against 0.0199, backward-data 0.0228 against
     // 0.0221, Bernoulli forward 0.0248 against 0.0237, backward-data 0.0236 against 0.0226.
     if (spec.wgmma && spec.small_batch && b >= 64) return finish_tma(spec, tma_shape(64, 1, b == 64 ? 4 : 8));
@@ -1305,11 +1305,11 @@ MatMulSpec sdd_narrow_choice(const Layout& layout, const MatMulSpec& spec) {
 // 162-165, balanced backward-data (12-40) 147-148 against 162-163, Bernoulli forward (14-39)
 // 152-155 against 160-163, Bernoulli backward-data 152-153 against 161-164; 10 and 12 stages 3-4%
 // under 8, and 12 stages in balanced_order 138. So persistent where the longest column holds over
-// kUnevenColumns times the mean. Between them (24th session, sweep-small -k skewP, columns of two
+// kUnevenColumns times the mean. Between them (2026-12-03, sweep-small -k skewP, columns of two
 // lengths, two runs, forward ms, s4 against s8-p): longest 1.1× the mean 0.0200-0.0203 against
 // 0.0212-0.0214, 1.2× 0.0209-0.0214 against 0.0212-0.0214, 1.3× 0.0215-0.0218 against 0.0212,
 // 1.45× 0.0226-0.0227 against 0.0215-0.0217: the crossing near 1.2-1.3. At b = 32 (persistent with 8
-// stages by default) even columns run a CTA per column with 6 stages: 24th session, sweep-small, two
+// stages by default) even columns run a CTA per column with 6 stages: 2026-12-03, sweep-small, two
 // runs, ms, s6 against s8-p: balanced forward (every column 51 blocks) 0.0298-0.0301 against
 // 0.0307-0.0312; where the columns are uneven s8-p wins (balanced backward-data 0.0336-0.0342 against
 // 0.0332-0.0335, Bernoulli forward 0.0332-0.0334 against 0.0329-0.0330).
@@ -1686,7 +1686,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
 // cold compile) only where the schedule splits on the H100 / H200's 132 SMs. NVRTC alone, 2-core
 // machine, best of 3, plain kernels of suite W's Bernoulli d = 0.25 layouts (which do not split),
 // with → without: tile128x256 at b = 16 537 → 328 ms, rows16 at b = 32 550 → 322, b = 128 363 → 168
-// (30th session). Elsewhere planes = 0, so that SddSchedule takes every unit whole on any GPU: on
+// (2026-12-04). Elsewhere planes = 0, so that SddSchedule takes every unit whole on any GPU: on
 // one of other SM counts the last wave may then run a few units alone.
 std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm) {
   const bool splits =

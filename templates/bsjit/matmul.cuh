@@ -555,7 +555,7 @@ struct PackedFeatures {
 // into the swizzled tile, and ldmatrix.trans hands each thread the old values of its accumulators.
 // Loaded per accumulator instead (a 16-bit load and a row check each, R / 2 of them: a branch each),
 // the path was a third of the b = 128 forward's cold compile (NVRTC alone: 559-662 ms, 385 with no
-// accumulate path at all, 475-479 this way; 27th session). The paired kernel (two calls) gained nothing.
+// accumulate path at all, 475-479 this way; 2026-12-04). The paired kernel (two calls) gained nothing.
 template <class Cfg, int R>
 __device__ __forceinline__ void add_old_features(float (&d)[R / 2], const typename Cfg::T* __restrict__ out,
                                                  unsigned char* out_tile, long long feature0, int row_base, int n,
@@ -1224,7 +1224,7 @@ __device__ __forceinline__ void store_sdd_item(float (&d)[TILES][N / 2], int row
     // of a 16-row group, b ≥ 16) and in runs of kRun groups of 8 columns within one block: each
     // run's block and gate are read once (DwWriter::put_run). Written per pair, the lookups were
     // half of the b = 32 row bands' code and of their cold compile (rows16-tma2-s3: NVRTC 1.45-1.50 s,
-    // 0.68-0.75 s with no stores at all; 25th session).
+    // 0.68-0.75 s with no stores at all; 2026-12-04).
     constexpr int b = Cfg::kBlock, kRun = N % b == 0 ? b / 8 : b % N == 0 ? N / 8 : 1;
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
 #pragma unroll

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // d (64 features × R rows) += the W block of column c · the consumer's rows of the X tile. Rolled:
   // 4 wgmma statements instead of 16, and half the cold compile (NVRTC alone, 2-core machine,
   // suite W's Bernoulli d = 0.25 layout, plain: 352-409 → 199-201 ms); suite W at b = 64 in one
-  // A/B round, unrolled → rolled: forward ×1.000, backward-data ×0.989 (0.968-1.015; 30th session).
+  // A/B round, unrolled → rolled: forward ×1.000, backward-data ×0.989 (0.968-1.015; 2026-12-04).
   auto chain = [&](float(&d)[R / 2], int step, int c) {
     swapped_wgmmas<Cfg, R, true>(d, ring.stage(step) + Plan::kXBytes + c * Plan::kSlotBytes,
                                  ring.stage(step) + rows * kSwizzleRowBytes);

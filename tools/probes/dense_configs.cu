@@ -8,7 +8,7 @@
 // Timed as bsjit-bench times: each run after a 256 MiB read (L2 holds none of the operands),
 // CUDA events, median of 20. Prints one line per config: tile, stages, cluster, split-K, ms,
 // TFLOP/s; then the best overall, with a 1 × 1 cluster, and with a 1 × 1 cluster and tiles at most
-// 32, 64 and 128 features wide. docs/PERFORMANCE.md, twenty-second session.
+// 32, 64 and 128 features wide. docs/PERFORMANCE.md, measurements of 2026-12-03.
 //   nvcc -std=c++17 -O2 -o dense_configs tools/probes/dense_configs.cu -lcublasLt
 //   ./dense_configs N C K
 #include <cublasLt.h>
