@@ -26,6 +26,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "kernel_hashes.hpp"
+#include "layout_image.hpp"
 #include "op_check.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
@@ -143,8 +144,10 @@ std::string_view without_prefix(std::string_view message) {
   return message.starts_with(kPrefix) ? message.substr(kPrefix.size()) : message;
 }
 
-// Every file's statistics, or the reason it is not a layout; exit 1 when any is not.
-int inspect(const std::vector<std::string>& files) {
+// Every file's statistics, or the reason it is not a layout; exit 1 when any is not. With an image
+// path, the picture of the one file's masks (layout_svg) is written there.
+int inspect(const std::vector<std::string>& files, const std::string& image) {
+  if (!image.empty() && files.size() != 1) throw Error("inspect --image draws one file: give one layout file");
   int bad = 0;
   for (const auto& f : files) {
     std::vector<Layout> heads;
@@ -165,6 +168,12 @@ int inspect(const std::vector<std::string>& files) {
           f, heads.size() > 1 ? fmt::format(" head {} of {}", h, heads.size()) : "", s.rows, s.cols, s.blocks,
           s.density, l.hash().hex(), s.min_blocks_per_row, s.max_blocks_per_row, s.mean_blocks_per_row, s.empty_rows,
           s.min_blocks_per_col, s.max_blocks_per_col, s.mean_blocks_per_col, s.empty_cols);
+    }
+    if (!image.empty()) {
+      std::ofstream out(image);
+      out << tools::layout_svg(heads, f);
+      if (!out) throw Error(fmt::format("cannot write '{}'", image));
+      fmt::print("picture: {}\n", image);
     }
   }
   return bad > 0 ? 1 : 0;
@@ -344,6 +353,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> inspect_files;
   auto* ins = app.add_subcommand("inspect", "print a layout file's statistics and hash");
   ins->add_option("files", inspect_files, "layout files (.npy or .json)")->required();
+  std::string inspect_image;
+  ins->add_option("--image", inspect_image,
+                  "draw the layout (or a 3-D file's masks) to this SVG file, a cell per block");
 
   std::vector<std::string> hash_archs{"sm_80", "sm_90a"};
   std::string hash_out;
@@ -435,7 +447,7 @@ int main(int argc, char** argv) {
     if (no_disk_cache) set_cache_directory({});
     else if (!cache_dir.empty()) set_cache_directory(cache_dir);
     if (*inf) return info(require_gpu);
-    if (*ins) return inspect(inspect_files);
+    if (*ins) return inspect(inspect_files, inspect_image);
     if (*mk) return make_layout(pat);
     if (*hashes) {
       const auto lines = tools::kernel_hashes(hash_archs, static_cast<unsigned>(std::max(hash_threads, 0)), hash_only);

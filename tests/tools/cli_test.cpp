@@ -176,9 +176,18 @@ TEST(Cli, UsedAsANewUserWould) {
       for (int q = 0; q < 4; ++q)
         for (int k = 0; k < 4; ++k) out.put(static_cast<char>(k <= q && (h == 0 || k >= q - h)));
   }
-  r = sh("inspect " + heads.string());
+  const auto svg = dir.path / "heads.svg";
+  r = sh("inspect " + heads.string() + " --image " + svg.string());
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("head 2 of 3"), std::string::npos) << r.output;
+  {
+    std::ifstream in(svg);
+    const std::string picture((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(picture.rfind("<svg", 0), 0u) << picture.substr(0, 80);
+    std::size_t cells = 0;
+    for (std::size_t at = 0; (at = picture.find(R"(fill="#1f4e9c")", at)) != std::string::npos; ++at) ++cells;
+    EXPECT_EQ(cells, 10u + 7u + 9u) << "a cell per stored block of the three heads";
+  }
   const auto manifest = dir.path / "m.json";
   std::ofstream(manifest) << R"({"layouts": ["heads.npy"], "ops": ["forward"], "blocks": [32], "archs": ["sm_80"]})";
   r = sh("--no-disk-cache precompile -m " + manifest.string());
