@@ -1,5 +1,6 @@
-// libFuzzer target: Layout::from_npy on any bytes ends in a layout or a bsjit::Error, nothing else
-// (no crash, no other exception, no sanitizer report). A layout it returns round-trips.
+// libFuzzer target: Layout::from_npy and Layout::load_heads (3-D [heads, rows, cols] files too) on
+// any bytes end in layouts or a bsjit::Error, nothing else (no crash, no other exception, no
+// sanitizer report).
 #include "bsjit/error.hpp"
 #include "bsjit/layout.hpp"
 #include "fuzz_file.hpp"
@@ -10,6 +11,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bsjit::Layout layout = bsjit::Layout::from_npy(path);
     (void)layout.stats();
     (void)layout.hash();
+  } catch (const bsjit::Error&) {
+  }
+  try {
+    for (const auto& head : bsjit::Layout::load_heads(path)) (void)head.stats();
   } catch (const bsjit::Error&) {
   }
   return 0;
