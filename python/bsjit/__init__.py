@@ -13,7 +13,7 @@ memory and on disk (BSJIT_CACHE_DIR, default ~/.cache/bsjit), so a later process
 
 from __future__ import annotations
 
-from . import _C, _attention, _ops, functional, nn
+from . import _C, _attention, _attention_ops, _ops, functional, nn
 from ._C import Error
 from .layout import Layout
 from .deploy import cache_directory, cache_stats, precompile, set_cache_directory, set_strict_cache, warmup

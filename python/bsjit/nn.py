@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _ops
-from . import functional
+from . import _attention_ops, functional
 from .functional import _axis
 from .layout import Layout, as_masks, mask_set_handle, rebind, register
 
@@ -205,3 +205,49 @@ class BlockSparseAttention(nn.Module):
         rows, cols = self._masks[0].shape
         return (f"masks={len(self._masks)} × {rows}x{cols} blocks, block={self.block}, causal={self.causal}, "
                 f"order={self.order!r}")
+
+
+class DecomposedAttention(nn.Module):
+    """Block-sparse attention as its ops (bsjit::AttentionOps, openai/blocksparse's BlocksparseTransformer
+    ops), for models that need the score matrix itself: forward(q, k, v) is
+    probs_v(softmax(scores(q, k)), v), each step differentiable and usable alone. Block-sparse
+    tensors (the scores and probabilities) are [batch, sparse elements]: each head's nonzero blocks
+    in its mask's row-major order, each block row-major (query, key). head_dim is fixed at
+    construction (the kernels are built for it)."""
+
+    def __init__(self, mask, block: int, head_dim: int, *, causal: bool = False, scale: Optional[float] = None,
+                 order: str = "bshd"):
+        super().__init__()
+        from . import _attention
+
+        self.block, self.head_dim, self.causal, self.scale = int(block), int(head_dim), bool(causal), scale
+        self.order = order
+        self._order = _attention.ORDERS.index(order)
+        self._masks = as_masks(mask)
+        self._handle = mask_set_handle(self._masks)
+
+    def _heads_of(self, sparse: Tensor) -> int:
+        if len(self._masks) > 1:
+            return len(self._masks)
+        return int(sparse.shape[1]) // (self._masks[0].blocks * self.block * self.block)
+
+    def _config(self, heads: int) -> tuple:
+        return (self._handle, self.block, self.causal, self._order, heads, self.head_dim)
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """q · kᵀ on the masks' blocks, unscaled."""
+        heads = int(q.shape[2] if self._order == 0 else q.shape[1])
+        return _attention_ops.scores(q, k, *self._config(heads))
+
+    def softmax(self, s: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        """softmax(scale · s) over each query row's blocks (causal, key padding: True marks a padded key)."""
+        padding = None if key_padding_mask is None else (~key_padding_mask.bool()).to(torch.uint8).contiguous()
+        return _attention_ops.softmax(s, *self._config(self._heads_of(s)),
+                                      float(self.scale) if self.scale is not None else 0.0, padding)
+
+    def probs_v(self, p: Tensor, v: Tensor) -> Tensor:
+        """p · v: shaped like q."""
+        return _attention_ops.probs_v(p, v, *self._config(self._heads_of(p)))
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        return self.probs_v(self.softmax(self.scores(q, k), key_padding_mask), v)

@@ -195,6 +195,48 @@ NB_MODULE(_C, m) {
       .def_prop_ro("seq_q", &bsjit::Attention::seq_q)
       .def_prop_ro("seq_k", &bsjit::Attention::seq_k);
 
+  // The decomposed ops: block-sparse tensors [batch, sparse_elements(heads)] as pointers.
+  nb::class_<bsjit::AttentionOps>(m, "AttentionOps")
+      .def(
+          "__init__",
+          [](bsjit::AttentionOps* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
+             const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
+            bsjit::AttentionOptions o;
+            o.block = block;
+            o.head_dim = head_dim;
+            o.dtype = bsjit::parse_dtype(dtype);
+            o.order = bsjit::parse_qkv_order(order);
+            o.causal = causal;
+            o.arch = arch;
+            new (self) bsjit::AttentionOps(masks, o);
+          },
+          "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
+      .def(
+          "run",
+          [](const bsjit::AttentionOps& a, const std::string& op, std::uintptr_t x, std::uintptr_t y,
+             std::uintptr_t out, std::int64_t batch, std::int64_t heads, std::uintptr_t stream, float scale,
+             std::uintptr_t key_padding) {
+            const auto X = pointer<const void>(x), Y = pointer<const void>(y);
+            void* O = pointer<void>(out);
+            const auto s = stream_of(stream);
+            if (op == "scores")
+              a.scores(X, Y, O, batch, heads, s);
+            else if (op == "softmax")
+              a.softmax(X, O, batch, heads, s, scale, pointer<const std::uint8_t>(key_padding));
+            else if (op == "softmax_grad")
+              a.softmax_grad(X, Y, O, batch, heads, s, scale);
+            else if (op == "probs_v")
+              a.probs_v(X, Y, O, batch, heads, s);
+            else if (op == "probs_t")
+              a.probs_t(X, Y, O, batch, heads, s);
+            else
+              throw bsjit::Error("bsjit: no attention op '" + op + "'");
+          },
+          "op"_a, "x"_a, "y"_a, "out"_a, "batch"_a, "heads"_a, "stream"_a, "scale"_a = 0.0f, "key_padding"_a = 0,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("sparse_elements", &bsjit::AttentionOps::sparse_elements, "heads"_a)
+      .def("precompile", &bsjit::AttentionOps::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>());
+
   m.def("set_cache_directory", &bsjit::set_cache_directory, "directory"_a);
   m.def("cache_directory", &bsjit::cache_directory);
   m.def("set_strict_cache", &bsjit::set_strict_cache, "strict"_a);

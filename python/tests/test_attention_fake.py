@@ -76,3 +76,28 @@ def test_module_state_dict_and_compile_fullgraph():
     out.sum().backward()
     assert q.grad.shape == q.shape and len(graphs) == 1
     assert any("bsjit.attention" in str(n.target) for n in graphs[0].graph.nodes)
+
+
+def test_decomposed_ops_shapes_and_autograd_on_meta():
+    from bsjit.nn import DecomposedAttention
+
+    per_head = [CAUSAL4, np.eye(4, dtype=bool), np.ones((4, 4), bool)]
+    for masks, stored in ((CAUSAL4, 3 * 10), (per_head, 10 + 4 + 16)):
+        ops = DecomposedAttention(masks, 64, 64, causal=True)
+        q, k, v = qkv("bshd", "meta", grad=True)
+        s = ops.scores(q, k)
+        assert s.shape == (2, stored * 64 * 64)
+        p = ops.softmax(s)
+        o = ops.probs_v(p, v)
+        assert o.shape == q.shape
+        o.sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    with pytest.raises(ValueError, match="block-sparse tensor"):
+        ops.softmax(torch.empty(2, 5, device="meta", dtype=torch.bfloat16))
+    with FakeTensorMode():
+        q, k, v = qkv("bhsd", "cuda")
+        ops = DecomposedAttention(CAUSAL4, 64, 64, order="bhsd")
+        assert ops(q, k, v).shape == q.shape
+    for name in ("attention_scores", "attention_softmax", "attention_softmax_grad", "attention_probs_v",
+                 "attention_probs_t"):
+        assert hasattr(torch.ops.bsjit, name), name

@@ -260,3 +260,32 @@ def test_attention_module_compiles_and_captures():
         out.sum().backward()
     graph.replay()
     torch.testing.assert_close(out, layer(q, k, v))
+
+
+@pytest.mark.parametrize("order", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_decomposed_attention_matches_the_dense_computation(order, causal):
+    from bsjit.nn import DecomposedAttention
+
+    torch.manual_seed(7)
+    block, d, b, h, blocks = 64, 64, 2, 3, 4
+    s = blocks * block
+    rng = np.random.default_rng(3)
+    per_head = [bsjit.Layout(np.tril(np.ones((blocks, blocks), bool))),
+                bsjit.Layout((rng.random((blocks, blocks)) < 0.5) | np.eye(blocks, dtype=bool)),
+                bsjit.Layout(np.eye(blocks, dtype=bool))]
+    shape = (b, s, h, d) if order == "bshd" else (b, h, s, d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    ops = DecomposedAttention(per_head, block, d, causal=causal, order=order)
+    probs = ops.softmax(ops.scores(q, k))
+    out = ops.probs_v(probs, v)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = dense_attention(qd, kd, vd, per_head, block, causal, None, d ** -0.5, order)
+    want.backward(dout.double())
+    assert rel_err(out.detach(), want.detach()) < 1e-2
+    for got, ref in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        assert rel_err(got, ref) < 1e-2
+    fused = F.attention(q.detach(), k.detach(), v.detach(), per_head, block, causal=causal, order=order)
+    assert rel_err(out.detach(), fused.double()) < 1e-2
