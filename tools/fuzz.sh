@@ -14,12 +14,12 @@ command -v clang++ >/dev/null || { echo "tools/fuzz.sh needs clang++ (Debian: ap
 flags="-fsanitize=fuzzer-no-link,address,undefined -fsanitize=float-cast-overflow -fno-sanitize-recover=all -g"
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" \
   -DBSJIT_FUZZ=ON -DBSJIT_BUILD_TESTS=OFF -DBSJIT_BUILD_TOOLS=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)" --target layout_npy_fuzz layout_json_fuzz manifest_fuzz cache_entry_fuzz
+cmake --build "$build" -j"$(nproc)" --target layout_npy_fuzz layout_json_fuzz manifest_fuzz cache_entry_fuzz conv_layout_fuzz
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 findings="$build/fuzz-findings"
 mkdir -p "$findings"
 status=0 summary=""
-for t in layout_npy layout_json manifest cache_entry; do
+for t in layout_npy layout_json manifest cache_entry conv_layout; do
   work="$build/fuzz-corpus/$t"
   rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/$t/* "$work/"
   log="$build/fuzz-$t.log"

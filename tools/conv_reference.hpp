@@ -1,0 +1,41 @@
+// The double-precision CPU reference of block-sparse convolution (bsjit::ConvLayout): fprop, bprop
+// (the input's gradient) and updat (the filter's, on the layout's blocks only), computed block by
+// block as the definition reads, and the dense convolution with the layout expanded to check them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "bsjit/conv_layout.hpp"
+
+namespace bsjit::reference {
+
+struct ConvProblem {
+  const ConvLayout* layout = nullptr;
+  ConvGeometry geometry;
+  std::int64_t n = 1;
+  bool channels_last = false;  // activations N, D, H, W, C instead of N, C, D, H, W
+};
+
+// Elements of the input [n, C, D, H, W] and the output [n, K, M, P, Q] (in either order).
+std::int64_t conv_input_elements(const ConvProblem& p);
+std::int64_t conv_output_elements(const ConvProblem& p);
+
+// O = conv(I, F): each block's filter [K_b, C_b, T, R, S] (the layout's filter, blocks in order)
+// over its input channels, added into its output channels.
+std::vector<double> conv_fprop(const ConvProblem& p, const std::vector<double>& input,
+                               const std::vector<double>& filter);
+// dI from dO: the adjoint of fprop in its input.
+std::vector<double> conv_bprop(const ConvProblem& p, const std::vector<double>& grad_out,
+                               const std::vector<double>& filter);
+// dF from I and dO: the adjoint of fprop in its filter, in the layout's filter order.
+std::vector<double> conv_updat(const ConvProblem& p, const std::vector<double>& input,
+                               const std::vector<double>& grad_out);
+
+// The layout's filter scattered into a dense [K, C, T, R, S] one (overlapping blocks add).
+std::vector<double> dense_filter(const ConvProblem& p, const std::vector<double>& filter);
+// The dense convolution over every (k, c) pair of a [K, C, T, R, S] filter.
+std::vector<double> dense_conv_fprop(const ConvProblem& p, const std::vector<double>& input,
+                                     const std::vector<double>& dense);
+
+}  // namespace bsjit::reference
