@@ -1,4 +1,4 @@
-// CPU reference for block-sparse attention (the ops of issue 5, for their GPU tests): dense
+// CPU reference for block-sparse attention (for the attention ops' GPU tests): dense
 // attention in double precision over the keys each query may attend: the block mask expanded,
 // then causal, key-padding and element masks applied. The fused forward (output and log-sum-exp),
 // its backward (dQ, dK, dV), and the decomposed ops of blocksparse's BlocksparseTransformer over
