@@ -688,17 +688,20 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::compile_now(const Request&
   return k;
 }
 
+std::shared_ptr<runtime::CompiledKernel> KernelCache::with_code_of(const runtime::CompiledKernel& code,
+                                                                   const Request& r) {
+  auto k = std::make_shared<runtime::CompiledKernel>(code);
+  ++shared_compiles_;
+  k->tables = r.tables;
+  return k;
+}
+
 std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
   if (r.code_key.empty()) return compile_now(r);
   auto slot = slot_in(code_slots_, r.code_key);
   std::lock_guard code_lock(slot->mutex);  // taken after the entry's slot lock, never before
   if (!slot->kernel) slot->kernel = code_from_layers(r);
-  if (const auto& code = slot->kernel) {
-    auto k = std::make_shared<runtime::CompiledKernel>(*code);
-    ++shared_compiles_;
-    k->tables = r.tables;
-    return k;
-  }
+  if (const auto& code = slot->kernel) return with_code_of(*code, r);
   auto k = compile_now(r);
   slot->kernel = k;
   return k;
@@ -723,13 +726,10 @@ KernelCache::Compiled KernelCache::rebuild(const Request& r, const Compiled& ref
   } else {  // the refused code serves no other layout of the shape either; code rebuilt for one serves all
     auto code = slot_in(code_slots_, r.code_key);
     std::lock_guard code_lock(code->mutex);
-    if (code->kernel && code->kernel->cubin != refused->cubin) {
-      k = std::make_shared<runtime::CompiledKernel>(*code->kernel);
-      k->tables = r.tables;
-      ++shared_compiles_;
-    } else {
+    if (code->kernel && code->kernel->cubin != refused->cubin)
+      k = with_code_of(*code->kernel, r);
+    else
       code->kernel = k = compile_now(r);
-    }
   }
   std::unique_ptr<FileLock> lock;
   if (!path.empty()) lock = std::make_unique<FileLock>(fs::path(path).replace_extension(kLockExt));

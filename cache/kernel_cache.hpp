@@ -163,6 +163,8 @@ class KernelCache {
   std::shared_ptr<runtime::CompiledKernel> build(const Request& request);
   // NVRTC on the request's source (counted), with the request's tables.
   std::shared_ptr<runtime::CompiledKernel> compile_now(const Request& request);
+  // code's binary with the request's tables (counted as a shared compile).
+  std::shared_ptr<runtime::CompiledKernel> with_code_of(const runtime::CompiledKernel& code, const Request& request);
   // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).
   Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
   Compiled load_from_layers(const Request& request, bool quiet);
