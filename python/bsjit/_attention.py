@@ -9,39 +9,27 @@ A mask set (one block mask shared by every head, or one per head) reaches the op
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import _C
+from ._objects import ObjectCache
 from .layout import lookup
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 ORDERS = ("bshd", "bhsd")  # order 0: q is [batch, seq, heads, head_dim]; 1: [batch, heads, seq, head_dim]
 
-_MAX_OBJECTS = 64
-_objects: "OrderedDict[tuple, _C.Attention]" = OrderedDict()
-_objects_lock = threading.Lock()
+_objects = ObjectCache(64)
 
 
 def attention_object(masks: int, block: int, head_dim: int, dtype: torch.dtype, order: int,
                      causal: bool) -> _C.Attention:
     layouts = lookup(masks)
     key = (tuple(m.hash for m in layouts), block, head_dim, dtype, order, causal)
-    with _objects_lock:
-        obj = _objects.get(key)
-        if obj is not None:
-            _objects.move_to_end(key)
-            return obj
-    obj = _C.Attention([m._layout for m in layouts], block, head_dim, _DTYPES[dtype], ORDERS[order], causal)
-    with _objects_lock:
-        _objects[key] = obj
-        while len(_objects) > _MAX_OBJECTS:
-            _objects.popitem(last=False)
-    return obj
+    return _objects.get(key, lambda: _C.Attention([m._layout for m in layouts], block, head_dim, _DTYPES[dtype],
+                                                  ORDERS[order], causal))
 
 
 def _fail(message: str):

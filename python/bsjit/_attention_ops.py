@@ -12,8 +12,6 @@ that the fake implementations know every shape.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -21,27 +19,17 @@ from torch import Tensor
 
 from . import _C
 from ._attention import ORDERS, _DTYPES, _fail
+from ._objects import ObjectCache
 from .layout import lookup
 
-_MAX_OBJECTS = 64
-_objects: "OrderedDict[tuple, _C.AttentionOps]" = OrderedDict()
-_objects_lock = threading.Lock()
+_objects = ObjectCache(64)
 
 
 def ops_object(masks: int, block: int, causal: bool, order: int, head_dim: int, dtype) -> _C.AttentionOps:
     layouts = lookup(masks)
     key = (tuple(m.hash for m in layouts), block, causal, order, head_dim, dtype)
-    with _objects_lock:
-        obj = _objects.get(key)
-        if obj is not None:
-            _objects.move_to_end(key)
-            return obj
-    obj = _C.AttentionOps([m._layout for m in layouts], block, head_dim, _DTYPES[dtype], ORDERS[order], causal)
-    with _objects_lock:
-        _objects[key] = obj
-        while len(_objects) > _MAX_OBJECTS:
-            _objects.popitem(last=False)
-    return obj
+    return _objects.get(key, lambda: _C.AttentionOps([m._layout for m in layouts], block, head_dim, _DTYPES[dtype],
+                                                     ORDERS[order], causal))
 
 
 def sparse_elements(masks: int, block: int, heads: int) -> int:

@@ -11,43 +11,29 @@ sizes the fake implementations need passed as ints, so no op reads the registry 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import _C
+from ._objects import ObjectCache
 from .layout import lookup
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _BLOCKS = (8, 16, 32, 64, 128)
 FEATURE_AXES = ("last", "first")  # feature_axis 0: x is [..., C]; 1: x is [C, N]
 
-# One bsjit.MatMul per (layout, block, dtype, feature axis, tf32), the least recently used dropped
-# past _MAX_OBJECTS: a job whose layout changes every step keeps a bounded number (a new object of a
-# shape already compiled costs no NVRTC run: the library shares the code between such layouts).
-_MAX_OBJECTS = 256
-_objects: "OrderedDict[tuple, _C.MatMul]" = OrderedDict()
-_objects_lock = threading.Lock()
+# One bsjit.MatMul per (layout, block, dtype, feature axis, tf32).
+_objects = ObjectCache(256)
 
 
 def matmul_object(handle: int, block: int, dtype: torch.dtype, feature_axis: int) -> _C.MatMul:
     layout = lookup(handle)
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     key = (layout.hash, layout.shape, block, dtype, feature_axis, tf32)
-    with _objects_lock:
-        mm = _objects.get(key)
-        if mm is not None:
-            _objects.move_to_end(key)
-            return mm
-    mm = _C.MatMul(layout._layout, block, _DTYPES[dtype], FEATURE_AXES[feature_axis], tf32)
-    with _objects_lock:
-        _objects[key] = mm
-        while len(_objects) > _MAX_OBJECTS:
-            _objects.popitem(last=False)
-    return mm
+    return _objects.get(
+        key, lambda: _C.MatMul(layout._layout, block, _DTYPES[dtype], FEATURE_AXES[feature_axis], tf32))
 
 
 def _fail(op: str, message: str):

@@ -54,6 +54,20 @@ void run(const bsjit::MatMul& mm, const std::string& op, std::uintptr_t a, std::
   }
 }
 
+// Attention and AttentionOps, built from the Python side's arguments (AttentionOptions by field).
+template <class T>
+void construct_attention(T* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
+                         const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
+  bsjit::AttentionOptions o;
+  o.block = block;
+  o.head_dim = head_dim;
+  o.dtype = bsjit::parse_dtype(dtype);
+  o.order = bsjit::parse_qkv_order(order);
+  o.causal = causal;
+  o.arch = arch;
+  new (self) T(masks, o);
+}
+
 std::vector<bsjit::Op> ops_of(const std::vector<std::string>& names) {
   std::vector<bsjit::Op> ops;
   for (const auto& n : names) ops.push_back(bsjit::parse_op(n));
@@ -150,20 +164,8 @@ NB_MODULE(_C, m) {
       .def_prop_ro("out_features", &bsjit::MatMul::out_features);
 
   nb::class_<bsjit::Attention>(m, "Attention")
-      .def(
-          "__init__",
-          [](bsjit::Attention* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
-             const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
-            bsjit::AttentionOptions o;
-            o.block = block;
-            o.head_dim = head_dim;
-            o.dtype = bsjit::parse_dtype(dtype);
-            o.order = bsjit::parse_qkv_order(order);
-            o.causal = causal;
-            o.arch = arch;
-            new (self) bsjit::Attention(masks, o);
-          },
-          "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
+      .def("__init__", &construct_attention<bsjit::Attention>, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a,
+           "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
       .def(
           "forward",
           [](const bsjit::Attention& a, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
@@ -197,20 +199,8 @@ NB_MODULE(_C, m) {
 
   // The decomposed ops: block-sparse tensors [batch, sparse_elements(heads)] as pointers.
   nb::class_<bsjit::AttentionOps>(m, "AttentionOps")
-      .def(
-          "__init__",
-          [](bsjit::AttentionOps* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
-             const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
-            bsjit::AttentionOptions o;
-            o.block = block;
-            o.head_dim = head_dim;
-            o.dtype = bsjit::parse_dtype(dtype);
-            o.order = bsjit::parse_qkv_order(order);
-            o.causal = causal;
-            o.arch = arch;
-            new (self) bsjit::AttentionOps(masks, o);
-          },
-          "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
+      .def("__init__", &construct_attention<bsjit::AttentionOps>, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a,
+           "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
       .def(
           "run",
           [](const bsjit::AttentionOps& a, const std::string& op, std::uintptr_t x, std::uintptr_t y,
