@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, _direct
 from ._objects import ObjectCache
 from .layout import lookup
 
@@ -61,6 +61,9 @@ def _check(q, k, v, masks: int, block: int, order: int, key_padding) -> tuple[in
     if d not in (32, 64, 128):
         _fail(f"head dim {d} is not supported; expected 32, 64 or 128")
     layouts = lookup(masks)
+    if layouts.element_bits:
+        _fail("element masks are applied by the decomposed ops (bsjit.nn.DecomposedAttention); the fused "
+              "attention takes block masks, causal and key padding")
     rows, cols = layouts[0].shape
     if (sq, sk) != (rows * block, cols * block):
         _fail(f"the masks are {rows} × {cols} blocks of {block}: q and k need {rows * block} and {cols * block} "
@@ -72,13 +75,8 @@ def _check(q, k, v, masks: int, block: int, order: int, key_padding) -> tuple[in
     return b, h, sq, d
 
 
-def _stream(device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-@torch.library.custom_op("bsjit::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, masks: int, block: int, causal: bool, order: int, scale: float,
-              key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _attention(q: Tensor, k: Tensor, v: Tensor, masks: int, block: int, causal: bool, order: int, scale: float,
+               key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     b, h, sq, d = _check(q, k, v, masks, block, order, key_padding)
     if q.device.type != "cuda":
         _fail(f"bsjit runs on CUDA tensors; these are on {q.device}")
@@ -86,10 +84,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, masks: int, block: int, causal: b
     out = torch.empty_like(q)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     obj = attention_object(masks, block, d, q.dtype, order, causal)
-    with torch.cuda.device(q.device):
+    with _direct.on_device(q.device):
         obj.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), b, h,
-                    _stream(q.device), scale, key_padding.data_ptr() if key_padding is not None else 0)
+                    _direct.stream(q.device), scale, key_padding.data_ptr() if key_padding is not None else 0)
     return out, lse
+
+
+attention = torch.library.custom_op("bsjit::attention", _attention, mutates_args=())
 
 
 @attention.register_fake
@@ -98,10 +99,9 @@ def _(q, k, v, masks, block, causal, order, scale, key_padding):
     return torch.empty_like(q), q.new_empty((b, h, sq), dtype=torch.float32)
 
 
-@torch.library.custom_op("bsjit::attention_backward", mutates_args=())
-def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, masks: int,
-                       block: int, causal: bool, order: int, scale: float,
-                       key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, masks: int,
+                        block: int, causal: bool, order: int, scale: float,
+                        key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     b, h, sq, d = _check(q, k, v, masks, block, order, key_padding)
     if dout.shape != q.shape or dout.dtype != q.dtype:
         _fail(f"dout must be shaped and typed like q, got {dout.dtype} {tuple(dout.shape)}")
@@ -109,12 +109,15 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     obj = attention_object(masks, block, d, q.dtype, order, causal)
     workspace = torch.empty(obj.backward_workspace_size(b, h), dtype=torch.uint8, device=q.device)
-    with torch.cuda.device(q.device):
+    with _direct.on_device(q.device):
         obj.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.contiguous().data_ptr(),
-                     dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, _stream(q.device), scale,
-                     key_padding.data_ptr() if key_padding is not None else 0, workspace.data_ptr(),
+                     dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, _direct.stream(q.device),
+                     scale, key_padding.data_ptr() if key_padding is not None else 0, workspace.data_ptr(),
                      workspace.numel())
     return dq, dk, dv
+
+
+attention_backward = torch.library.custom_op("bsjit::attention_backward", _attention_backward, mutates_args=())
 
 
 @attention_backward.register_fake
@@ -134,9 +137,20 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, key_padding = ctx.saved_tensors
     masks, block, causal, order, scale = ctx.args
-    dq, dk, dv = attention_backward(q, k, v, out, lse, dout.contiguous(), masks, block, causal, order, scale,
+    backward = _attention_backward if getattr(ctx, "direct", False) else attention_backward
+    dq, dk, dv = backward(q, k, v, out, lse, dout.contiguous(), masks, block, causal, order, scale,
                                     key_padding)
     return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd("bsjit::attention", _backward, setup_context=_setup)
+
+_AttentionFunction = _direct.function("_AttentionFunction", _attention, _setup, _backward)
+
+
+def attention_call(q: Tensor, k: Tensor, v: Tensor, masks: int, block: int, causal: bool, order: int, scale: float,
+                   key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """bsjit::attention, run directly in eager mode on CUDA tensors (bsjit._direct) and as the op otherwise."""
+    if _direct.eager(q, k, v, key_padding):
+        return _AttentionFunction.apply(q, k, v, masks, block, causal, order, scale, key_padding)
+    return attention(q, k, v, masks, block, causal, order, scale, key_padding)

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, _direct
 from ._attention import ORDERS, _DTYPES, _fail
 from ._objects import ObjectCache
 from .layout import lookup
@@ -27,9 +27,9 @@ _objects = ObjectCache(64)
 
 def ops_object(masks: int, block: int, causal: bool, order: int, head_dim: int, dtype) -> _C.AttentionOps:
     layouts = lookup(masks)
-    key = (tuple(m.hash for m in layouts), block, causal, order, head_dim, dtype)
+    key = (tuple(m.hash for m in layouts), layouts.element_digest, block, causal, order, head_dim, dtype)
     return _objects.get(key, lambda: _C.AttentionOps([m._layout for m in layouts], block, head_dim, _DTYPES[dtype],
-                                                     ORDERS[order], causal))
+                                                     ORDERS[order], causal, element_bits=layouts.element_bits))
 
 
 def sparse_elements(masks: int, block: int, heads: int) -> int:
@@ -69,9 +69,9 @@ def _run(op, x, y, out, masks, block, causal, order, heads, head_dim, batch, sca
     if out.device.type != "cuda":
         _fail(f"bsjit runs on CUDA tensors; these are on {out.device}")
     obj = ops_object(masks, block, causal, order, head_dim, out.dtype)
-    with torch.cuda.device(out.device):
+    with _direct.on_device(out.device):
         obj.run(op, x.contiguous().data_ptr(), y.contiguous().data_ptr() if y is not None else 0, out.data_ptr(),
-                batch, heads, torch.cuda.current_stream(out.device).cuda_stream, scale,
+                batch, heads, _direct.stream(out.device), scale,
                 key_padding.data_ptr() if key_padding is not None else 0)
     return out
 

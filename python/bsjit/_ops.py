@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, _direct
 from ._objects import ObjectCache
 from .layout import lookup
 
@@ -86,8 +86,8 @@ def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, 
     if out.device.type != "cuda":
         _fail(op, f"bsjit runs on CUDA tensors; these are on {out.device}")
     mm = matmul_object(handle, int(w.shape[1]), w.dtype, feature_axis)
-    with torch.cuda.device(out.device):
-        stream = torch.cuda.current_stream(out.device).cuda_stream
+    with _direct.on_device(out.device):
+        stream = _direct.stream(out.device)
         workspace = None
         if op == "backward_weight":
             # the split kernels' workspace from torch's allocator (bsjit allocates nothing, as CUDA
@@ -104,11 +104,13 @@ def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, 
 # --- forward: y = x · W (W the layout's blocks, gate-scaled) ------------------------------------
 
 
-@torch.library.custom_op("bsjit::matmul", mutates_args=())
-def matmul(x: Tensor, w: Tensor, layout: int, in_features: int, out_features: int, feature_axis: int,
-           gate: Optional[Tensor]) -> Tensor:
+def _matmul(x: Tensor, w: Tensor, layout: int, in_features: int, out_features: int, feature_axis: int,
+            gate: Optional[Tensor]) -> Tensor:
     n = _check_forward(x, w, in_features, out_features, feature_axis, gate)
     return _product("forward", x, w, layout, out_features, feature_axis, gate, n)
+
+
+matmul = torch.library.custom_op("bsjit::matmul", _matmul, mutates_args=())
 
 
 def _product(op: str, a: Tensor, w: Tensor, layout: int, features: int, feature_axis: int, gate: Optional[Tensor],
@@ -139,11 +141,14 @@ def _(x, w, layout, in_features, out_features, feature_axis, gate):
 # --- backward-data: dx = dy · Wᵀ ---------------------------------------------------------------
 
 
-@torch.library.custom_op("bsjit::matmul_backward_data", mutates_args=())
-def matmul_backward_data(dy: Tensor, w: Tensor, layout: int, in_features: int, out_features: int,
-                         feature_axis: int, gate: Optional[Tensor]) -> Tensor:
+def _matmul_backward_data(dy: Tensor, w: Tensor, layout: int, in_features: int, out_features: int,
+                          feature_axis: int, gate: Optional[Tensor]) -> Tensor:
     n = _check_backward_data(dy, w, in_features, out_features, feature_axis, gate)
     return _product("backward_data", dy, w, layout, in_features, feature_axis, gate, n)
+
+
+matmul_backward_data = torch.library.custom_op("bsjit::matmul_backward_data", _matmul_backward_data,
+                                               mutates_args=())
 
 
 def _check_backward_data(dy, w, in_features, out_features, feature_axis, gate) -> int:
@@ -161,9 +166,8 @@ def _(dy, w, layout, in_features, out_features, feature_axis, gate):
 # --- backward-weight: dW = xᵀ · dy on the layout's blocks (gate-scaled) --------------------------
 
 
-@torch.library.custom_op("bsjit::matmul_backward_weight", mutates_args=())
-def matmul_backward_weight(x: Tensor, dy: Tensor, w: Tensor, layout: int, in_features: int, out_features: int,
-                           feature_axis: int, gate: Optional[Tensor]) -> Tensor:
+def _matmul_backward_weight(x: Tensor, dy: Tensor, w: Tensor, layout: int, in_features: int, out_features: int,
+                            feature_axis: int, gate: Optional[Tensor]) -> Tensor:
     n = _check_backward_weight(x, dy, w, in_features, out_features, feature_axis, gate)
     dw = torch.empty_like(w, memory_format=torch.contiguous_format)
     if n == 0 or w.shape[0] == 0:
@@ -171,6 +175,10 @@ def matmul_backward_weight(x: Tensor, dy: Tensor, w: Tensor, layout: int, in_fea
     _launch("backward_weight", layout, w, x.contiguous(), dy.contiguous(), dw, n,
             gate.contiguous() if gate is not None else None, feature_axis)
     return dw
+
+
+matmul_backward_weight = torch.library.custom_op("bsjit::matmul_backward_weight", _matmul_backward_weight,
+                                                 mutates_args=())
 
 
 def _check_backward_weight(x, dy, w, in_features, out_features, feature_axis, gate) -> int:
@@ -201,19 +209,32 @@ def _setup_matmul(ctx, inputs, output):
 def _matmul_backward(ctx, dy):
     x, w, gate = ctx.saved_tensors
     layout, c, k, axis = ctx.sizes
+    direct = getattr(ctx, "direct", False)  # called by _MatMulFunction: call implementations, not ops
+    backward_data = _matmul_backward_data if direct else matmul_backward_data
+    backward_weight = _matmul_backward_weight if direct else matmul_backward_weight
     dx = dw = dgate = None
     if ctx.needs_input_grad[0]:
-        dx = matmul_backward_data(dy, w, layout, c, k, axis, gate)
+        dx = backward_data(dy, w, layout, c, k, axis, gate)
     gate_grad = gate is not None and ctx.needs_input_grad[6]
     if gate_grad:
         # y = x · (g ∘ W): dW = g ∘ (xᵀ dy) and dg = Σ W ∘ (xᵀ dy) over each block (blocksparse's gate_grad)
-        g = matmul_backward_weight(x, dy, w, layout, c, k, axis, None).float()
+        g = backward_weight(x, dy, w, layout, c, k, axis, None).float()
         dgate = (g * w.float()).sum(dim=(1, 2))
         if ctx.needs_input_grad[1]:
             dw = (g * gate[:, None, None]).to(w.dtype)
     elif ctx.needs_input_grad[1]:
-        dw = matmul_backward_weight(x, dy, w, layout, c, k, axis, gate)
+        dw = backward_weight(x, dy, w, layout, c, k, axis, gate)
     return dx, dw, None, None, None, None, dgate
 
 
 torch.library.register_autograd("bsjit::matmul", _matmul_backward, setup_context=_setup_matmul)
+
+_MatMulFunction = _direct.function("_MatMulFunction", _matmul, _setup_matmul, _matmul_backward)
+
+
+def matmul_call(x: Tensor, w: Tensor, layout: int, in_features: int, out_features: int, feature_axis: int,
+                gate: Optional[Tensor]) -> Tensor:
+    """bsjit::matmul, run directly in eager mode on CUDA tensors (bsjit._direct) and as the op otherwise."""
+    if _direct.eager(x, w, gate):
+        return _MatMulFunction.apply(x, w, layout, in_features, out_features, feature_axis, gate)
+    return matmul(x, w, layout, in_features, out_features, feature_axis, gate)

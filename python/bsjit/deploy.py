@@ -11,26 +11,53 @@ from . import _C, _ops
 from .layout import Layout
 
 _ALL_OPS = ["forward", "backward_data", "backward_weight"]
+_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _layers(target) -> list:
-    """The BlockSparseLinear layers of a module, or the module itself when it is one."""
-    from .nn import BlockSparseLinear
+def _attention_dtype(model: torch.nn.Module, dtype, name: str):
+    """The dtype of an attention module's kernels: dtype when given, else the one 16-bit dtype of the
+    model's floating parameters; an error when neither decides it."""
+    if dtype is not None:
+        if dtype not in _ATTENTION_DTYPES:
+            raise ValueError(f"bsjit: attention runs in float16 or bfloat16, not {dtype} ({name})")
+        return dtype
+    found = {p.dtype for p in model.parameters() if p.dtype.is_floating_point}
+    if len(found) == 1 and next(iter(found)) in _ATTENTION_DTYPES:
+        return next(iter(found))
+    raise ValueError(f"bsjit: the dtype of attention module '{name}' is not known from the model's parameters "
+                     f"({sorted(map(str, found)) or 'none'}); pass dtype=torch.bfloat16 or torch.float16")
 
-    if isinstance(target, BlockSparseLinear):
-        return [target]
+
+def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
+    """(kernel object, ops) of every bsjit module in model: BlockSparseLinear's MatMul with the ops
+    asked (all three by default), BlockSparseAttention's Attention (forward and backward; head_dim
+    from the argument) and DecomposedAttention's AttentionOps (its five kernels)."""
+    from . import _attention, _attention_ops
+    from .nn import BlockSparseAttention, BlockSparseLinear, DecomposedAttention
+
+    out = []
+    for name, m in model.named_modules():
+        name = name or type(m).__name__
+        if isinstance(m, BlockSparseLinear):
+            out.append((_ops.matmul_object(m._handle, m.block, dtype or m.weight.dtype, m._axis), ops or _ALL_OPS))
+        elif isinstance(m, BlockSparseAttention):
+            if head_dim is None:
+                raise ValueError(f"bsjit: attention module '{name}' takes its head dim from q at run time; pass "
+                                 f"head_dim= to compile its kernels ahead")
+            dt = _attention_dtype(model, dtype, name)
+            out.append((_attention.attention_object(m._handle, m.block, int(head_dim), dt,
+                                                    _attention.ORDERS.index(m.order), m.causal), None))
+        elif isinstance(m, DecomposedAttention):
+            dt = _attention_dtype(model, dtype, name)
+            out.append((_attention_ops.ops_object(m._handle, m.block, m.causal, m._order, m.head_dim, dt), None))
+    return out
+
+
+def _objects(target, dtype=None, ops=None, head_dim=None) -> list:
     if isinstance(target, torch.nn.Module):
-        return [m for m in target.modules() if isinstance(m, BlockSparseLinear)]
-    raise TypeError(f"bsjit: expected a torch.nn.Module or a list of (layout, block, dtype), got {type(target)}")
-
-
-def _objects(target, dtype=None, ops=None) -> list[tuple[_C.MatMul, list[str]]]:
-    if isinstance(target, torch.nn.Module):
-        out = []
-        for layer in _layers(target):
-            dt = dtype or layer.weight.dtype
-            out.append((_ops.matmul_object(layer._handle, layer.block, dt, layer._axis), ops or _ALL_OPS))
-        return out
+        return _module_objects(target, dtype, ops, head_dim)
+    if isinstance(target, (str, bytes)) or not hasattr(target, "__iter__"):
+        raise TypeError(f"bsjit: expected a torch.nn.Module or a list of (layout, block, dtype), got {type(target)}")
     out = []
     for item in target:  # (layout, block, dtype[, feature_axis])
         layout, block, dt, *axis = item
@@ -41,21 +68,28 @@ def _objects(target, dtype=None, ops=None) -> list[tuple[_C.MatMul, list[str]]]:
 
 
 def precompile(target: Union[torch.nn.Module, Iterable[tuple]], arch: str = "sm_90a", *, dtype=None,
-               ops: Iterable[str] | None = None, calls: str = "all") -> int:
-    """Compiles the kernels of a model's BlockSparseLinear layers (or of (layout, block, dtype[,
-    feature_axis]) tuples) for arch into the kernel cache; no GPU needed. Returns how many layers
-    had a kernel compiled now (0: the cache held them all)."""
+               ops: Iterable[str] | None = None, calls: str = "all", head_dim: int | None = None) -> int:
+    """Compiles the kernels of a model's bsjit modules (BlockSparseLinear, BlockSparseAttention,
+    DecomposedAttention), or of (layout, block, dtype[, feature_axis]) tuples, for arch into the
+    kernel cache; no GPU needed. ops and calls choose BlockSparseLinear's products and call kinds;
+    head_dim is BlockSparseAttention's (it is read from q at run time); dtype defaults to each
+    linear layer's weight and, for attention, to the model's one 16-bit parameter dtype. Returns how
+    many modules had a kernel compiled now (0: the cache held them all)."""
     ops = list(ops) if ops is not None else None
-    return sum(bool(mm.precompile(o, arch, calls)) for mm, o in _objects(target, dtype, ops))
+    done = 0
+    for obj, o in _objects(target, dtype, ops, head_dim):
+        done += bool(obj.precompile(o, arch, calls) if o is not None else obj.precompile(arch))
+    return done
 
 
 def warmup(target: Union[torch.nn.Module, Iterable[tuple]], *, dtype=None, ops: Iterable[str] | None = None,
-           calls: str = "all") -> None:
-    """Loads the kernels of a model's BlockSparseLinear layers into the current GPU (compiling what the
-    cache lacks, unless strict mode forbids it), so the first training or serving step pays nothing."""
+           calls: str = "all", head_dim: int | None = None) -> None:
+    """Loads the kernels of a model's bsjit modules (as precompile chooses them) into the current GPU,
+    compiling what the cache lacks unless strict mode forbids it, so the first training or serving
+    step pays nothing."""
     ops = list(ops) if ops is not None else None
-    for mm, o in _objects(target, dtype, ops):
-        mm.prepare(o, calls)
+    for obj, o in _objects(target, dtype, ops, head_dim):
+        obj.prepare(o, calls) if o is not None else obj.load()
 
 
 set_cache_directory = _C.set_cache_directory

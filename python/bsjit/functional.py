@@ -32,9 +32,10 @@ def matmul(x: Tensor, w: Tensor, layout: LayoutLike, *, feature_axis: str = "las
     """y = x · W, W the layout's nonzero blocks w [blocks, b, b] (each scaled by gate[i] when a
     float32 gate [blocks] is given; its gradient is computed when it requires grad).
     x: [..., C] with feature_axis "last" (C = layout.rows · b), or [C, N] with "first". Differentiable
-    in x, w and gate."""
+    in x, w and gate. Inside torch.compile, give a Layout whose `handle` was read outside (registering
+    it takes a lock, which is not traced), or the handle itself; BlockSparseLinear does."""
     h, c, k = _sizes(layout, int(w.shape[-1]))
-    return _ops.matmul(x, w, h, c, k, _axis(feature_axis), gate)
+    return _ops.matmul_call(x, w, h, c, k, _axis(feature_axis), gate)
 
 
 def matmul_backward_data(dy: Tensor, w: Tensor, layout: LayoutLike, *, feature_axis: str = "last",
@@ -69,6 +70,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, block: int, *, causal: bool
     padding = None
     if key_padding_mask is not None:
         padding = (~key_padding_mask.bool()).to(torch.uint8).contiguous()
-    out, lse = _attention.attention(q, k, v, handle, int(block), bool(causal), _attention.ORDERS.index(order),
+    out, lse = _attention.attention_call(q, k, v, handle, int(block), bool(causal), _attention.ORDERS.index(order),
                                     float(scale) if scale is not None else 0.0, padding)
     return (out, lse) if return_lse else out

@@ -8,6 +8,7 @@ that holds the handle as a constant runs the new layout without being traced aga
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from typing import Iterable, Sequence
@@ -190,14 +191,26 @@ def lookup(handle: int):
     return layout
 
 
+class MaskSet(tuple):
+    """An attention mask set as the registry holds it: a tuple of Layouts (one shared by every head,
+    or one per head) and, for the decomposed ops, element masks inside their blocks as
+    bsjit::ElementMasks' bits (little-endian uint32 bytes; empty when none) with a digest of them."""
+
+    def __new__(cls, masks, element_bits: bytes = b""):
+        self = super().__new__(cls, masks)
+        self.element_bits = element_bits
+        self.element_digest = hashlib.blake2b(element_bits, digest_size=16).hexdigest() if element_bits else ""
+        return self
+
+
 _mask_sets: dict[tuple, int] = {}
 
 
-def mask_set_handle(masks) -> int:
-    """The handle of an attention mask set: one Layout shared by every head, or one per head; the
-    same masks get the same handle."""
-    masks = tuple(masks)
-    key = tuple(m.hash for m in masks) + tuple(m.shape for m in masks)
+def mask_set_handle(masks, element_bits: bytes = b"") -> int:
+    """The handle of an attention mask set: one Layout shared by every head, or one per head, with
+    element masks' bits (element_mask_bits) or none; the same masks get the same handle."""
+    masks = MaskSet(masks, element_bits)
+    key = tuple(m.hash for m in masks) + tuple(m.shape for m in masks) + (masks.element_digest,)
     with _lock:
         h = _mask_sets.get(key)
     if h is None:
@@ -205,6 +218,44 @@ def mask_set_handle(masks) -> int:
         with _lock:
             h = _mask_sets.setdefault(key, h)
     return h
+
+
+def element_mask_bits(masks, block: int, element_mask) -> tuple[tuple, bytes]:
+    """Element masks inside the masks' nonzero blocks, as the decomposed attention ops apply them in
+    softmax (True or nonzero keeps a query-key pair):
+    - an array (numpy or torch) [seq_q, seq_k] for every head, or [heads, seq_q, seq_k] one per head;
+    - or a callable f(head, query_block, key_block) returning a [block, block] array for the block
+      (openai/blocksparse's mask callback), called once per nonzero block of each mask (head 0 for a
+      shared mask).
+    Returns the masks (a shared mask repeated per head when the element masks are per head) and the
+    bits. A block whose pairs are all kept costs nothing at run time."""
+    masks = tuple(masks)
+    rows, cols = masks[0].shape
+    b = int(block)
+    if callable(element_mask):
+        parts = []
+        for h, m in enumerate(masks):
+            for r, c in m.coords():
+                keep = _as_numpy(element_mask(h, r, c))
+                if keep.shape != (b, b):
+                    raise ValueError(f"bsjit: the element mask callback returned shape {keep.shape} for block "
+                                     f"({r}, {c}) of mask {h}; expected ({b}, {b})")
+                parts.append(keep.reshape(-1) != 0)
+        keep = np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+    else:
+        em = _as_numpy(element_mask)
+        em = em[None] if em.ndim == 2 else em
+        if em.ndim != 3 or em.shape[1:] != (rows * b, cols * b):
+            raise ValueError(f"bsjit: an element mask must be [{rows * b}, {cols * b}] or [heads, {rows * b}, "
+                             f"{cols * b}] (the masks' positions), got shape {tuple(em.shape)}")
+        if em.shape[0] > 1 and len(masks) == 1:
+            masks = masks * em.shape[0]  # per-head element masks over one block mask
+        if em.shape[0] != len(masks):
+            raise ValueError(f"bsjit: {em.shape[0]} element masks for {len(masks)} block masks")
+        # [heads, rows, b, cols, b] → per head, the nonzero blocks in row-major order, each [b, b]
+        blocks = em.reshape(em.shape[0], rows, b, cols, b).transpose(0, 1, 3, 2, 4) != 0
+        keep = np.concatenate([blocks[h][m.to_numpy() != 0].reshape(-1) for h, m in enumerate(masks)])
+    return masks, np.packbits(keep, bitorder="little").tobytes()
 
 
 def as_masks(mask) -> tuple:

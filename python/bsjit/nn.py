@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from . import _ops
 from . import _attention_ops, functional
 from .functional import _axis
-from .layout import Layout, as_masks, mask_set_handle, rebind, register
+from .layout import Layout, as_masks, element_mask_bits, mask_set_handle, rebind, register
 
 
 class BlockSparseLinear(nn.Module):
@@ -44,7 +44,9 @@ class BlockSparseLinear(nn.Module):
         self.gate = nn.Parameter(torch.ones(layout.blocks, device=device, dtype=torch.float32)) if gated else None
         self._layout = layout
         self._handle = register(layout)  # this layer's own slot: set_layout repoints it
-        self.register_buffer("layout_mask", torch.from_numpy(layout.to_numpy()), persistent=True)
+        # on the parameters' device: DDP and FSDP broadcast buffers with the parameters' backend
+        self.register_buffer("layout_mask", torch.empty(layout.shape, dtype=torch.bool, device=device),
+                             persistent=True)
         self.reset_parameters()
 
     @property
@@ -53,24 +55,31 @@ class BlockSparseLinear(nn.Module):
 
     def set_layout(self, layout, weight: Optional[Tensor] = None) -> None:
         """Changes the sparsity (pruning, RigL): a layout of the same shape, and its blocks' values
-        (default: the blocks both layouts hold keep theirs, new blocks start at zero). The layer keeps
+        (default: the blocks both layouts hold keep theirs, new blocks start at zero; so do the gates,
+        new ones at one). The layer keeps
         its handle, so a compiled graph runs the new layout without being traced again (its weight's
         shape changes with the block count, which torch.compile treats as a new input shape)."""
         layout = layout if isinstance(layout, Layout) else Layout(layout)
         if layout.shape != self._layout.shape:
             raise ValueError(f"bsjit: set_layout needs a {self._layout.shape} mask, got {layout.shape}")
+        old_mask, new_mask = self._layout.to_numpy(), layout.to_numpy()
+        # per new block (row-major), its index among the old blocks, -1 where the old layout had none
+        old_index = np.full(old_mask.shape, -1, dtype=np.int64)
+        old_index[old_mask] = np.arange(self._layout.blocks)
+        source = old_index[new_mask]
+        kept = np.flatnonzero(source >= 0)
         with torch.no_grad():
+            def carried(old: Tensor, fresh: Tensor) -> Tensor:  # fresh with the kept blocks' old values
+                if len(kept):
+                    fresh[torch.from_numpy(kept).to(old.device)] = old[torch.from_numpy(source[kept]).to(old.device)]
+                return fresh
+
             if weight is None:
-                weight = self.weight.new_zeros(layout.blocks, self.block, self.block)
-                old = {rc: i for i, rc in enumerate(self._layout.coords())}
-                keep = [(i, old[rc]) for i, rc in enumerate(layout.coords()) if rc in old]
-                if keep:
-                    new_i, old_i = (torch.tensor(v, device=weight.device) for v in zip(*keep))
-                    weight[new_i] = self.weight[old_i]
+                weight = carried(self.weight, self.weight.new_zeros(layout.blocks, self.block, self.block))
             self.weight = nn.Parameter(weight.to(self.weight.dtype), requires_grad=self.weight.requires_grad)
             if self.gate is not None:
-                self.gate = nn.Parameter(torch.ones(layout.blocks, device=self.gate.device, dtype=torch.float32))
-            self.layout_mask = torch.from_numpy(layout.to_numpy()).to(self.layout_mask.device)
+                self.gate = nn.Parameter(carried(self.gate, self.gate.new_ones(layout.blocks)))
+            self.layout_mask = torch.from_numpy(new_mask).to(self.layout_mask.device)
         self._layout = layout
         rebind(self._handle, layout)
 
@@ -86,6 +95,7 @@ class BlockSparseLinear(nn.Module):
         bound = 1.0 / np.sqrt(np.maximum(fan_in, 1))
         cols = np.array([c for _, c in self._layout.coords()], dtype=np.int64)
         with torch.no_grad():
+            self.layout_mask.copy_(torch.from_numpy(self._layout.to_numpy()))
             per_block = torch.tensor(bound[cols] if len(cols) else np.zeros(0), dtype=torch.float32)
             self.weight.uniform_(-1.0, 1.0)
             self.weight.mul_(per_block.to(self.weight.device, self.weight.dtype)[:, None, None])
@@ -152,7 +162,7 @@ class BlockSparseLinear(nn.Module):
         return dense
 
     def forward(self, x: Tensor) -> Tensor:
-        y = _ops.matmul(x, self.weight, self._handle, self.in_features, self.out_features, self._axis, self.gate)
+        y = _ops.matmul_call(x, self.weight, self._handle, self.in_features, self.out_features, self._axis, self.gate)
         if self.bias is not None:
             y = y + (self.bias if self._axis == 0 else self.bias[:, None])
         return y
@@ -160,7 +170,7 @@ class BlockSparseLinear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         mask = state_dict.get(prefix + "layout_mask")
-        if mask is not None and not torch.equal(mask.cpu().bool(), self.layout_mask.cpu().bool()):
+        if mask is not None and not np.array_equal(mask.cpu().numpy() != 0, self._layout.to_numpy()):
             self.set_layout(Layout(mask), weight=state_dict.get(prefix + "weight"))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
@@ -213,18 +223,27 @@ class DecomposedAttention(nn.Module):
     probs_v(softmax(scores(q, k)), v), each step differentiable and usable alone. Block-sparse
     tensors (the scores and probabilities) are [batch, sparse elements]: each head's nonzero blocks
     in its mask's row-major order, each block row-major (query, key). head_dim is fixed at
-    construction (the kernels are built for it)."""
+    construction (the kernels are built for it).
+
+    element_mask: masks inside the blocks, applied by softmax with causal and key padding (True
+    keeps a query-key pair): a [seq_q, seq_k] array for every head, [heads, seq_q, seq_k] one per
+    head, or openai/blocksparse's callback f(head, query_block, key_block) → [block, block]
+    (bsjit.layout.element_mask_bits)."""
 
     def __init__(self, mask, block: int, head_dim: int, *, causal: bool = False, scale: Optional[float] = None,
-                 order: str = "bshd"):
+                 order: str = "bshd", element_mask=None):
         super().__init__()
         from . import _attention
 
+        if order not in _attention.ORDERS:
+            raise ValueError(f"bsjit: order must be 'bshd' or 'bhsd', not {order!r}")
         self.block, self.head_dim, self.causal, self.scale = int(block), int(head_dim), bool(causal), scale
         self.order = order
         self._order = _attention.ORDERS.index(order)
-        self._masks = as_masks(mask)
-        self._handle = mask_set_handle(self._masks)
+        self._masks, bits = as_masks(mask), b""
+        if element_mask is not None:
+            self._masks, bits = element_mask_bits(self._masks, self.block, element_mask)
+        self._handle = mask_set_handle(self._masks, bits)
 
     def _heads_of(self, sparse: Tensor) -> int:
         if len(self._masks) > 1:

@@ -11,6 +11,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,10 +55,9 @@ void run(const bsjit::MatMul& mm, const std::string& op, std::uintptr_t a, std::
   }
 }
 
-// Attention and AttentionOps, built from the Python side's arguments (AttentionOptions by field).
-template <class T>
-void construct_attention(T* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
-                         const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
+// AttentionOptions by field, as the Python side passes them.
+bsjit::AttentionOptions attention_options(int block, int head_dim, const std::string& dtype, const std::string& order,
+                                          bool causal, const std::string& arch) {
   bsjit::AttentionOptions o;
   o.block = block;
   o.head_dim = head_dim;
@@ -65,7 +65,25 @@ void construct_attention(T* self, const std::vector<bsjit::Layout>& masks, int b
   o.order = bsjit::parse_qkv_order(order);
   o.causal = causal;
   o.arch = arch;
-  new (self) T(masks, o);
+  return o;
+}
+
+void construct_attention(bsjit::Attention* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
+                         const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
+  new (self) bsjit::Attention(masks, attention_options(block, head_dim, dtype, order, causal, arch));
+}
+
+// element_bits: ElementMasks::bits as little-endian bytes (empty: no element masks).
+void construct_attention_ops(bsjit::AttentionOps* self, const std::vector<bsjit::Layout>& masks, int block,
+                             int head_dim, const std::string& dtype, const std::string& order, bool causal,
+                             const std::string& arch, nb::bytes element_bits) {
+  if (element_bits.size() % sizeof(std::uint32_t))
+    throw bsjit::Error("bsjit: element mask bits must be whole 32-bit words, got " +
+                       std::to_string(element_bits.size()) + " bytes");
+  bsjit::ElementMasks em;
+  em.bits.resize(element_bits.size() / sizeof(std::uint32_t));
+  std::memcpy(em.bits.data(), element_bits.data(), element_bits.size());
+  new (self) bsjit::AttentionOps(masks, attention_options(block, head_dim, dtype, order, causal, arch), std::move(em));
 }
 
 std::vector<bsjit::Op> ops_of(const std::vector<std::string>& names) {
@@ -164,8 +182,8 @@ NB_MODULE(_C, m) {
       .def_prop_ro("out_features", &bsjit::MatMul::out_features);
 
   nb::class_<bsjit::Attention>(m, "Attention")
-      .def("__init__", &construct_attention<bsjit::Attention>, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a,
-           "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
+      .def("__init__", &construct_attention, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd",
+           "causal"_a = false, "arch"_a = "")
       .def(
           "forward",
           [](const bsjit::Attention& a, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
@@ -199,8 +217,8 @@ NB_MODULE(_C, m) {
 
   // The decomposed ops: block-sparse tensors [batch, sparse_elements(heads)] as pointers.
   nb::class_<bsjit::AttentionOps>(m, "AttentionOps")
-      .def("__init__", &construct_attention<bsjit::AttentionOps>, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a,
-           "order"_a = "bshd", "causal"_a = false, "arch"_a = "")
+      .def("__init__", &construct_attention_ops, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd",
+           "causal"_a = false, "arch"_a = "", "element_bits"_a = nb::bytes("", 0))
       .def(
           "run",
           [](const bsjit::AttentionOps& a, const std::string& op, std::uintptr_t x, std::uintptr_t y,
@@ -225,7 +243,8 @@ NB_MODULE(_C, m) {
           "op"_a, "x"_a, "y"_a, "out"_a, "batch"_a, "heads"_a, "stream"_a, "scale"_a = 0.0f, "key_padding"_a = 0,
           nb::call_guard<nb::gil_scoped_release>())
       .def("sparse_elements", &bsjit::AttentionOps::sparse_elements, "heads"_a)
-      .def("precompile", &bsjit::AttentionOps::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>());
+      .def("precompile", &bsjit::AttentionOps::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("load", &bsjit::AttentionOps::load, "strict"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
   m.def("set_cache_directory", &bsjit::set_cache_directory, "directory"_a);
   m.def("cache_directory", &bsjit::cache_directory);

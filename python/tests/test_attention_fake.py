@@ -101,3 +101,107 @@ def test_decomposed_ops_shapes_and_autograd_on_meta():
     for name in ("attention_scores", "attention_softmax", "attention_softmax_grad", "attention_probs_v",
                  "attention_probs_t"):
         assert hasattr(torch.ops.bsjit, name), name
+
+
+def bits_by_hand(masks, block, keep_of):
+    """ElementMasks::bits as include/bsjit/attention_ops.hpp defines them: pair (r, c) of nonzero block
+    i (counted over every mask, each in row-major block order) is bit i·b² + r·b + c."""
+    words = []
+    i = 0
+    for h, m in enumerate(masks):
+        for qb, kb in zip(*np.nonzero(m)):
+            for r in range(block):
+                for c in range(block):
+                    n = i * block * block + r * block + c
+                    if n % 32 == 0:
+                        words.append(0)
+                    if keep_of(h, qb * block + r, kb * block + c):
+                        words[-1] |= 1 << (n % 32)
+            i += 1
+    return words
+
+
+def test_element_mask_bits_from_arrays_and_from_a_callback():
+    from bsjit.layout import as_masks, element_mask_bits
+
+    b = 16
+    rng = np.random.default_rng(3)
+    block_mask = np.array([[1, 0, 1], [0, 1, 1]], bool)
+    shared = rng.random((2 * b, 3 * b)) < 0.6
+    masks, bits = element_mask_bits(as_masks(block_mask), b, shared)
+    assert len(masks) == 1
+    assert np.frombuffer(bits, "<u4").tolist() == bits_by_hand([block_mask], b, lambda h, r, c: shared[r, c])
+    # openai/blocksparse's callback form gives the same bits
+    _, from_callback = element_mask_bits(as_masks(block_mask), b, lambda h, qb, kb: torch.from_numpy(
+        shared[qb * b:(qb + 1) * b, kb * b:(kb + 1) * b]))
+    assert from_callback == bits
+    # one element mask per head over one block mask: the block mask is repeated per head
+    per_head = rng.random((3, 2 * b, 3 * b)) < 0.5
+    masks, bits = element_mask_bits(as_masks(block_mask), b, torch.from_numpy(per_head))
+    assert len(masks) == 3
+    assert np.frombuffer(bits, "<u4").tolist() == bits_by_hand([block_mask] * 3, b, lambda h, r, c: per_head[h, r, c])
+    with pytest.raises(ValueError, match=r"\[32, 48\]"):
+        element_mask_bits(as_masks(block_mask), b, shared[:, :40])
+    with pytest.raises(ValueError, match="2 element masks for 3 block masks"):
+        element_mask_bits(as_masks([block_mask] * 3), b, per_head[:2])
+    with pytest.raises(ValueError, match="callback returned shape"):
+        element_mask_bits(as_masks(block_mask), b, lambda h, qb, kb: np.ones((b, b + 1)))
+
+
+def test_decomposed_attention_with_element_masks():
+    from bsjit import _C
+    from bsjit.layout import lookup
+    from bsjit.nn import DecomposedAttention
+
+    keep = np.tril(np.ones((256, 256), bool))  # a causal mask given as element masks
+    ops = DecomposedAttention(np.ones((4, 4), bool), 64, 64, element_mask=keep)
+    same = DecomposedAttention(np.ones((4, 4), bool), 64, 64, element_mask=keep.copy())
+    plain = DecomposedAttention(np.ones((4, 4), bool), 64, 64)
+    assert ops._handle == same._handle != plain._handle
+    assert len(lookup(ops._handle).element_bits) == 16 * 64 * 64 // 8 and not lookup(plain._handle).element_bits
+    q, k, v = qkv("bshd", "meta", grad=True)
+    ops(q, k, v).sum().backward()
+    assert q.grad.shape == q.shape
+    # the fused attention has no element masks: the handle of a set that has them is refused
+    with pytest.raises(ValueError, match="decomposed ops"):
+        F.attention(*qkv("bshd", "meta"), ops._handle, 64)
+    # the library checks the bits' length against the masks' blocks
+    layouts = [m._layout for m in lookup(ops._handle)]
+    with pytest.raises(bsjit.Error, match="element mask bits hold 8 words"):
+        _C.AttentionOps(layouts, 64, 64, "bf16", element_bits=bytes(32))
+    with pytest.raises(bsjit.Error, match="whole 32-bit words"):
+        _C.AttentionOps(layouts, 64, 64, "bf16", element_bits=bytes(6))
+
+
+def test_precompile_and_warmup_cover_the_attention_modules(tmp_path):
+    """bsjit.precompile compiles a model's attention modules too (fused: forward and backward;
+    decomposed: its five kernels), with head_dim for the fused one; a second call compiles nothing."""
+    from bsjit.nn import BlockSparseLinear, DecomposedAttention
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = BlockSparseLinear(np.eye(4, dtype=bool), 32, dtype=torch.bfloat16)
+            self.attn = BlockSparseAttention(CAUSAL4, 32, causal=True)
+            self.scores = DecomposedAttention(CAUSAL4, 32, 32, causal=True)
+
+    previous = bsjit.cache_directory()
+    bsjit.set_cache_directory(str(tmp_path))
+    try:
+        model = Block()
+        with pytest.raises(ValueError, match="pass head_dim="):
+            bsjit.precompile(model, "sm_80")
+        before = bsjit.cache_stats()["compiles"]
+        assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain", head_dim=32) == 3
+        compiled = bsjit.cache_stats()["compiles"] - before
+        assert compiled >= 1 + 3 + 5  # a matmul kernel, attention forward + backward (prep, dq, main), five ops
+        assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain", head_dim=32) == 0
+        assert bsjit.cache_stats()["compiles"] - before == compiled
+        # attention's dtype comes from the model's one 16-bit dtype, or must be given
+        model.proj.float()
+        with pytest.raises(ValueError, match="pass dtype="):
+            bsjit.precompile(model, "sm_80", head_dim=32)
+        with pytest.raises(ValueError, match="float16 or bfloat16"):
+            bsjit.precompile(model.attn, "sm_80", head_dim=32, dtype=torch.float32)
+    finally:
+        bsjit.set_cache_directory(previous)

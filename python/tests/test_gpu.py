@@ -8,6 +8,7 @@ import torch
 
 import bsjit
 import bsjit.functional as F
+from bsjit.layout import as_masks, mask_set_handle
 from bsjit.nn import BlockSparseLinear
 
 from conftest import requires_gpu
@@ -191,8 +192,9 @@ def test_backward_weight_takes_its_workspace_from_torch():
     assert rel_err(want, blocks) < TOL[torch.bfloat16]
 
 
-def dense_attention(q, k, v, masks, block, causal, pad, scale, order):
-    """The double-precision reference: [b, h, s, d] scores with the block masks expanded."""
+def dense_attention(q, k, v, masks, block, causal, pad, scale, order, keep=None):
+    """The double-precision reference: [b, h, s, d] scores with the block masks expanded (and element
+    masks keep [h or 1, sq, sk], True keeping a pair)."""
     if order == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k, v = q.double(), k.double(), v.double()
@@ -201,6 +203,8 @@ def dense_attention(q, k, v, masks, block, causal, pad, scale, order):
     allowed = allowed.expand(h, sq, sk).to(q.device)
     if causal:
         allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+    if keep is not None:
+        allowed = allowed & keep.to(q.device)
     s = (q @ k.transpose(-1, -2)) * scale
     s = s.masked_fill(~allowed, float("-inf"))
     if pad is not None:
@@ -289,3 +293,81 @@ def test_decomposed_attention_matches_the_dense_computation(order, causal):
         assert rel_err(got, ref) < 1e-2
     fused = F.attention(q.detach(), k.detach(), v.detach(), per_head, block, causal=causal, order=order)
     assert rel_err(out.detach(), fused.double()) < 1e-2
+
+
+def test_element_masks_match_the_dense_computation():
+    """DecomposedAttention's element masks (one per head, over one shared block mask) against the
+    dense computation with both masks expanded; forward and gradients."""
+    from bsjit.nn import DecomposedAttention
+
+    torch.manual_seed(11)
+    block, d, b, h, blocks = 32, 64, 2, 3, 4
+    s = blocks * block
+    block_mask = np.tril(np.ones((blocks, blocks), bool))
+    keep = torch.rand(h, s, s) < 0.7
+    keep[:, torch.arange(s), torch.arange(s)] = True  # no row without a key
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    ops = DecomposedAttention(block_mask, block, d, element_mask=keep)
+    out = ops(q, k, v)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = dense_attention(qd, kd, vd, [bsjit.Layout(block_mask)], block, False, None, d ** -0.5, "bshd", keep)
+    want.backward(dout.double())
+    assert rel_err(out.detach(), want.detach()) < 1e-2
+    for got, ref in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        assert rel_err(got, ref) < 1e-2
+
+
+def test_warmup_loads_every_kernel_of_a_model_with_attention():
+    """After bsjit.warmup, a training step of a model with linear and attention modules compiles
+    and loads nothing new."""
+    from bsjit.nn import BlockSparseAttention, BlockSparseLinear
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = BlockSparseLinear(random_mask(4, 4, 0.5, 5), 64, device="cuda", dtype=torch.bfloat16)
+            self.attn = BlockSparseAttention(np.tril(np.ones((4, 4), bool)), 64, causal=True)
+
+        def forward(self, x):
+            y = self.proj(x).view(2, 256, 4, 64)
+            return self.attn(y, y, y)
+
+    model = Block()
+    bsjit.warmup(model, head_dim=64)
+    before = bsjit.cache_stats()
+    model(torch.randn(2, 256, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)).sum().backward()
+    torch.cuda.synchronize()
+    after = bsjit.cache_stats()
+    assert after["compiles"] == before["compiles"] and after["disk_hits"] == before["disk_hits"]
+
+
+def test_direct_eager_calls_match_the_registered_ops():
+    """In eager mode the public calls run the ops' implementations as an autograd.Function
+    (bsjit._direct); outputs and gradients are those of the registered ops, bit for bit."""
+    from bsjit import _attention, _direct, _ops
+
+    layout = bsjit.Layout(random_mask(4, 6, 0.5, 9))
+    x = torch.randn(200, 4 * 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(layout.blocks, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gate = torch.rand(layout.blocks, device="cuda", requires_grad=True)
+    assert _direct.eager(x, w, gate)
+    results = []
+    for call in (_ops.matmul_call, _ops.matmul):
+        y = call(x, w, layout.handle, 4 * 64, 6 * 64, 0, gate)
+        y.backward(torch.ones_like(y))
+        results.append([y.detach(), x.grad, w.grad, gate.grad])
+        x.grad = w.grad = gate.grad = None
+    for direct, op in zip(*results):
+        assert torch.equal(direct, op)
+    masks = mask_set_handle(as_masks(np.tril(np.ones((4, 4), bool))))
+    q, k, v = (torch.randn(2, 256, 3, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    results = []
+    for call in (_attention.attention_call, _attention.attention):
+        out, lse = call(q, k, v, masks, 64, True, 0, 0.0, None)
+        out.backward(torch.ones_like(out))
+        results.append([out.detach(), lse, q.grad, k.grad, v.grad])
+        q.grad = k.grad = v.grad = None
+    for direct, op in zip(*results):
+        assert torch.equal(direct, op)

@@ -59,9 +59,11 @@ def test_state_dict_round_trip_restores_layout_and_values():
 def test_meta_device_then_reset_parameters():
     layer = BlockSparseLinear(random_mask(4, 4, 0.5), B, device="meta", dtype=torch.bfloat16)
     assert layer.weight.is_meta and layer.weight.dtype == torch.bfloat16
+    assert layer.layout_mask.is_meta  # buffers live with the parameters (DDP broadcasts them)
     layer.to_empty(device="cpu")
     layer.reset_parameters()
     assert torch.isfinite(layer.weight).all() and layer.weight.abs().max() > 0
+    assert torch.equal(layer.layout_mask, layer.layout.to_dense_mask())
 
 
 def test_set_layout_keeps_shared_blocks_and_handle():
@@ -78,6 +80,13 @@ def test_set_layout_keeps_shared_blocks_and_handle():
     after = layer.to_dense().detach()
     torch.testing.assert_close(after[B:, B:], before[B:, B:])
     assert torch.all(after[:B] == 0), "block (0, 0) is gone, block (0, 3) starts at zero"
+    assert torch.equal(layer.layout_mask, torch.from_numpy(new))
+    # gates follow their blocks; a new block's starts at one
+    gated = BlockSparseLinear(old, B, gated=True)
+    with torch.no_grad():
+        gated.gate.copy_(torch.tensor([2.0, 3.0, 4.0, 5.0]))
+    gated.set_layout(new)  # blocks (0, 3), (1, 1), (2, 2), (3, 3)
+    assert gated.gate.tolist() == [1.0, 3.0, 4.0, 5.0]
 
 
 def test_ortho_and_identity_init():

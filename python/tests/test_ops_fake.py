@@ -23,6 +23,7 @@ def test_ops_are_registered():
 @pytest.mark.parametrize("device", ["meta", "fake-cuda"])
 def test_shapes_propagate(dtype, device):
     layout = bsjit.Layout(MASK)
+    layout.handle  # registered outside: the registry's lock cannot be traced
 
     def run():
         dev = "cuda" if device == "fake-cuda" else "meta"
@@ -45,6 +46,7 @@ def test_shapes_propagate(dtype, device):
 
 def test_autograd_through_meta_tensors():
     layout = bsjit.Layout(MASK)
+    layout.handle  # registered outside: the registry's lock cannot be traced
     x = torch.empty(16, C, device="meta", requires_grad=True)
     w = torch.empty(layout.blocks, B, B, device="meta", requires_grad=True)
     gate = torch.empty(layout.blocks, device="meta", requires_grad=True)
@@ -55,6 +57,7 @@ def test_autograd_through_meta_tensors():
 
 def test_wrong_inputs_raise_with_the_reason():
     layout = bsjit.Layout(MASK)
+    layout.handle  # registered outside: the registry's lock cannot be traced
     w = torch.empty(layout.blocks, B, B, device="meta")
     with pytest.raises(ValueError, match=r"must be \[\.\.\., 96\]"):
         F.matmul(torch.empty(4, C + 1, device="meta"), w, layout)
@@ -73,5 +76,34 @@ def test_wrong_inputs_raise_with_the_reason():
 
 def test_cpu_tensors_are_refused_not_run():
     layout = bsjit.Layout(MASK)
+    layout.handle  # registered outside: the registry's lock cannot be traced
     with pytest.raises(ValueError, match="CUDA tensors"):
         F.matmul(torch.randn(4, C), torch.randn(layout.blocks, B, B), layout)
+
+
+def test_eager_calls_take_the_op_wherever_something_needs_it():
+    """The public calls skip torch's op dispatch only for plain CUDA tensors in eager mode
+    (bsjit._direct); meta and fake tensors, dispatch modes and torch.compile see the registered op."""
+    from bsjit import _direct
+
+    meta = torch.empty(4, device="meta")
+    assert not _direct.eager(meta)
+    assert not _direct.eager(torch.empty(4))  # CPU: the op, whose implementation gives bsjit's error
+    with FakeTensorMode():
+        fake = torch.empty(4, device="cuda")
+        assert not _direct.eager(fake)
+    seen = []
+
+    def backend(gm, inputs):
+        seen.append(str(gm.graph))
+        return gm
+
+    layout = bsjit.Layout(MASK)
+    layout.handle  # registered outside: the registry's lock cannot be traced
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def f(x, w):
+        return F.matmul(x, w, layout)
+
+    f(torch.empty(8, C, device="meta"), torch.empty(6, B, B, device="meta"))
+    assert "bsjit.matmul" in seen[0]
