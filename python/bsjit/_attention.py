@@ -138,8 +138,7 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, key_padding = ctx.saved_tensors
     masks, block, causal, order, scale = ctx.args
     backward = _attention_backward if getattr(ctx, "direct", False) else attention_backward
-    dq, dk, dv = backward(q, k, v, out, lse, dout.contiguous(), masks, block, causal, order, scale,
-                                    key_padding)
+    dq, dk, dv = backward(q, k, v, out, lse, dout.contiguous(), masks, block, causal, order, scale, key_padding)
     return dq, dk, dv, None, None, None, None, None, None
 
 

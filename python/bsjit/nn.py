@@ -56,9 +56,9 @@ class BlockSparseLinear(nn.Module):
     def set_layout(self, layout, weight: Optional[Tensor] = None) -> None:
         """Changes the sparsity (pruning, RigL): a layout of the same shape, and its blocks' values
         (default: the blocks both layouts hold keep theirs, new blocks start at zero; so do the gates,
-        new ones at one). The layer keeps
-        its handle, so a compiled graph runs the new layout without being traced again (its weight's
-        shape changes with the block count, which torch.compile treats as a new input shape)."""
+        new ones at one). The layer keeps its handle, so a compiled graph runs the new layout without
+        being traced again (its weight's shape changes with the block count, which torch.compile
+        treats as a new input shape)."""
         layout = layout if isinstance(layout, Layout) else Layout(layout)
         if layout.shape != self._layout.shape:
             raise ValueError(f"bsjit: set_layout needs a {self._layout.shape} mask, got {layout.shape}")
