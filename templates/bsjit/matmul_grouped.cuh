@@ -1,6 +1,6 @@
 // dsd_grouped_kernel: forward Y = X·W and backward-data dX = dY·Wᵀ on Hopper (sm_90a) for blocks
 // of 16 and 32, where one output block column is too narrow to feed the tensor cores
-// (docs/PERFORMANCE.md, "b ≤ 32").
+// (docs/PERFORMANCE.md, "What bounds the open cells").
 //
 // The product is computed transposed, Yᵀ = Wᵀ·Xᵀ, so that the narrow side is wgmma's M, which is 64
 // whatever the width: a consumer warpgroup owns 64 / b output block columns of the CTA's group and

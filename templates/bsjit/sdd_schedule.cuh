@@ -39,7 +39,7 @@ struct SddItem {
 // d = 0.1 the tails walk the end of N apart from the heads and read 23 MB more from DRAM (132 → 155
 // MB, Nsight Compute), while L2 already ran at 83% of its peak with 96 CTAs. Suite W, TFLOP/s:
 // balanced b = 128 d = 0.1 447-462 → 408-415, Bernoulli 531 → 415, balanced b = 64 d = 0.05 255 → 209
-// (docs/PERFORMANCE.md, 2026-12-01).
+// (H200, 2026-12-01; docs/PERFORMANCE.md, "Tried and not kept").
 struct SddSchedule {
   static constexpr int kMaxPieces = 8;
   int ctas, steps, waves, left, q;

@@ -9,7 +9,7 @@ the power limit: the loaded part, not the compiles and CPU checks in between): t
 the mean power and, where the line gives TFLOP/s, TFLOP/s per GHz (work per clock) and pJ per
 FLOP (energy per unit of work). At the power limit the clock is what is left of the power budget,
 so two kernels' sustained rates compare as their energy per FLOP, not their work per clock.
-docs/PERFORMANCE.md, measurements of 2026-12-01.
+docs/PERFORMANCE.md, "Power and clocks" (H200, 2026-12-01).
 
     tools/bench/power.py [--flush] DIR BENCH-ARGS...
     e.g. tools/bench/power.py build -s sweep -b 128 -d 0.5 -o forward -r 12000
