@@ -41,7 +41,8 @@ struct Attention::Impl {
   cache::Request forward_request(const std::string& arch) {
     runtime::check_arch(arch);
     const generator::GeneratedAttention& g = generated_for(arch);
-    return runtime::attention_request(g.source, g.tables, g.name_expression, g.label, g.shared_bytes, arch, masks_hash);
+    return runtime::named_kernel_request(g.source, g.tables, g.name_expression, g.label, g.shared_bytes, arch,
+                                         masks_hash);
   }
   cache::KernelCache::Compiled compiled(const std::string& arch, cache::OnMiss on_miss, bool* now = nullptr) {
     return cache::KernelCache::global().get(forward_request(arch), on_miss, now);
@@ -70,9 +71,10 @@ struct Attention::Impl {
   // The cache request of the backward's kernel i: prep, dq, main.
   cache::Request backward_request(const generator::GeneratedAttentionBackward& g, const std::string& arch,
                                   int i) const {
-    if (i == 0) return runtime::attention_request(g.source, g.tables, g.prep, g.label + "-prep", 0, arch, masks_hash);
-    if (i == 1) return runtime::attention_request(g.source, g.tables, g.dq, g.label + "-dq", 0, arch, masks_hash);
-    return runtime::attention_request(g.source, g.tables, g.main, g.label, g.shared_bytes, arch, masks_hash);
+    if (i == 0)
+      return runtime::named_kernel_request(g.source, g.tables, g.prep, g.label + "-prep", 0, arch, masks_hash);
+    if (i == 1) return runtime::named_kernel_request(g.source, g.tables, g.dq, g.label + "-dq", 0, arch, masks_hash);
+    return runtime::named_kernel_request(g.source, g.tables, g.main, g.label, g.shared_bytes, arch, masks_hash);
   }
 
   // prep, dq and main of the backward for arch from the cache; *now: any compiled in this call.

@@ -46,15 +46,15 @@ std::string attention_arch(const AttentionOptions& options, const Context& ctx) 
   return options.arch.empty() ? default_kernel_arch(context_arch(ctx)) : options.arch;
 }
 
-cache::Request attention_request(const std::string& source, const generator::DeviceTables& tables,
-                                 const std::string& name, const std::string& label, int shared_bytes,
-                                 const std::string& arch, const std::string& masks_hash) {
+cache::Request named_kernel_request(const std::string& source, const generator::DeviceTables& tables,
+                                    const std::string& name, const std::string& label, int shared_bytes,
+                                    const std::string& arch, const std::string& layout_hash) {
   check_arch(arch);
   const std::string code = source + "\n// kernel: " + name;
   return {cache::make_key(cache::key_inputs(code, tables, arch)),
           label,
           arch,
-          masks_hash,
+          layout_hash,
           [source, name, label, arch, shared_bytes] {
             auto k = compile(source, name, label, arch);
             k.shared_bytes = shared_bytes;

@@ -1,6 +1,6 @@
 // What bsjit::Attention and bsjit::AttentionOps share: the masks' hash (the layout tag of their
-// cache entries), the argument checks every call makes, and kernels of a multi-kernel source
-// compiled, cached and loaded one by one.
+// cache entries) and the argument checks every call makes; and what they share with bsjit::Conv:
+// kernels of a multi-kernel source compiled, cached and loaded one by one.
 #pragma once
 
 #include <cuda.h>
@@ -29,13 +29,13 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
 std::string attention_arch(const AttentionOptions& options, const Context& ctx);
 
 // The cache request for kernel `name` (a name expression) of source with its tables for arch: its
-// key, code key and compile (which copies what it needs).
-cache::Request attention_request(const std::string& source, const generator::DeviceTables& tables,
-                                 const std::string& name, const std::string& label, int shared_bytes,
-                                 const std::string& arch, const std::string& masks_hash);
+// key, code key and compile (which copies what it needs). layout_hash tags the entry.
+cache::Request named_kernel_request(const std::string& source, const generator::DeviceTables& tables,
+                                    const std::string& name, const std::string& label, int shared_bytes,
+                                    const std::string& arch, const std::string& layout_hash);
 
 // The request's kernel loaded into ctx: from the global cache (compiled on a miss unless on_miss
-// says fail; masks of one shape whose sources agree share the compile, cache::Request::code_key),
+// says fail; layouts whose sources agree share the compile, cache::Request::code_key),
 // loaded by load_or_rebuild (compiled again where the driver refuses the cached code).
 SharedKernels::Handle load_cached(const cache::Request& request, const Context& ctx, cache::OnMiss on_miss);
 

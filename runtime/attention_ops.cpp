@@ -61,7 +61,7 @@ struct AttentionOps::Impl {
   }
   cache::Request request(Kernel k, const std::string& arch) const {
     const auto [name, shared] = kernel(k);
-    return runtime::attention_request(g.source, g.tables, *name, g.label + suffix(k), shared, arch, masks_hash);
+    return runtime::named_kernel_request(g.source, g.tables, *name, g.label + suffix(k), shared, arch, masks_hash);
   }
 
   PerContext& context(const runtime::Context& ctx, Kernel k,

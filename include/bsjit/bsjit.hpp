@@ -5,6 +5,7 @@
 #include "bsjit/attention_layouts.hpp"
 #include "bsjit/attention_ops.hpp"
 #include "bsjit/cache.hpp"
+#include "bsjit/conv.hpp"
 #include "bsjit/conv_layout.hpp"
 #include "bsjit/deploy.hpp"
 #include "bsjit/error.hpp"

@@ -11,6 +11,7 @@
 
 #include "bsjit/conv_layout.hpp"
 #include "bsjit/error.hpp"
+#include "conv_cases.hpp"
 #include "conv_reference.hpp"
 
 namespace bsjit {
@@ -39,30 +40,6 @@ double max_relative(const std::vector<double>& got, const std::vector<double>& w
   return worst;
 }
 
-// blocksparse's conv test layouts: 4 disjoint blocks of 32 → 48 channels (a grouped convolution),
-// and 8 overlapping blocks of 16 → 32 channels at strides 8 and 16.
-ConvLayout grouped() {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 4; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 32; ++i) b.c.push_back(g * 32 + i);
-    for (int i = 0; i < 48; ++i) b.k.push_back(g * 48 + i);
-    blocks.push_back(b);
-  }
-  return ConvLayout::from_blocks(128, 192, blocks);
-}
-
-ConvLayout overlapping() {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 8; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 16; ++i) b.c.push_back(g * 8 + i);
-    for (int i = 0; i < 32; ++i) b.k.push_back(g * 16 + i);
-    blocks.push_back(b);
-  }
-  return ConvLayout::from_blocks(8 * 8 + 8, 8 * 16 + 16, blocks);
-}
-
 TEST(ConvLayout, ChecksItsBlocks) {
   EXPECT_THROW(ConvLayout::from_blocks(4, 4, {}), Error);
   EXPECT_THROW(ConvLayout::from_blocks(4, 4, {{{0, 1}, {}}}), Error);
@@ -74,7 +51,7 @@ TEST(ConvLayout, ChecksItsBlocks) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("input channel 2 twice"), std::string::npos) << e.what();
   }
-  const ConvLayout g = grouped();
+  const ConvLayout g = testing::grouped_conv_layout();
   EXPECT_EQ(g.filter_elements(9), 4 * 48 * 32 * 9);
   EXPECT_EQ(g.filter_offset(2, 9), 2 * 48 * 32 * 9);
   const ConvLayout u = ConvLayout::from_mask(Layout::from_coords(2, 3, {{0, 0}, {1, 2}}), 8);
@@ -137,32 +114,12 @@ TEST(ConvReference, HandComputedOneDimensionalCase) {
   EXPECT_EQ(out, (std::vector<double>{0 + 10 * 2, 2 + 10 * 4, 4 + 10 * 0}));  // in[i] = i + 1
 }
 
-struct Case {
-  const char* name;
-  ConvLayout layout;
-  ConvGeometry geometry;
-  std::int64_t n;
-};
-
-std::vector<Case> cases() {
-  return {
-      {"grouped 1x1x1", grouped(), ConvGeometry::valid({1, 3, 5}, {1, 1, 1}), 2},
-      {"grouped 3x3 SAME stride 2", grouped(), ConvGeometry::same({1, 6, 7}, {1, 3, 3}, {1, 2, 2}), 1},
-      {"overlapping 1x1x3 SAME", overlapping(), ConvGeometry::same({1, 1, 9}, {1, 1, 3}), 2},
-      {"overlapping 1x1x5 VALID dilation 2", overlapping(),
-       ConvGeometry::valid({1, 1, 13}, {1, 1, 5}, {1, 1, 1}, {1, 1, 2}), 1},
-      {"uniform b8 3x3x3 SAME", ConvLayout::from_mask(Layout::from_coords(3, 2, {{0, 0}, {1, 1}, {2, 0}, {2, 1}}), 8),
-       ConvGeometry::same({3, 4, 5}, {3, 3, 3}), 1},
-      {"uniform b8 1x3x3 VALID odd sizes, N 28", ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 1}, {1, 0}}), 8),
-       ConvGeometry::valid({1, 5, 3}, {1, 3, 3}), 28}};
-}
-
 // The block computation equals the dense convolution of the layout's filter scattered into [K, C,
 // T, R, S], in both activation orders; bprop and updat are fprop's adjoints:
 // ⟨fprop(I, F), G⟩ = ⟨I, bprop(G, F)⟩ = ⟨F, updat(I, G)⟩.
 TEST(ConvReference, BlocksMatchTheDenseConvolutionAndTheGradientsAreAdjoints) {
   std::mt19937_64 rng(56);
-  for (const auto& c : cases())
+  for (const auto& c : testing::conv_cases())
     for (bool last : {false, true}) {
       SCOPED_TRACE(std::string(c.name) + (last ? " channels last" : " channels first"));
       const ConvProblem p{&c.layout, c.geometry, c.n, last};
@@ -179,7 +136,7 @@ TEST(ConvReference, BlocksMatchTheDenseConvolutionAndTheGradientsAreAdjoints) {
 
 // Channels last and channels first hold the same convolution, transposed.
 TEST(ConvReference, ActivationOrdersAgree) {
-  const ConvLayout l = overlapping();
+  const ConvLayout l = testing::overlapping_conv_layout();
   const ConvGeometry g = ConvGeometry::same({1, 3, 4}, {1, 3, 3});
   const ConvProblem first{&l, g, 2, false}, last{&l, g, 2, true};
   std::mt19937_64 rng(57);

@@ -1,0 +1,33 @@
+// Turns (conv layout, dtype, activation order) into the convolution kernels' source, instantiating
+// templates/bsjit/conv_direct.cuh. The layout's channel lists are pointer tables
+// (device_tables.hpp), loaded with the module, and the sizes a kernel argument, so the source holds
+// neither: one compile per dtype and order serves every layout and geometry.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "bsjit/conv_layout.hpp"
+#include "bsjit/types.hpp"
+#include "device_tables.hpp"
+#include "templates/bsjit/conv_dims.cuh"
+
+namespace bsjit::generator {
+
+struct GeneratedConv {
+  std::string source, label;
+  std::string fprop, bprop, updat;  // name expressions
+  int threads = 0;                  // every kernel's CTA
+  std::int64_t largest_block = 0;   // filter elements of the largest block: updat's grid x
+  DeviceTables tables;              // kConvBlocks, kConvChannels, kConvOutStart, kConvOutEntries,
+                                    // kConvInStart, kConvInEntries (pointers)
+};
+
+// The kernels for layout with taps filter taps. Throws Error where the layout's filter exceeds
+// 2^31 elements or it has more than 65535 blocks (updat's grid y).
+GeneratedConv generate_conv(const ConvLayout& layout, std::int64_t taps, DType dtype, bool channels_last);
+
+// The kernels' sizes argument for a call over n images (the caller has checked that they fit).
+kernels::ConvDims conv_dims(const ConvLayout& layout, const ConvGeometry& geometry, std::int64_t n);
+
+}  // namespace bsjit::generator

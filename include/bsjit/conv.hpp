@@ -1,0 +1,87 @@
+// Block-sparse convolution over channels (openai/blocksparse's BlocksparseConv and
+// BlocksparseDeconv): the input's gradient and the filter's on the layout's blocks too, each
+// compiled at first use.
+//
+//   bsjit::Conv conv(bsjit::ConvLayout::from_mask(mask, 32),
+//                    bsjit::ConvGeometry::same({1, 56, 56}, {1, 3, 3}), {.dtype = bsjit::DType::bf16});
+//   conv.fprop(in, filter, out, n, stream);          // O  = conv(I, F)
+//   conv.bprop(grad_out, filter, grad_in, n, stream); // dI
+//   conv.updat(in, grad_out, grad_filter, n, stream); // dF on the layout's blocks
+//
+// Shapes: the input [n, C, D, H, W] (ActivationOrder::ncdhw) or [n, D, H, W, C] (ndhwc), the output
+// [n, K, M, P, Q] or [n, M, P, Q, K] with M, P, Q = geometry.out(); the filter is the blocks'
+// filters [K_b, C_b, T, R, S] one after the other, in block order (ConvLayout::filter_offset). A
+// deconvolution (ConvOptions::deconv) is the transposed convolution of the same layout and
+// geometry: its input has the convolution's output shape, its output the convolution's input shape,
+// its filter the same layout. All pointers are device pointers, 16-byte aligned, in the current CUDA
+// context; calls are asynchronous on the given stream.
+//
+// The kernels today: one output element per thread in fp32 (exact for fp32 inputs; fp16 and bf16
+// inputs and outputs with fp32 accumulation), for every layout and geometry: correct, not yet fast
+// (the tensor-core implicit-GEMM kernels are not written).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "bsjit/conv_layout.hpp"
+#include "bsjit/matmul.hpp"
+#include "bsjit/types.hpp"
+
+namespace bsjit {
+
+// Where the channels lie in an activation: N, C, D, H, W (blocksparse's order) or N, D, H, W, C
+// (channels last: PyTorch's channels_last, what tensor cores want).
+enum class ActivationOrder { ncdhw, ndhwc };
+
+struct ConvOptions {
+  DType dtype = DType::f32;  // of activations, filter and gradients; accumulation is fp32
+  ActivationOrder order = ActivationOrder::ndhwc;
+  bool deconv = false;  // the transposed convolution (blocksparse's BlocksparseDeconv)
+  std::string arch;     // "sm_80", "sm_90a"...; empty: the device's
+};
+
+class Conv {
+ public:
+  // Throws Error for a geometry that check() refuses, sizes past the kernels' 32-bit dimensions,
+  // a filter over 2^31 elements, more than 65535 blocks, or an unknown arch.
+  Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options = {});
+  ~Conv();
+  Conv(Conv&&) noexcept;
+  Conv& operator=(Conv&&) noexcept;
+
+  // OpOptions: accumulate adds the result to the output; gate, a device array [blocks], scales
+  // block i's contribution (fprop, bprop) or its filter gradient (updat) by gate[i], 0 skipping it.
+  // The workspace fields are unused (no conv kernel takes one).
+  void fprop(const void* input, const void* filter, void* output, std::int64_t n, Stream stream = nullptr,
+             const OpOptions& op = {}) const;
+  void bprop(const void* grad_output, const void* filter, void* grad_input, std::int64_t n, Stream stream = nullptr,
+             const OpOptions& op = {}) const;
+  void updat(const void* input, const void* grad_output, void* grad_filter, std::int64_t n, Stream stream = nullptr,
+             const OpOptions& op = {}) const;
+
+  // Compiles the three kernels for arch into the cache without a GPU (build machines); how many
+  // were compiled now. One compile per dtype, order and arch serves every layout and geometry.
+  int precompile(const std::string& arch) const;
+  // Loads the three kernels into the current context (strict: throws when the cache lacks one).
+  void load(bool strict = false) const;
+  // The generated CUDA source of the kernels (for inspection).
+  std::string generated_source() const;
+
+  std::int64_t input_elements(std::int64_t n) const;   // of fprop's input (deconv: [n, K, M, P, Q])
+  std::int64_t output_elements(std::int64_t n) const;  // of fprop's output
+  std::int64_t filter_elements() const;
+  const ConvLayout& layout() const;
+  const ConvGeometry& geometry() const;
+  const ConvOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+std::string_view to_string(ActivationOrder order);
+ActivationOrder parse_activation_order(std::string_view text);  // "ncdhw"/"channels_first", "ndhwc"/"channels_last"
+
+}  // namespace bsjit

@@ -1,0 +1,183 @@
+// bsjit::Conv: the three kernels of the layout's generated source, each compiled through the
+// kernel cache on its first use (or by precompile) and loaded once per context with the layout's
+// tables; a deconvolution runs the convolution's kernels with the roles of its tensors swapped.
+#include "bsjit/conv.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "attention_common.hpp"
+#include "bsjit/error.hpp"
+#include "compiler.hpp"
+#include "driver.hpp"
+#include "generator/conv_generator.hpp"
+#include "module.hpp"
+
+namespace bsjit {
+namespace {
+
+enum Kernel { kFprop, kBprop, kUpdat, kKernels };
+
+std::int64_t product(const std::array<std::int64_t, 3>& a) { return a[0] * a[1] * a[2]; }
+
+}  // namespace
+
+struct Conv::Impl {
+  ConvLayout layout;
+  ConvGeometry geometry;
+  ConvOptions options;
+  generator::GeneratedConv g;
+  std::string layout_hash;
+
+  std::mutex mutex;
+  std::map<runtime::Context, std::array<runtime::SharedKernels::Handle, kKernels>> contexts;
+
+  Impl(ConvLayout l, ConvGeometry geo, ConvOptions o) : layout(std::move(l)), geometry(geo), options(std::move(o)) {}
+
+  cache::Request request(Kernel k, const std::string& arch) const {
+    static const char* suffix[] = {"-fprop", "-bprop", "-updat"};
+    const std::string* name[] = {&g.fprop, &g.bprop, &g.updat};
+    return runtime::named_kernel_request(g.source, g.tables, *name[k], g.label + suffix[k], 0, arch, layout_hash);
+  }
+  std::string arch_for(const runtime::Context& ctx) const {
+    return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
+  }
+  CUfunction function(const runtime::Context& ctx, Kernel k,
+                      cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
+    std::lock_guard lock(mutex);
+    auto& loaded = contexts[ctx];
+    if (!loaded[k]) loaded[k] = runtime::load_cached(request(k, arch_for(ctx)), ctx, on_miss);
+    return loaded[k]->function;
+  }
+
+  // The convolution's kernel k over n: a, b the kernel's two inputs, out its output.
+  void launch(const char* op, Kernel k, const void* a, const void* b, void* out, std::int64_t n, Stream stream,
+              const OpOptions& call) {
+    for (const auto& [name, ptr] : {std::pair{"the first input", a}, {"the second input", b}, {"the output", out}}) {
+      if (ptr == nullptr) throw Error(fmt::format("bsjit: conv {}: {} is a null pointer", op, name));
+      if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0)
+        throw Error(fmt::format("bsjit: conv {}: {} ({}) is not 16-byte aligned", op, name, ptr));
+    }
+    const std::int64_t per_image = std::max(layout.C() * product(geometry.in), layout.K() * product(geometry.out()));
+    if (n <= 0 || n > INT_MAX || per_image > INT64_MAX / 4 / n)
+      throw Error(fmt::format("bsjit: conv {}: n = {} out of range (1 .. {} for this geometry)", op, n,
+                              std::min<std::int64_t>(INT_MAX, INT64_MAX / 4 / per_image)));
+    const runtime::Context ctx = runtime::current_context();
+    CUfunction f = function(ctx, k);
+    kernels::ConvDims d = generator::conv_dims(layout, geometry, n);
+    const float* gate = call.gate;
+    int accumulate = call.accumulate ? 1 : 0;
+    void* args[] = {&a, &b, &out, &gate, &accumulate, &d};
+    unsigned grid_x = 0, grid_y = 1;
+    if (k == kUpdat) {
+      grid_x = static_cast<unsigned>(std::min<std::int64_t>((g.largest_block + g.threads - 1) / g.threads, 65535));
+      grid_y = static_cast<unsigned>(layout.blocks().size());
+    } else {
+      const std::int64_t total =
+          n * (k == kFprop ? layout.K() * product(geometry.out()) : layout.C() * product(geometry.in));
+      grid_x =
+          static_cast<unsigned>(std::min<std::int64_t>((total + g.threads - 1) / g.threads, std::int64_t(1) << 20));
+    }
+    BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g.threads), 1, 1, 0,
+                                              reinterpret_cast<CUstream>(stream), args, nullptr));
+  }
+};
+
+Conv::Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options)
+    : impl_(std::make_unique<Impl>(std::move(layout), geometry, std::move(options))) {
+  auto& m = *impl_;
+  m.geometry.check();
+  const auto out = m.geometry.out();
+  for (int i = 0; i < 3; ++i)
+    if (m.geometry.in[i] > INT_MAX || out[i] > INT_MAX || m.geometry.pad_before[i] > INT_MAX ||
+        m.geometry.filter[i] * m.geometry.dilation[i] > INT_MAX || m.geometry.stride[i] > INT_MAX)
+      throw Error(fmt::format("bsjit: conv: dimension {} of the geometry is past the kernels' 32-bit sizes", i));
+  if (product(m.geometry.in) > INT_MAX || product(out) > INT_MAX)
+    throw Error("bsjit: conv: an image of more than 2^31 positions is past the kernels' 32-bit sizes");
+  if (!m.options.arch.empty()) runtime::check_arch(m.options.arch);
+  m.g = generator::generate_conv(m.layout, m.geometry.taps(), m.options.dtype,
+                                 m.options.order == ActivationOrder::ndhwc);  // checks the layout's size
+  m.layout_hash = generator::tables_digest(m.g.tables);
+}
+
+Conv::~Conv() = default;
+Conv::Conv(Conv&&) noexcept = default;
+Conv& Conv::operator=(Conv&&) noexcept = default;
+
+// A deconvolution's fprop is the convolution's bprop, its bprop the convolution's fprop, its
+// updat the convolution's with the input and the output gradient swapped.
+void Conv::fprop(const void* input, const void* filter, void* output, std::int64_t n, Stream stream,
+                 const OpOptions& op) const {
+  impl_->launch("fprop", impl_->options.deconv ? kBprop : kFprop, input, filter, output, n, stream, op);
+}
+
+void Conv::bprop(const void* grad_output, const void* filter, void* grad_input, std::int64_t n, Stream stream,
+                 const OpOptions& op) const {
+  impl_->launch("bprop", impl_->options.deconv ? kFprop : kBprop, grad_output, filter, grad_input, n, stream, op);
+}
+
+void Conv::updat(const void* input, const void* grad_output, void* grad_filter, std::int64_t n, Stream stream,
+                 const OpOptions& op) const {
+  if (impl_->options.deconv)
+    impl_->launch("updat", kUpdat, grad_output, input, grad_filter, n, stream, op);
+  else
+    impl_->launch("updat", kUpdat, input, grad_output, grad_filter, n, stream, op);
+}
+
+int Conv::precompile(const std::string& arch) const {
+  runtime::check_arch(arch);
+  std::vector<std::future<bool>> pending;  // the three compiles side by side
+  for (int k = 0; k < kKernels; ++k)
+    pending.push_back(std::async(std::launch::async, [this, k, &arch] {
+      bool now = false;
+      cache::KernelCache::global().get(impl_->request(static_cast<Kernel>(k), arch), cache::OnMiss::compile, &now);
+      return now;
+    }));
+  int compiled = 0;
+  for (auto& p : pending) p.wait();  // every thread done before the first error propagates
+  for (auto& p : pending) compiled += p.get();
+  return compiled;
+}
+
+void Conv::load(bool strict) const {
+  const runtime::Context ctx = runtime::current_context();
+  for (int k = 0; k < kKernels; ++k)
+    impl_->function(ctx, static_cast<Kernel>(k),
+                    strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());
+}
+
+std::string Conv::generated_source() const { return impl_->g.source; }
+
+std::int64_t Conv::input_elements(std::int64_t n) const {
+  const auto& m = *impl_;
+  return m.options.deconv ? n * m.layout.K() * product(m.geometry.out()) : n * m.layout.C() * product(m.geometry.in);
+}
+
+std::int64_t Conv::output_elements(std::int64_t n) const {
+  const auto& m = *impl_;
+  return m.options.deconv ? n * m.layout.C() * product(m.geometry.in) : n * m.layout.K() * product(m.geometry.out());
+}
+
+std::int64_t Conv::filter_elements() const { return impl_->layout.filter_elements(impl_->geometry.taps()); }
+const ConvLayout& Conv::layout() const { return impl_->layout; }
+const ConvGeometry& Conv::geometry() const { return impl_->geometry; }
+const ConvOptions& Conv::options() const { return impl_->options; }
+
+std::string_view to_string(ActivationOrder order) { return order == ActivationOrder::ndhwc ? "ndhwc" : "ncdhw"; }
+
+ActivationOrder parse_activation_order(std::string_view text) {
+  if (text == "ndhwc" || text == "channels_last") return ActivationOrder::ndhwc;
+  if (text == "ncdhw" || text == "channels_first") return ActivationOrder::ncdhw;
+  throw Error(
+      fmt::format("unknown activation order '{}'; expected ndhwc (channels_last) or ncdhw (channels_first)", text));
+}
+
+}  // namespace bsjit

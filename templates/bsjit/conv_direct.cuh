@@ -1,0 +1,216 @@
+// conv_{fprop,bprop,updat}_kernel: block-sparse convolution computed directly, one output element
+// per thread and step of a grid-stride loop, in fp32 on the FMA pipes: exact for fp32 inputs, and
+// the path of every layout (blocks of any channel lists, overlapping ones included), geometry (1-3
+// dimensions, strides, dilations, padding) and activation order. The sizes are a kernel argument
+// (ConvDims) and the layout's lists are pointer tables (generator/device_tables.hpp), so one
+// compile per dtype and order serves every layout and geometry.
+//
+// The layout's tables (generator/conv_generator.cpp), read through Cfg::tables():
+//   blocks[5 · i ..]: block i's input channels at channels[blocks[5i]], blocks[5i + 1] of them; its
+//     output channels at channels[blocks[5i + 2]], blocks[5i + 3] of them; its filter
+//     [K_b, C_b, T, R, S] at element blocks[5i + 4] of the layout's filter.
+//   out_start[k] .. out_start[k + 1]: the entries of output channel k in out_entries, pairs (block,
+//     the channel's index in the block's output list); in_start / in_entries the same per input
+//     channel.
+// A per-block gate scales the block's contribution (fprop, bprop) or its filter gradient (updat),
+// 0 skipping it; accumulate adds the result to the output.
+//
+// Compiled by NVRTC; the CPU tests also compile this file with a host compiler and run each
+// kernel's threads one after another (tests/runtime/conv_emulation_test.cpp), so it uses nothing
+// but the thread and block indices and common.cuh's conversions.
+#pragma once
+
+#ifndef BSJIT_CONV_HOST_EMULATION
+#include "bsjit/common.cuh"
+#endif
+#include "bsjit/conv_dims.cuh"
+
+namespace bsjit {
+namespace kernels {
+
+constexpr int kConvThreads = 256;
+
+struct ConvTables {
+  const int* blocks;
+  const int* channels;
+  const int* out_start;
+  const int* out_entries;
+  const int* in_start;
+  const int* in_entries;
+};
+
+// Element (n, channel, z, y, x) of an activation of `channels` channels over `sizes` positions.
+template <bool kChannelsLast>
+__device__ __forceinline__ long long conv_at(const int* sizes, int channels, long long n, int channel, int z, int y,
+                                             int x) {
+  const long long positions = static_cast<long long>(sizes[0]) * sizes[1] * sizes[2];
+  const long long pos = (static_cast<long long>(z) * sizes[1] + y) * sizes[2] + x;
+  return kChannelsLast ? (n * positions + pos) * channels + channel : (n * channels + channel) * positions + pos;
+}
+
+// Element e of an activation as (n, channel, position).
+template <bool kChannelsLast>
+__device__ __forceinline__ void conv_split(long long e, const int* sizes, int channels, long long& n, int& channel,
+                                           long long& pos) {
+  const long long positions = static_cast<long long>(sizes[0]) * sizes[1] * sizes[2];
+  if (kChannelsLast) {
+    channel = static_cast<int>(e % channels);
+    const long long r = e / channels;
+    pos = r % positions;
+    n = r / positions;
+  } else {
+    pos = e % positions;
+    const long long r = e / positions;
+    channel = static_cast<int>(r % channels);
+    n = r / channels;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void conv_store(T* out, float v, int accumulate) {
+  *out = from_float<T>(accumulate ? to_float(*out) + v : v);
+}
+
+// O = conv(I, F): out[n, k, m, p, q] = Σ over k's blocks, their input channels c and taps of
+// in[n, c, m·stride − pad + t·dilation, ...] · F_block[k, c, t, r, s].
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_fprop_kernel(const typename Cfg::T* __restrict__ in, const typename Cfg::T* __restrict__ filter,
+                      typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int accumulate, ConvDims p) {
+  const ConvTables t = Cfg::tables();
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const long long total = static_cast<long long>(p.n) * p.k * p.out[0] * p.out[1] * p.out[2];
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    long long n, pos;
+    int k;
+    conv_split<Cfg::kChannelsLast>(e, p.out, p.k, n, k, pos);
+    const int oq = static_cast<int>(pos % p.out[2]), op = static_cast<int>(pos / p.out[2] % p.out[1]),
+              om = static_cast<int>(pos / (static_cast<long long>(p.out[1]) * p.out[2]));
+    float acc = 0.0f;
+    for (int j = t.out_start[k]; j < t.out_start[k + 1]; ++j) {
+      const int block = t.out_entries[2 * j], kk = t.out_entries[2 * j + 1];
+      const float g = gate != nullptr ? gate[block] : 1.0f;
+      if (g == 0.0f) continue;
+      const int* b = t.blocks + 5 * block;
+      const int* cs = t.channels + b[0];
+      const int cb = b[1];
+      const typename Cfg::T* f = filter + b[4] + static_cast<long long>(kk) * cb * taps;
+      float s = 0.0f;
+      for (int ft = 0; ft < p.filter[0]; ++ft) {
+        const int z = om * p.stride[0] - p.pad[0] + ft * p.dilation[0];
+        if (z < 0 || z >= p.in[0]) continue;
+        for (int fr = 0; fr < p.filter[1]; ++fr) {
+          const int y = op * p.stride[1] - p.pad[1] + fr * p.dilation[1];
+          if (y < 0 || y >= p.in[1]) continue;
+          for (int fs = 0; fs < p.filter[2]; ++fs) {
+            const int x = oq * p.stride[2] - p.pad[2] + fs * p.dilation[2];
+            if (x < 0 || x >= p.in[2]) continue;
+            const int tap = (ft * p.filter[1] + fr) * p.filter[2] + fs;
+            for (int cc = 0; cc < cb; ++cc)
+              s += to_float(in[conv_at<Cfg::kChannelsLast>(p.in, p.c, n, cs[cc], z, y, x)]) *
+                   to_float(f[cc * taps + tap]);
+          }
+        }
+      }
+      acc += g * s;
+    }
+    conv_store(out + e, acc, accumulate);
+  }
+}
+
+// dI from dO: grad_in[n, c, z, y, x] = Σ over c's blocks, their output channels k and the taps
+// that reach (z, y, x) from an output position of dO[n, k, ...] · F_block[k, c, tap].
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_bprop_kernel(const typename Cfg::T* __restrict__ grad_out, const typename Cfg::T* __restrict__ filter,
+                      typename Cfg::T* __restrict__ grad_in, const float* __restrict__ gate, int accumulate,
+                      ConvDims p) {
+  const ConvTables t = Cfg::tables();
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const long long total = static_cast<long long>(p.n) * p.c * p.in[0] * p.in[1] * p.in[2];
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    long long n, pos;
+    int c;
+    conv_split<Cfg::kChannelsLast>(e, p.in, p.c, n, c, pos);
+    const int x = static_cast<int>(pos % p.in[2]), y = static_cast<int>(pos / p.in[2] % p.in[1]),
+              z = static_cast<int>(pos / (static_cast<long long>(p.in[1]) * p.in[2]));
+    float acc = 0.0f;
+    for (int j = t.in_start[c]; j < t.in_start[c + 1]; ++j) {
+      const int block = t.in_entries[2 * j], cc = t.in_entries[2 * j + 1];
+      const float g = gate != nullptr ? gate[block] : 1.0f;
+      if (g == 0.0f) continue;
+      const int* b = t.blocks + 5 * block;
+      const int cb = b[1], kb = b[3];
+      const int* ks = t.channels + b[2];
+      const typename Cfg::T* f = filter + b[4] + static_cast<long long>(cc) * taps;
+      float s = 0.0f;
+      for (int ft = 0; ft < p.filter[0]; ++ft) {
+        const int zm = z + p.pad[0] - ft * p.dilation[0];
+        if (zm < 0 || zm % p.stride[0] != 0 || zm / p.stride[0] >= p.out[0]) continue;
+        for (int fr = 0; fr < p.filter[1]; ++fr) {
+          const int yp = y + p.pad[1] - fr * p.dilation[1];
+          if (yp < 0 || yp % p.stride[1] != 0 || yp / p.stride[1] >= p.out[1]) continue;
+          for (int fs = 0; fs < p.filter[2]; ++fs) {
+            const int xq = x + p.pad[2] - fs * p.dilation[2];
+            if (xq < 0 || xq % p.stride[2] != 0 || xq / p.stride[2] >= p.out[2]) continue;
+            const int tap = (ft * p.filter[1] + fr) * p.filter[2] + fs;
+            for (int kk = 0; kk < kb; ++kk)
+              s += to_float(grad_out[conv_at<Cfg::kChannelsLast>(p.out, p.k, n, ks[kk], zm / p.stride[0],
+                                                                 yp / p.stride[1], xq / p.stride[2])]) *
+                   to_float(f[static_cast<long long>(kk) * cb * taps + tap]);
+          }
+        }
+      }
+      acc += g * s;
+    }
+    conv_store(grad_in + e, acc, accumulate);
+  }
+}
+
+// dF on the layout's blocks: element (k, c, t, r, s) of block blockIdx.y's filter is the sum over
+// n and output positions of dO[n, k, m, p, q] · I[n, c, m·stride − pad + t·dilation, ...]. Grid:
+// x over the largest block's filter elements, y the blocks.
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_updat_kernel(const typename Cfg::T* __restrict__ in, const typename Cfg::T* __restrict__ grad_out,
+                      typename Cfg::T* __restrict__ grad_filter, const float* __restrict__ gate, int accumulate,
+                      ConvDims p) {
+  const ConvTables t = Cfg::tables();
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const int block = blockIdx.y;
+  const int* b = t.blocks + 5 * block;
+  const int cb = b[1], kb = b[3];
+  const long long elements = static_cast<long long>(kb) * cb * taps;
+  const float g = gate != nullptr ? gate[block] : 1.0f;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < elements;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int kk = static_cast<int>(e / (static_cast<long long>(cb) * taps));
+    const int cc = static_cast<int>(e / taps % cb), tap = static_cast<int>(e % taps);
+    const int fs = tap % p.filter[2], fr = tap / p.filter[2] % p.filter[1], ft = tap / (p.filter[1] * p.filter[2]);
+    const int c = t.channels[b[0] + cc], k = t.channels[b[2] + kk];
+    float s = 0.0f;
+    if (g != 0.0f) {
+      for (long long n = 0; n < p.n; ++n)
+        for (int om = 0; om < p.out[0]; ++om) {
+          const int z = om * p.stride[0] - p.pad[0] + ft * p.dilation[0];
+          if (z < 0 || z >= p.in[0]) continue;
+          for (int op = 0; op < p.out[1]; ++op) {
+            const int y = op * p.stride[1] - p.pad[1] + fr * p.dilation[1];
+            if (y < 0 || y >= p.in[1]) continue;
+            for (int oq = 0; oq < p.out[2]; ++oq) {
+              const int x = oq * p.stride[2] - p.pad[2] + fs * p.dilation[2];
+              if (x < 0 || x >= p.in[2]) continue;
+              s += to_float(grad_out[conv_at<Cfg::kChannelsLast>(p.out, p.k, n, k, om, op, oq)]) *
+                   to_float(in[conv_at<Cfg::kChannelsLast>(p.in, p.c, n, c, z, y, x)]);
+            }
+          }
+        }
+    }
+    conv_store(grad_filter + b[4] + e, g * s, accumulate);
+  }
+}
+
+}  // namespace kernels
+}  // namespace bsjit

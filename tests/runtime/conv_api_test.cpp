@@ -1,0 +1,117 @@
+// bsjit::Conv without a GPU: every kernel variant (dtype × activation order × fprop, bprop, updat)
+// compiled by NVRTC for sm_80 and sm_90a into a cache directory, one compile serving every layout
+// and geometry; shapes of a convolution and a deconvolution; the errors a call reports before it
+// touches a GPU.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+
+#include "bsjit/bsjit.hpp"
+#include "conv_cases.hpp"
+
+namespace bsjit {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ConvApi, EveryKernelCompilesForSm80AndSm90aOnceForEveryLayout) {
+  const fs::path dir = fs::temp_directory_path() / ("bsjit-conv-api-" + std::to_string(std::random_device{}()));
+  set_cache_directory(dir);
+  const auto grouped = testing::grouped_conv_layout(), overlapping = testing::overlapping_conv_layout();
+  for (const std::string arch : {"sm_80", "sm_90a"})
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (ActivationOrder order : {ActivationOrder::ncdhw, ActivationOrder::ndhwc}) {
+        SCOPED_TRACE(fmt::format("{} {} {}", arch, to_string(dtype), to_string(order)));
+        const Conv conv(grouped, ConvGeometry::same({1, 8, 8}, {1, 3, 3}, {1, 2, 2}), {dtype, order, false, ""});
+        const auto before = cache_stats();
+        EXPECT_EQ(conv.precompile(arch), 3);
+        EXPECT_EQ(cache_stats().compiles, before.compiles + 3);
+        EXPECT_EQ(conv.precompile(arch), 0);  // in the cache now
+        // another layout, geometry and direction: entries of their own, built from the same code
+        const Conv other(overlapping, ConvGeometry::valid({3, 5, 11}, {3, 1, 5}, {1, 1, 1}, {1, 1, 2}),
+                         {dtype, order, true, ""});
+        EXPECT_EQ(other.generated_source(), conv.generated_source());
+        other.precompile(arch);
+        EXPECT_EQ(cache_stats().compiles, before.compiles + 3) << "no NVRTC run for another layout";
+        EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 3);
+      }
+  std::vector<std::string> labels;
+  for (const auto& e : list_cache(dir)) {
+    EXPECT_TRUE(e.valid) << e.path << ": " << e.problem;
+    labels.push_back(e.label + " " + e.arch);
+  }
+  std::sort(labels.begin(), labels.end());
+  labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+  EXPECT_EQ(labels.size(), 2u * 3u * 2u * 3u);
+  EXPECT_EQ(labels.front(), "conv-direct-bf16-ncdhw-bprop sm_80");
+  set_cache_directory({});
+  fs::remove_all(dir);
+}
+
+TEST(ConvApi, ShapesOfAConvolutionAndADeconvolution) {
+  const auto layout = testing::grouped_conv_layout();                          // C = 128, K = 192
+  const auto geometry = ConvGeometry::same({2, 9, 10}, {3, 3, 3}, {1, 2, 2});  // out 2 × 5 × 5
+  const Conv conv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, false, ""});
+  EXPECT_EQ(conv.input_elements(3), 3 * 128 * 2 * 9 * 10);
+  EXPECT_EQ(conv.output_elements(3), 3 * 192 * 2 * 5 * 5);
+  EXPECT_EQ(conv.filter_elements(), 4 * 48 * 32 * 27);
+  const Conv deconv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, true, ""});
+  EXPECT_EQ(deconv.input_elements(3), conv.output_elements(3));
+  EXPECT_EQ(deconv.output_elements(3), conv.input_elements(3));
+  EXPECT_EQ(deconv.filter_elements(), conv.filter_elements());
+  EXPECT_EQ(parse_activation_order("channels_last"), ActivationOrder::ndhwc);
+  EXPECT_EQ(parse_activation_order("ncdhw"), ActivationOrder::ncdhw);
+  EXPECT_THROW(parse_activation_order("nhwc"), Error);
+}
+
+TEST(ConvApi, RefusesWhatTheKernelsCannotTake) {
+  const auto layout = testing::overlapping_conv_layout();
+  EXPECT_NE(error_of([&] {
+              Conv(layout, ConvGeometry::valid({1, 1, 2}, {1, 1, 3}));
+            }).find("wider than"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Conv(layout, ConvGeometry::same({1, 4, 4}, {1, 3, 3}), {DType::f16, {}, false, "sm_70"});
+            }).find("sm_70"),
+            std::string::npos);
+  // 70000 blocks of one channel: past updat's grid
+  std::vector<ConvBlock> many;
+  for (int i = 0; i < 70000; ++i) many.push_back({{i % 64}, {i % 64}});
+  EXPECT_NE(error_of([&] {
+              Conv(ConvLayout::from_blocks(64, 64, many), ConvGeometry::same({1, 4, 4}, {1, 3, 3}));
+            }).find("65535"),
+            std::string::npos);
+  // a filter of more than 2^31 elements: 2 blocks of 4096 × 4096 channels at 81 taps
+  ConvBlock wide;
+  for (int i = 0; i < 4096; ++i) wide.c.push_back(i), wide.k.push_back(i);
+  EXPECT_NE(error_of([&] {
+              Conv(ConvLayout::from_blocks(4096, 4096, {wide, wide}), ConvGeometry::same({1, 16, 16}, {1, 9, 9}));
+            }).find("2147483647"),
+            std::string::npos);
+
+  // the call's checks come before any GPU work
+  const Conv conv(layout, ConvGeometry::same({1, 4, 4}, {1, 3, 3}), {DType::bf16, ActivationOrder::ndhwc, false, ""});
+  alignas(16) static char buffer[64];
+  void* p = buffer;
+  EXPECT_NE(error_of([&] { conv.fprop(nullptr, p, p, 1); }).find("the first input is a null pointer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { conv.updat(p, p, buffer + 2, 1); }).find("not 16-byte aligned"), std::string::npos);
+  EXPECT_NE(error_of([&] { conv.bprop(p, p, p, 0); }).find("n = 0 out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] { conv.fprop(p, p, p, std::int64_t(1) << 40); }).find("out of range"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bsjit

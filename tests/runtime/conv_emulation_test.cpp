@@ -1,0 +1,217 @@
+// The convolution kernels (templates/bsjit/conv_direct.cuh) run on the CPU: the template compiled
+// by the host compiler, each kernel's CTAs and threads run one after another with the tables the
+// generator makes for the layout and the sizes argument the runtime passes, against the
+// double-precision reference. The kernels use no shared memory and no synchronization, so running
+// their threads in turn computes what the GPU computes (up to the order of fp32 rounding: the GPU
+// fuses multiply and add). The grids are smaller than the work, so every grid-stride loop turns.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "conv_cases.hpp"
+#include "conv_reference.hpp"
+#include "generator/conv_generator.hpp"
+#include "reference.hpp"
+
+// What a kernel template takes from CUDA, on the host.
+#define BSJIT_CONV_HOST_EMULATION
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(threads)
+struct EmulatedDim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline EmulatedDim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace bsjit::kernels {
+
+struct half_t {
+  unsigned short bits;
+};
+struct bfloat16_t {
+  unsigned short bits;
+};
+inline float to_float(float x) { return x; }
+inline float to_float(half_t x) {
+  _Float16 h;
+  std::memcpy(&h, &x.bits, 2);
+  return static_cast<float>(h);
+}
+inline float to_float(bfloat16_t x) {
+  const unsigned u = static_cast<unsigned>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <class T>
+T from_float(float f);
+template <>
+inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+inline half_t from_float<half_t>(float f) {
+  const _Float16 h = static_cast<_Float16>(f);  // round to nearest even, as cvt.rn.f16.f32
+  half_t out;
+  std::memcpy(&out.bits, &h, 2);
+  return out;
+}
+template <>
+inline bfloat16_t from_float<bfloat16_t>(float f) {  // round to nearest even, as cvt.rn.bf16.f32
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {static_cast<unsigned short>(u >> 16)};
+}
+
+}  // namespace bsjit::kernels
+
+#include "bsjit/conv_direct.cuh"
+
+namespace bsjit {
+namespace {
+
+using reference::ConvProblem;
+
+template <class TT, bool kLast>
+struct HostConfig {
+  using T = TT;
+  static constexpr bool kChannelsLast = kLast;
+  static inline kernels::ConvTables t{};
+  static kernels::ConvTables tables() { return t; }
+};
+
+// Runs kernel(blockIdx, threadIdx) for every thread of a grid_x × grid_y grid of 256-thread CTAs.
+template <class Kernel>
+void run_grid(unsigned grid_x, unsigned grid_y, Kernel kernel) {
+  gridDim = {grid_x, grid_y, 1};
+  blockDim = {static_cast<unsigned>(kernels::kConvThreads), 1, 1};
+  for (unsigned by = 0; by < grid_y; ++by)
+    for (unsigned bx = 0; bx < grid_x; ++bx)
+      for (unsigned tx = 0; tx < blockDim.x; ++tx) {
+        blockIdx = {bx, by, 0};
+        threadIdx = {tx, 0, 0};
+        kernel();
+      }
+}
+
+const int* table(const generator::GeneratedConv& g, const char* name) {
+  for (const auto& t : g.tables)
+    if (t.name == name) return t.values.data();
+  ADD_FAILURE() << "no table " << name;
+  return nullptr;
+}
+
+std::vector<float> gate_of(std::size_t blocks) {
+  std::vector<float> gate(blocks);
+  for (std::size_t i = 0; i < blocks; ++i) gate[i] = i % 3 == 1 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 4);
+  return gate;
+}
+
+// Each block's filter scaled by its gate (the reference of a gated fprop and bprop).
+std::vector<double> gated_filter(const ConvLayout& l, std::int64_t taps, const std::vector<double>& filter,
+                                 const std::vector<float>& gate) {
+  std::vector<double> out(filter);
+  for (std::size_t i = 0; i < l.blocks().size(); ++i) {
+    const std::int64_t begin = l.filter_offset(i, taps),
+                       end = begin + static_cast<std::int64_t>(l.blocks()[i].c.size() * l.blocks()[i].k.size()) * taps;
+    for (std::int64_t e = begin; e < end; ++e) out[e] *= gate[i];
+  }
+  return out;
+}
+
+template <class T, bool kLast>
+void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
+  using Cfg = HostConfig<T, kLast>;
+  const ConvProblem p{&c.layout, c.geometry, c.n, kLast};
+  const std::int64_t taps = c.geometry.taps();
+  const generator::GeneratedConv g = generator::generate_conv(c.layout, taps, dtype, kLast);
+  Cfg::t = {table(g, "kConvBlocks"),     table(g, "kConvChannels"), table(g, "kConvOutStart"),
+            table(g, "kConvOutEntries"), table(g, "kConvInStart"),  table(g, "kConvInEntries")};
+  const kernels::ConvDims d = generator::conv_dims(c.layout, c.geometry, c.n);
+  const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
+
+  const auto input = reference::random_values(dtype, reference::conv_input_elements(p), rng);
+  const auto filter = reference::random_values(dtype, c.layout.filter_elements(taps), rng);
+  const auto grad_out = reference::random_values(dtype, reference::conv_output_elements(p), rng);
+  auto typed = [&](const std::vector<double>& v) {
+    const auto bytes = reference::encode(dtype, v);
+    std::vector<T> out(v.size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  };
+  auto doubles = [&](const std::vector<T>& v) {
+    std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return reference::decode(dtype, bytes);
+  };
+  const auto in_t = typed(input), filter_t = typed(filter), grad_out_t = typed(grad_out);
+  const std::vector<float> gate = gate_of(c.layout.blocks().size());
+  const T poison = kernels::from_float<T>(std::nanf(""));
+
+  for (const bool gated : {false, true}) {
+    SCOPED_TRACE(gated ? "gated" : "plain");
+    const float* gp = gated ? gate.data() : nullptr;
+    const auto& f_ref = gated ? gated_filter(c.layout, taps, filter, gate) : filter;
+
+    std::vector<T> out(grad_out.size(), poison);
+    run_grid(3, 1, [&] { kernels::conv_fprop_kernel<Cfg>(in_t.data(), filter_t.data(), out.data(), gp, 0, d); });
+    EXPECT_LE(reference::relative_error(doubles(out), reference::conv_fprop(p, input, f_ref)), tolerance) << "fprop";
+
+    std::vector<T> grad_in(input.size(), poison);
+    run_grid(3, 1,
+             [&] { kernels::conv_bprop_kernel<Cfg>(grad_out_t.data(), filter_t.data(), grad_in.data(), gp, 0, d); });
+    EXPECT_LE(reference::relative_error(doubles(grad_in), reference::conv_bprop(p, grad_out, f_ref)), tolerance)
+        << "bprop";
+
+    std::vector<T> grad_f(filter.size(), poison);
+    run_grid(2, static_cast<unsigned>(c.layout.blocks().size()),
+             [&] { kernels::conv_updat_kernel<Cfg>(in_t.data(), grad_out_t.data(), grad_f.data(), gp, 0, d); });
+    const auto want_f = reference::conv_updat(p, input, grad_out);
+    EXPECT_LE(reference::relative_error(doubles(grad_f), gated ? gated_filter(c.layout, taps, want_f, gate) : want_f),
+              tolerance)
+        << "updat";
+
+    // accumulate: the result added to what the output held
+    if (!gated) {
+      std::vector<T> again(out);
+      run_grid(3, 1, [&] { kernels::conv_fprop_kernel<Cfg>(in_t.data(), filter_t.data(), again.data(), gp, 1, d); });
+      auto twice = reference::conv_fprop(p, input, filter);
+      for (auto& x : twice) x *= 2;
+      EXPECT_LE(reference::relative_error(doubles(again), twice), tolerance) << "fprop accumulate";
+    }
+  }
+}
+
+class ConvOnTheCpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(ConvOnTheCpu, EveryCaseMatchesTheReference) {
+  std::mt19937_64 rng(5600 + static_cast<int>(GetParam()));
+  for (const auto& c : testing::conv_cases())
+    for (bool last : {false, true}) {
+      SCOPED_TRACE(std::string(c.name) + (last ? ", channels last" : ", channels first"));
+      switch (GetParam()) {
+        case DType::f32:
+          last ? check_case<float, true>(c, DType::f32, rng) : check_case<float, false>(c, DType::f32, rng);
+          break;
+        case DType::f16:
+          last ? check_case<kernels::half_t, true>(c, DType::f16, rng)
+               : check_case<kernels::half_t, false>(c, DType::f16, rng);
+          break;
+        case DType::bf16:
+          last ? check_case<kernels::bfloat16_t, true>(c, DType::bf16, rng)
+               : check_case<kernels::bfloat16_t, false>(c, DType::bf16, rng);
+          break;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ConvOnTheCpu, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+}  // namespace
+}  // namespace bsjit
