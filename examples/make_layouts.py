@@ -4,6 +4,8 @@
 random_d25.npy   32 × 32 blocks, each present with probability 0.25 (uint8, C order)
 banded.json      16 × 16 blocks, |row - col| <= 2, as a coordinate list
 strided_bool_f.npy  24 × 20 blocks, bool in Fortran order: local band plus every 4th column
+conv_overlapping.json  a convolution's channel blocks (bsjit::ConvLayout): 8 blocks of 16 input
+                   channels → 32 output channels at strides 8 and 16, so that neighbours overlap
 """
 import json
 import os
@@ -35,6 +37,10 @@ def main():
         f.write("\n")
     s = [[abs(r - c) <= 1 or c % 4 == 0 for c in range(20)] for r in range(24)]
     write_npy(os.path.join(HERE, "strided_bool_f.npy"), 24, 20, s, descr="|b1", fortran=True)
+    conv = [{"c": list(range(8 * g, 8 * g + 16)), "k": list(range(16 * g, 16 * g + 32))} for g in range(8)]
+    with open(os.path.join(HERE, "conv_overlapping.json"), "w") as f:
+        json.dump({"C": 72, "K": 144, "blocks": conv}, f)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ ConvLayout ConvLayout::from_blocks(std::int64_t C, std::int64_t K, std::vector<C
   return ConvLayout(C, K, std::move(blocks));
 }
 
+ConvLayout ConvLayout::load(const std::filesystem::path& path, int block) {
+  return block == 0 ? from_json(path) : from_mask(Layout::load(path), block);
+}
+
 ConvLayout ConvLayout::from_mask(const Layout& mask, int block) {
   if (block <= 0 || block > 1024) throw Error(fmt::format("ConvLayout::from_mask: block {} is not in 1..1024", block));
   if (mask.rows() * block > kMaxChannels || mask.cols() * block > kMaxChannels || mask.blocks() * block > kMaxEntries)

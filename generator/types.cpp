@@ -56,6 +56,15 @@ QkvOrder parse_qkv_order(std::string_view s) {
   throw Error(fmt::format("unknown tensor order '{}'; expected bshd or bhsd", s));
 }
 
+std::string_view to_string(ActivationOrder order) { return order == ActivationOrder::ndhwc ? "ndhwc" : "ncdhw"; }
+
+ActivationOrder parse_activation_order(std::string_view s) {
+  if (s == "ndhwc" || s == "channels_last") return ActivationOrder::ndhwc;
+  if (s == "ncdhw" || s == "channels_first") return ActivationOrder::ncdhw;
+  throw Error(
+      fmt::format("unknown activation order '{}'; expected ndhwc (channels_last) or ncdhw (channels_first)", s));
+}
+
 Calls parse_calls(std::string_view s) {
   if (s == "all") return Calls::all;
   if (s == "plain") return Calls::plain;

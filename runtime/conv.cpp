@@ -171,13 +171,4 @@ const ConvLayout& Conv::layout() const { return impl_->layout; }
 const ConvGeometry& Conv::geometry() const { return impl_->geometry; }
 const ConvOptions& Conv::options() const { return impl_->options; }
 
-std::string_view to_string(ActivationOrder order) { return order == ActivationOrder::ndhwc ? "ndhwc" : "ncdhw"; }
-
-ActivationOrder parse_activation_order(std::string_view text) {
-  if (text == "ndhwc" || text == "channels_last") return ActivationOrder::ndhwc;
-  if (text == "ncdhw" || text == "channels_first") return ActivationOrder::ncdhw;
-  throw Error(
-      fmt::format("unknown activation order '{}'; expected ndhwc (channels_last) or ncdhw (channels_first)", text));
-}
-
 }  // namespace bsjit

@@ -16,6 +16,7 @@
 #include "bsjit/attention.hpp"
 #include "bsjit/attention_ops.hpp"
 #include "bsjit/cache.hpp"
+#include "bsjit/conv.hpp"
 #include "bsjit/error.hpp"
 #include "bsjit/layout.hpp"
 #include "bsjit/matmul.hpp"
@@ -60,6 +61,21 @@ struct AttentionItem {
   std::string what;
 };
 
+// One combination of a conv group: the three kernels of a layout, filter, dtype, order and arch.
+struct ConvItem {
+  std::shared_ptr<ConvLayout> layout;  // null where the file failed to load
+  std::string load_error;
+  std::array<int, 3> filter;
+  ConvOptions options;
+  std::string what;
+  // A geometry of the filter's taps: the kernels depend on nothing else of it.
+  Conv conv() const {
+    if (!layout) throw Error(load_error);
+    const std::array<std::int64_t, 3> f{filter[0], filter[1], filter[2]};
+    return Conv(*layout, ConvGeometry::valid(f, f), options);
+  }
+};
+
 struct Expanded {
   std::vector<fs::path> files;
   std::vector<std::shared_ptr<Layout>> layouts;  // null where the file failed to load or holds heads
@@ -67,6 +83,7 @@ struct Expanded {
   std::vector<std::string> load_errors;
   std::vector<Item> items;
   std::vector<AttentionItem> attention;
+  std::vector<ConvItem> conv;
 
   std::size_t file_index(const fs::path& file) {
     for (std::size_t i = 0; i < files.size(); ++i)
@@ -146,6 +163,28 @@ Expanded expand(const Manifest& m) {
                     e.attention.push_back(std::move(item));
                   }
     }
+  for (const auto& g : m.conv)
+    for (const auto& file : g.layouts) {
+      ConvItem base;
+      try {
+        if (g.block == 0 && file.extension() != ".json")
+          throw Error(fmt::format("'{}': a block mask needs the conv group's \"block\"", file.string()));
+        base.layout = std::make_shared<ConvLayout>(ConvLayout::load(file, g.block));
+      } catch (const Error& err) {
+        base.load_error = err.what();
+      }
+      for (const auto& filter : g.filters)
+        for (DType dt : g.dtypes)
+          for (ActivationOrder order : g.orders)
+            for (const auto& arch : g.archs) {
+              ConvItem item = base;
+              item.filter = filter;
+              item.options = {dt, order, false, arch};
+              item.what = fmt::format("{} conv {}x{}x{} {} {} {}", file.filename().string(), filter[0], filter[1],
+                                      filter[2], to_string(dt), to_string(order), arch);
+              e.conv.push_back(std::move(item));
+            }
+    }
   return e;
 }
 
@@ -217,7 +256,7 @@ Manifest Manifest::load(const fs::path& json_file) {
   if (j.contains("kernels")) {
     if (!j["kernels"].is_array()) throw Error(fmt::format("manifest '{}': 'kernels' must be a list", json_file.string()));
     for (const auto& g : j["kernels"]) groups.push_back(g);
-  } else if (!j.contains("attention") || j.contains("layouts")) {
+  } else if ((!j.contains("attention") && !j.contains("conv")) || j.contains("layouts")) {
     groups.push_back(j);
   }
   auto path = [&](const nlohmann::json& v) {
@@ -286,6 +325,33 @@ Manifest Manifest::load(const fs::path& json_file) {
         m.attention.push_back(std::move(a));
       }
     }
+    if (j.contains("conv")) {
+      if (!j["conv"].is_array())
+        throw Error(fmt::format("manifest '{}': 'conv' must be a list of groups", json_file.string()));
+      for (const auto& g : j["conv"]) {
+        ConvGroup c;
+        if (!g.is_object() || !g.contains("layouts"))
+          throw Error(fmt::format("manifest '{}': every conv group needs a 'layouts' list", json_file.string()));
+        c.layouts = list_of<fs::path>(g, "layouts", {}, path);
+        if (g.contains("block"))
+          c.block = static_cast<int>(
+              json_integer(g["block"], 1, 1024, fmt::format("manifest '{}': conv 'block'", json_file.string())));
+        c.filters = list_of<std::array<int, 3>>(g, "filters", c.filters, [&](const nlohmann::json& v) {
+          const std::string what = fmt::format("manifest '{}': a conv filter [T, R, S]", json_file.string());
+          if (!v.is_array() || v.empty() || v.size() > 3) throw Error(what + " must list 1 to 3 sizes");
+          std::array<int, 3> f{1, 1, 1};  // fewer dimensions: the last ones (W; H, W)
+          for (std::size_t i = 0; i < v.size(); ++i)
+            f[3 - v.size() + i] = static_cast<int>(json_integer(v[i], 1, 64, what));
+          return f;
+        });
+        c.dtypes = list_of<DType>(g, "dtypes", c.dtypes, dtype);
+        c.orders = list_of<ActivationOrder>(g, "orders", c.orders, [](const nlohmann::json& v) {
+          return parse_activation_order(v.get<std::string>());
+        });
+        c.archs = list_of<std::string>(g, "archs", c.archs, text);
+        m.conv.push_back(std::move(c));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("manifest '{}': {}", json_file.string(), e.what()));
   }
@@ -301,6 +367,8 @@ std::size_t Manifest::kernel_count() const {
   for (const auto& a : attention)
     n += a.masks.size() * a.ops.size() * a.blocks.size() * a.head_dims.size() * a.dtypes.size() * a.orders.size() *
          a.causal.size() * a.archs.size();
+  for (const auto& c : conv)
+    n += c.layouts.size() * c.filters.size() * c.dtypes.size() * c.orders.size() * c.archs.size();
   return n;
 }
 
@@ -315,7 +383,8 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
   } recording(cache);
   const cache::KernelCache::DiskWrites writes_before = cache.disk_writes();
   Expanded e = expand(manifest);
-  const std::size_t total = e.items.size() + e.attention.size();
+  const std::size_t matmuls = e.items.size(), attentions = e.attention.size(),
+                    total = matmuls + attentions + e.conv.size();
   std::vector<KernelOutcome> outcomes(total);
   std::atomic<std::size_t> done{0};
   std::mutex progress_mutex;
@@ -324,16 +393,20 @@ DeployReport precompile(const Manifest& manifest, const PrecompileOptions& optio
     auto t = Clock::now();
     try {
       bool now;
-      if (i < e.items.size()) {
+      if (i < matmuls) {
         const Item& item = e.items[i];
         o.what = item.what;
         if (!e.layouts[item.layout]) throw Error(e.load_errors[item.layout]);
         now = MatMul(*e.layouts[item.layout], item.options).precompile(item.op, item.options.arch, item.calls);
-      } else {
-        const AttentionItem& item = e.attention[i - e.items.size()];
+      } else if (i < matmuls + attentions) {
+        const AttentionItem& item = e.attention[i - matmuls];
         o.what = item.what;
         now = item.decomposed ? AttentionOps(e.masks_of(item), item.options).precompile(item.options.arch) > 0
                               : Attention(e.masks_of(item), item.options).precompile(item.options.arch);
+      } else {
+        const ConvItem& item = e.conv[i - matmuls - attentions];
+        o.what = item.what;
+        now = item.conv().precompile(item.options.arch) > 0;
       }
       o.status = now ? KernelOutcome::Status::compiled : KernelOutcome::Status::cached;
     } catch (const Error& err) {
@@ -417,7 +490,9 @@ DeployReport warmup(const Manifest& manifest, bool strict) {
         if (item.decomposed) AttentionOps(e.masks_of(item), item.options).load(fail_on_miss);
         else Attention(e.masks_of(item), item.options).load(fail_on_miss);
       });
-    if (matched == 0 && !(e.items.empty() && e.attention.empty())) {
+    for (const ConvItem& item : e.conv)
+      attempt(item.options.arch, item.what, [&] { item.conv().load(on_miss == cache::OnMiss::fail); });
+    if (matched == 0 && !(e.items.empty() && e.attention.empty() && e.conv.empty())) {
       KernelOutcome o;
       o.what = fmt::format("GPU {} ({})", dev.ordinal, dev.arch);
       o.error = fmt::format("the manifest has no kernel for {}", dev.arch);

@@ -316,6 +316,36 @@ int tune(const KernelSelection& s, std::int64_t n) {
   return status;
 }
 
+// The conv groups' kernels on a SAME geometry of 9 × 9 (× 5 for 3-D filters) positions at stride 1,
+// 2 images, as a convolution and a deconvolution.
+int run_conv(const Manifest& m, bool gated, bool accumulate, std::uint64_t seed) {
+  int bad = 0;
+  for (const auto& g : m.conv)
+    for (const auto& file : g.layouts) {
+      const ConvLayout layout = ConvLayout::load(file, g.block);
+      for (const auto& f : g.filters)
+        for (DType dt : g.dtypes)
+          for (ActivationOrder order : g.orders)
+            for (bool deconv : {false, true}) {
+              const ConvGeometry geometry =
+                  ConvGeometry::same({f[0] > 1 ? 5 : 1, f[1] > 1 ? 9 : 1, 9}, {f[0], f[1], f[2]});
+              const Conv conv(layout, geometry, {dt, order, deconv, ""});
+              for (auto op : {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat}) {
+                const auto r = check::run_and_check(conv, op, {2, accumulate, gated, seed});
+                const double tolerance = check::tolerance(dt);
+                const bool ok = r.relative_error <= tolerance && r.unwritten == 0;
+                bad += ok ? 0 : 1;
+                fmt::print(
+                    "{:4} {} {}{} {}x{}x{} {} {} n=2: relative error {:.3g} (tolerance {:.0e}), {} outputs, {} "
+                    "unwritten\n",
+                    ok ? "ok" : "FAIL", file.string(), deconv ? "deconv " : "conv ", check::to_string(op), f[0], f[1],
+                    f[2], to_string(dt), to_string(order), r.relative_error, tolerance, r.outputs, r.unwritten);
+              }
+            }
+    }
+  return bad;
+}
+
 int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, std::uint64_t seed) {
   int bad = 0;
   int status = for_each_gpu_op(s, "run", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
@@ -330,6 +360,7 @@ int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, s
                ok ? "ok" : "FAIL", describe(file, mm, op, n), r.relative_error, tolerance, r.outputs, r.unwritten,
                mm.kernel_label(op, n, call));
   });
+  if (status == 0) bad += run_conv(s.to_manifest(), gated, accumulate, seed);
   return status ? status : (bad ? 1 : 0);
 }
 

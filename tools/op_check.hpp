@@ -1,16 +1,17 @@
-// Runs one matmul op on the GPU on fresh random inputs and compares it with the CPU reference.
-// Shared by `bsjit run`, the GPU tests and the benchmark's correctness check.
+// Runs one matmul or convolution op on the GPU on fresh random inputs and compares it with the CPU
+// reference. Shared by `bsjit run`, the GPU tests and the benchmark's correctness check.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "bsjit/conv.hpp"
 #include "bsjit/matmul.hpp"
 
 namespace bsjit::check {
 
 struct CheckOptions {
-  std::int64_t n = 1;
+  std::int64_t n = 1;       // rows of X (matmul), images (conv)
   bool accumulate = false;  // output starts as random values and the op adds to it
   bool gated = false;       // random per-block gates, about one in four exactly 0
   std::uint64_t seed = 1;
@@ -26,6 +27,13 @@ struct CheckResult {
 
 // Needs a GPU; runs in the current context on the default stream and synchronizes.
 CheckResult run_and_check(const MatMul& mm, Op op, const CheckOptions& options);
+
+enum class ConvOp { fprop, bprop, updat };
+const char* to_string(ConvOp op);
+
+// The same for a convolution's op (a deconvolution's too), with random per-block gates where
+// options.gated; no workspace.
+CheckResult run_and_check(const Conv& conv, ConvOp op, const CheckOptions& options);
 
 // Tolerance of the standards: fp32 1e-5, fp16/bf16 inputs with fp32 accumulation 1e-2.
 double tolerance(DType dtype);

@@ -31,10 +31,6 @@
 
 namespace bsjit {
 
-// Where the channels lie in an activation: N, C, D, H, W (blocksparse's order) or N, D, H, W, C
-// (channels last: PyTorch's channels_last, what tensor cores want).
-enum class ActivationOrder { ncdhw, ndhwc };
-
 struct ConvOptions {
   DType dtype = DType::f32;  // of activations, filter and gradients; accumulation is fp32
   ActivationOrder order = ActivationOrder::ndhwc;
@@ -80,8 +76,5 @@ class Conv {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-std::string_view to_string(ActivationOrder order);
-ActivationOrder parse_activation_order(std::string_view text);  // "ncdhw"/"channels_first", "ndhwc"/"channels_last"
 
 }  // namespace bsjit

@@ -34,6 +34,9 @@ class ConvLayout {
   // JSON: {"C": 64, "K": 96, "blocks": [{"c": [0, 1, ...], "k": [5, 6, ...]}, ...]}, or
   // {"block": 32, "mask": [[1, 0], [0, 1]]} for a uniform one.
   static ConvLayout from_json(const std::filesystem::path& path);
+  // from_json where block is 0; else a matmul layout file (Layout::load: .npy or .json) read as a
+  // [C / block, K / block] mask (from_mask).
+  static ConvLayout load(const std::filesystem::path& path, int block = 0);
 
   std::int64_t C() const { return C_; }
   std::int64_t K() const { return K_; }

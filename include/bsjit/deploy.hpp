@@ -20,8 +20,17 @@
 // beside the matmul groups ({"kernels": [...], "attention": [...]}, or "attention" alone). "fused":
 // the fused forward and backward; "decomposed": the five AttentionOps kernels. The masks' element
 // masks (AttentionOps) are data, not part of the kernels.
+//
+// Convolution kernels (bsjit::Conv: fprop, bprop and updat, for a convolution and its
+// deconvolution alike) go in a list "conv" of groups
+//   {"layouts": ["conv1.json", "mask.npy"],  a ConvLayout JSON (its blocks, or {"block", "mask"}), or a
+//                                             matmul layout file read as a mask [C / b, K / b] of "block"
+//    "block": 32, "filters": [[1, 3, 3]], "dtypes": ["bf16"], "orders": ["ndhwc"], "archs": ["sm_90a"]}
+// A convolution's kernels depend on its layout, filter taps, dtype and activation order only; the
+// rest of the geometry (sizes, strides, dilations, padding) is an argument of each call.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -57,11 +66,21 @@ struct AttentionGroup {
   std::vector<std::string> archs{"sm_90a"};
 };
 
+struct ConvGroup {
+  std::vector<std::filesystem::path> layouts;
+  int block = 0;                                       // for layout files read as a block mask (not a ConvLayout JSON)
+  std::vector<std::array<int, 3>> filters{{1, 3, 3}};  // T, R, S
+  std::vector<DType> dtypes{DType::bf16};
+  std::vector<ActivationOrder> orders{ActivationOrder::ndhwc};
+  std::vector<std::string> archs{"sm_90a"};
+};
+
 struct Manifest {
   std::vector<KernelGroup> groups;
   std::vector<AttentionGroup> attention;
+  std::vector<ConvGroup> conv;
   static Manifest load(const std::filesystem::path& json_file);
-  std::size_t kernel_count() const;  // report lines: a matmul op, or an attention group's combination
+  std::size_t kernel_count() const;  // report lines: a matmul op, or a combination of an attention or conv group
 };
 
 struct KernelOutcome {

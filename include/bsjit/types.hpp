@@ -33,6 +33,10 @@ enum class FeatureAxis { last, first };
 // with either option run the general one. A kernel not made ready is compiled at its first call.
 enum class Calls { all, plain, with_options };
 
+// Where the channels lie in a convolution's activations: N, C, D, H, W (openai/blocksparse's
+// order) or N, D, H, W, C (channels last: PyTorch's channels_last, what tensor cores want).
+enum class ActivationOrder { ncdhw, ndhwc };
+
 // Attention tensors Q, K, V, O: [batch, seq, heads, head_dim] or [batch, heads, seq, head_dim].
 enum class QkvOrder { bshd, bhsd };
 
@@ -41,11 +45,13 @@ std::string_view to_string(Op op);
 std::string_view to_string(FeatureAxis axis);
 std::string_view to_string(QkvOrder order);
 std::string_view to_string(Calls calls);
+std::string_view to_string(ActivationOrder order);
 DType parse_dtype(std::string_view text);  // "f32"/"fp32"/"float32", "f16"/"fp16", "bf16"
 Op parse_op(std::string_view text);        // "forward"/"fwd", "backward_data"/"bwd_data", ...
 FeatureAxis parse_feature_axis(std::string_view text);  // "last"/"nc", "first"/"cn"
 QkvOrder parse_qkv_order(std::string_view text);        // "bshd", "bhsd"
 Calls parse_calls(std::string_view text);               // "all", "plain", "with_options"
+ActivationOrder parse_activation_order(std::string_view text);  // "ndhwc"/"channels_last", "ncdhw"/"channels_first"
 std::size_t dtype_size(DType dtype);
 
 }  // namespace bsjit

@@ -291,6 +291,36 @@ TEST(Cli, ManifestPrecompilesAttention) {
   EXPECT_NE(r.output.find("attention op 'nt'"), std::string::npos) << r.output;
 }
 
+TEST(Cli, ManifestPrecompilesConvolutions) {
+  TempDir dir;
+  auto manifest = dir.path / "conv.json";
+  const std::string conv = kExamples + "/layouts/conv_overlapping.json", mask = kExamples + "/layouts/random_d25.npy";
+  {
+    std::ofstream(manifest) << R"({"conv": [
+      {"layouts": [")" << conv << R"("], "filters": [[3, 3]], "orders": ["ndhwc", "ncdhw"], "archs": ["sm_80"]},
+      {"layouts": [")" << mask << R"("], "block": 16, "filters": [[1, 1, 1]], "archs": ["sm_80"]}]})";
+  }
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  auto r = sh(cache + " precompile -m " + manifest.string() + " -j 2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("3 compiled"), std::string::npos) << r.output;
+  // three kernels a combination; the mask's ndhwc kernels are the first group's code
+  EXPECT_NE(r.output.find("6 by NVRTC, 3 from the code of another layout"), std::string::npos) << r.output;
+  r = sh(cache + " cache list");
+  EXPECT_NE(r.output.find("9 entries"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("conv-direct-bf16-ncdhw-updat"), std::string::npos) << r.output;
+  for (const auto& [group, error] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"layouts": [")" + mask + R"("]})", "needs the conv group's \"block\""},
+           {R"({"layouts": [")" + conv + R"("], "filters": [[1, 1, 1, 1]]})", "1 to 3 sizes"},
+           {R"({"layouts": [")" + conv + R"("], "orders": ["nhwc"]})", "unknown activation order 'nhwc'"},
+           {R"({"filters": [[3, 3]]})", "needs a 'layouts' list"}}) {
+    std::ofstream(manifest) << R"({"conv": [)" << group << "]}";
+    r = sh(cache + " precompile -m " + manifest.string());
+    EXPECT_NE(r.status, 0) << group;
+    EXPECT_NE(r.output.find(error), std::string::npos) << group << ": " << r.output;
+  }
+}
+
 TEST(Cli, WarmupWithoutGpuIsAClearError) {
   std::string why;
   if (bsjit::runtime::gpu_available(&why)) GTEST_SKIP() << "a GPU is present; the GPU tests cover warm-up";
