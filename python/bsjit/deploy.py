@@ -31,9 +31,11 @@ def _attention_dtype(model: torch.nn.Module, dtype, name: str):
 def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
     """(kernel object, ops) of every bsjit module in model: BlockSparseLinear's MatMul with the ops
     asked (all three by default), BlockSparseAttention's Attention (forward and backward; head_dim
-    from the argument) and DecomposedAttention's AttentionOps (its five kernels)."""
-    from . import _attention, _attention_ops
-    from .nn import BlockSparseAttention, BlockSparseLinear, DecomposedAttention
+    from the argument), DecomposedAttention's AttentionOps (its five kernels) and the
+    BlockSparseConv modules' Conv (fprop, bprop and updat, channels first and last: the kernels
+    depend on the layout, kernel size, dtype and storage, not on the image size)."""
+    from . import _attention, _attention_ops, _conv, functional
+    from .nn import BlockSparseAttention, BlockSparseLinear, DecomposedAttention, _BlockSparseConvNd
 
     out = []
     for name, m in model.named_modules():
@@ -50,6 +52,10 @@ def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
         elif isinstance(m, DecomposedAttention):
             dt = _attention_dtype(model, dtype, name)
             out.append((_attention_ops.ops_object(m._handle, m.block, m.causal, m._order, m.head_dim, dt), None))
+        elif isinstance(m, _BlockSparseConvNd):
+            geometry = functional.conv_geometry(m.kernel_size, m.kernel_size)
+            for channels_last in (False, True):
+                out.append((_conv.conv_object(m._handle, geometry, dtype or m.weight.dtype, channels_last, False), None))
     return out
 
 
@@ -70,7 +76,7 @@ def _objects(target, dtype=None, ops=None, head_dim=None) -> list:
 def precompile(target: Union[torch.nn.Module, Iterable[tuple]], arch: str = "sm_90a", *, dtype=None,
                ops: Iterable[str] | None = None, calls: str = "all", head_dim: int | None = None) -> int:
     """Compiles the kernels of a model's bsjit modules (BlockSparseLinear, BlockSparseAttention,
-    DecomposedAttention), or of (layout, block, dtype[, feature_axis]) tuples, for arch into the
+    DecomposedAttention, BlockSparseConv1d/2d/3d), or of (layout, block, dtype[, feature_axis]) tuples, for arch into the
     kernel cache; no GPU needed. ops and calls choose BlockSparseLinear's products and call kinds;
     head_dim is BlockSparseAttention's (it is read from q at run time); dtype defaults to each
     linear layer's weight and, for attention, to the model's one 16-bit parameter dtype. Returns how

@@ -7,8 +7,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from . import _attention, _ops
-from .layout import Layout, as_masks, lookup, mask_set_handle
+from . import _attention, _conv, _ops
+from .layout import ConvLayout, Layout, as_masks, lookup, mask_set_handle
 
 LayoutLike = Union[Layout, int]
 
@@ -73,3 +73,79 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, block: int, *, causal: bool
     out, lse = _attention.attention_call(q, k, v, handle, int(block), bool(causal), _attention.ORDERS.index(order),
                                     float(scale) if scale is not None else 0.0, padding)
     return (out, lse) if return_lse else out
+
+
+def _per_dim(value, dims: int, name: str) -> list[int]:
+    """An int or a tuple of `dims` ints as the D, H, W list (leading dimensions 1)."""
+    v = [int(value)] * dims if isinstance(value, int) else [int(x) for x in value]
+    if len(v) != dims:
+        raise ValueError(f"bsjit.conv: {name} must be an int or {dims} ints, got {value!r}")
+    return [1] * (3 - dims) + v
+
+
+def conv_geometry(spatial, kernel, stride=1, padding=0, dilation=1) -> list[int]:
+    """The 18 ints of a convolution over spatial (1 to 3 sizes): padding an int or a tuple (the same
+    before and after), a tuple of (before, after) pairs, "valid" (none) or "same" (TensorFlow's:
+    the output ceil(in / stride), the odd pad after)."""
+    dims = len(spatial)
+    if not 1 <= dims <= 3:
+        raise ValueError(f"bsjit.conv: 1 to 3 spatial dimensions, got {dims}")
+    size = [1] * (3 - dims) + [int(x) for x in spatial]
+    k, st, dil = _per_dim(kernel, dims, "kernel_size"), _per_dim(stride, dims, "stride"), _per_dim(dilation, dims,
+                                                                                                    "dilation")
+    if padding == "valid":
+        before = after = [0, 0, 0]
+    elif padding == "same":
+        total = [max((-(-size[i] // st[i]) - 1) * st[i] + dil[i] * (k[i] - 1) + 1 - size[i], 0) for i in range(3)]
+        before, after = [t // 2 for t in total], [t - t // 2 for t in total]
+    elif isinstance(padding, int) or all(isinstance(p, int) for p in padding):
+        before = after = [0] * (3 - dims) + _per_dim(padding, dims, "padding")[3 - dims:]
+    else:
+        pairs = [tuple(p) for p in padding]
+        if len(pairs) != dims or any(len(p) != 2 for p in pairs):
+            raise ValueError(f"bsjit.conv: padding as pairs must give (before, after) for each of {dims} dimensions")
+        before = [0] * (3 - dims) + [int(p[0]) for p in pairs]
+        after = [0] * (3 - dims) + [int(p[1]) for p in pairs]
+    return size + k + st + dil + list(before) + list(after)
+
+
+def _is_channels_last(x: Tensor) -> bool:
+    """Whether x [N, C, *spatial] is stored channels last (and not also channels first)."""
+    return not x.is_contiguous() and x.movedim(1, -1).is_contiguous()
+
+
+def conv(x: Tensor, filter: Tensor, layout, *, kernel_size=None, stride=1, padding=0, dilation=1,
+         gate: Optional[Tensor] = None, deconv: bool = False, output_size=None) -> Tensor:
+    """Block-sparse convolution over channels (openai/blocksparse's BlocksparseConv; with deconv, its
+    BlocksparseDeconv, the transposed convolution). x: [N, C, *spatial] with 1 to 3 spatial
+    dimensions, stored channels first or channels last (the output comes in the same storage).
+    layout: a bsjit.ConvLayout (or its handle, read outside torch.compile). filter: the blocks'
+    filters one after the other, [blocks, K_b, C_b, *kernel] or flat (then give kernel_size).
+    padding: as conv_geometry. gate: float32 [blocks] scaling each block (needs the blocked filter).
+    A deconvolution reads [N, K, *spatial] and writes [N, C, *output_size]; output_size defaults to
+    the smallest input of the convolution it transposes. Differentiable in x, filter and gate."""
+    cl = layout if isinstance(layout, ConvLayout) else lookup(layout)
+    handle = layout.handle if isinstance(layout, ConvLayout) else int(layout)
+    dims = x.dim() - 2
+    if kernel_size is None:
+        if filter.dim() != 3 + dims:
+            raise ValueError("bsjit.conv: give kernel_size, or the filter as [blocks, K_b, C_b, *kernel]")
+        kernel_size = tuple(filter.shape[3:])
+    spatial = list(x.shape[2:])
+    if deconv:
+        k, st, dil = (_per_dim(v, dims, n)[3 - dims:] for v, n in ((kernel_size, "kernel_size"), (stride, "stride"),
+                                                                   (dilation, "dilation")))
+        if output_size is None:
+            if isinstance(padding, str):
+                raise ValueError("bsjit.conv: a deconvolution with padding 'same' or 'valid' needs output_size")
+            pad = _per_dim(padding, dims, "padding")[3 - dims:]
+            output_size = [(spatial[i] - 1) * st[i] - 2 * pad[i] + dil[i] * (k[i] - 1) + 1 for i in range(dims)]
+        geometry = conv_geometry(list(output_size)[-dims:], kernel_size, stride, padding, dilation)
+        if _conv.out_spatial(geometry)[3 - dims:] != spatial:
+            raise ValueError(f"bsjit.conv: a convolution of {list(output_size)} does not give {spatial} with this "
+                             "kernel, stride, padding and dilation")
+    else:
+        geometry = conv_geometry(spatial, kernel_size, stride, padding, dilation)
+    taps = geometry[3] * geometry[4] * geometry[5]
+    return _conv.conv_call(x, filter, handle, cl.C, cl.K, cl.blocks, cl.filter_elements(taps), geometry,
+                           _is_channels_last(x), bool(deconv), gate)

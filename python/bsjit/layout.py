@@ -184,7 +184,8 @@ def rebind(handle: int, layout: Layout) -> None:
 
 
 def lookup(handle: int):
-    """The Layout a handle names (or, for an attention mask set, its tuple of Layouts)."""
+    """The Layout a handle names (or, for an attention mask set, its tuple of Layouts; for a
+    convolution, its ConvLayout)."""
     layout = _slots.get(int(handle))
     if layout is None:
         raise KeyError(f"bsjit: no layout handle {handle} (handles come from Layout.handle, in this process)")
@@ -269,3 +270,90 @@ def as_masks(mask) -> tuple:
     if m.ndim == 3:
         return tuple(Layout(m[h]) for h in range(m.shape[0]))
     return (Layout(m),)
+
+
+class ConvLayout:
+    """The channel blocks of a block-sparse convolution (bsjit::ConvLayout, openai/blocksparse's BCK):
+    each block a list of input channels and a list of output channels, with its own filter
+    [K_b, C_b, *kernel]; the layout's filter is the blocks' filters one after the other. Blocks may
+    overlap (their outputs add). `from_mask` makes the common uniform layout of a [C / b, K / b] mask,
+    whose blocks are ordered as the mask's nonzero entries (row-major)."""
+
+    __slots__ = ("_layout", "_handle", "_C", "_K", "_sizes", "_area", "_hash")
+
+    def __init__(self, layout: "_C.ConvLayout"):
+        self._layout = layout
+        self._handle = None
+        blocks = layout.blocks()
+        # plain attributes: torch.compile reads them as constants
+        self._C, self._K = layout.C, layout.K
+        self._sizes = tuple((len(k), len(c)) for c, k in blocks)
+        self._area = sum(k * c for k, c in self._sizes)
+        self._hash = hashlib.sha256(repr((self._C, self._K, blocks)).encode()).hexdigest()[:32]
+
+    @classmethod
+    def from_mask(cls, mask, block: int) -> "ConvLayout":
+        """The uniform layout of a [C / block, K / block] block mask (a Layout, array or tensor):
+        block (r, c) maps input channels [r·block, (r+1)·block) to output channels [c·block, ...)."""
+        layout = mask if isinstance(mask, Layout) else Layout(mask)
+        return cls(_C.ConvLayout.from_mask(layout._layout, int(block)))
+
+    @classmethod
+    def from_blocks(cls, C: int, K: int, blocks) -> "ConvLayout":
+        """blocks: [(input channels, output channels), ...], as blocksparse's BCK."""
+        return cls(_C.ConvLayout.from_blocks(int(C), int(K), [(list(map(int, c)), list(map(int, k)))
+                                                               for c, k in blocks]))
+
+    @classmethod
+    def load(cls, path, block: int = 0) -> "ConvLayout":
+        """A ConvLayout JSON file, or (block > 0) a layout file read as a block mask."""
+        return cls(_C.ConvLayout.load(os.fspath(path), int(block)))
+
+    @property
+    def C(self) -> int:
+        return self._C
+
+    @property
+    def K(self) -> int:
+        return self._K
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._C, self._K)
+
+    @property
+    def blocks(self) -> int:
+        return len(self._sizes)
+
+    @property
+    def block_sizes(self) -> tuple:
+        """(K_b, C_b) of every block."""
+        return self._sizes
+
+    @property
+    def uniform_block(self) -> int:
+        """b where every block maps b input channels to b output channels, else 0."""
+        b = self._sizes[0][0]
+        return b if all(k == b and c == b for k, c in self._sizes) else 0
+
+    @property
+    def hash(self) -> str:
+        return self._hash
+
+    def channel_blocks(self) -> list:
+        """[(input channels, output channels), ...] per block."""
+        return self._layout.blocks()
+
+    def filter_elements(self, taps: int) -> int:
+        """Elements of the layout's filter at `taps` filter taps: Σ K_b · C_b · taps."""
+        return self._area * int(taps)
+
+    @property
+    def handle(self) -> int:
+        """This layout's registry handle (registered on first use)."""
+        if self._handle is None:
+            self._handle = register(self)
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"bsjit.ConvLayout(C={self._C}, K={self._K}, {self.blocks} blocks)"

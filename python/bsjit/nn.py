@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from . import _ops
 from . import _attention_ops, functional
 from .functional import _axis
-from .layout import Layout, as_masks, element_mask_bits, mask_set_handle, rebind, register
+from .layout import ConvLayout, Layout, as_masks, element_mask_bits, mask_set_handle, rebind, register
 
 
 class BlockSparseLinear(nn.Module):
@@ -270,3 +270,118 @@ class DecomposedAttention(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         return self.probs_v(self.softmax(self.scores(q, k), key_padding_mask), v)
+
+
+class _BlockSparseConvNd(nn.Module):
+    _dims = 0
+
+    def __init__(self, layout, kernel_size, stride=1, padding=0, dilation=1, bias: bool = True, *,
+                 block: Optional[int] = None, gated: bool = False, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(layout, ConvLayout):
+            if block is None:
+                raise ValueError("bsjit: a block mask as a conv layout needs block=")
+            layout = ConvLayout.from_mask(layout, block)
+        self._layout = layout
+        self._handle = layout.handle  # registered here, outside any compiled region
+        d = self._dims
+        self.kernel_size = (kernel_size,) * d if isinstance(kernel_size, int) else tuple(kernel_size)
+        if len(self.kernel_size) != d:
+            raise ValueError(f"bsjit: kernel_size must be an int or {d} ints, got {kernel_size!r}")
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.in_channels, self.out_channels = layout.C, layout.K
+        taps = math.prod(self.kernel_size)
+        b = layout.uniform_block
+        shape = (layout.blocks, b, b, *self.kernel_size) if b else (layout.filter_elements(taps),)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(shape, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_channels, **factory)) if bias else None
+        if gated and not b:
+            raise ValueError("bsjit: a gated convolution needs blocks of one size (its filter [blocks, b, b, *kernel])")
+        self.gate = nn.Parameter(torch.ones(layout.blocks, device=device, dtype=torch.float32)) if gated else None
+        self.reset_parameters()
+
+    @property
+    def layout(self) -> ConvLayout:
+        return self._layout
+
+    def _fan_in_bounds(self) -> Tensor:
+        """Per filter element, 1 / sqrt(fan-in of its output channel) (torch's conv initialization):
+        the fan-in of channel k counts the input channels of every block writing k, times the taps."""
+        taps = math.prod(self.kernel_size)
+        blocks = self._layout.channel_blocks()
+        fan = np.zeros(self.out_channels)
+        for c, k in blocks:
+            fan[np.asarray(k)] += len(c) * taps
+        bounds = [np.repeat(1.0 / np.sqrt(np.maximum(fan[np.asarray(k)], 1)), len(c) * taps) for c, k in blocks]
+        return torch.from_numpy(np.concatenate(bounds))
+
+    def reset_parameters(self) -> None:
+        if self.weight.device.type == "meta":
+            return
+        with torch.no_grad():
+            bound = self._fan_in_bounds().to(self.weight.device, torch.float32)
+            w = (torch.rand(bound.shape, device=self.weight.device) * 2 - 1) * bound
+            self.weight.copy_(w.view(self.weight.shape))
+            if self.bias is not None:
+                # the mean fan-in of an output channel
+                fan = max(1.0, self._layout.filter_elements(math.prod(self.kernel_size)) / self.out_channels)
+                nn.init.uniform_(self.bias, -1 / math.sqrt(fan), 1 / math.sqrt(fan))
+            if self.gate is not None:
+                self.gate.fill_(1.0)
+
+    def to_dense(self, weight: Optional[Tensor] = None) -> Tensor:
+        """The filter (`weight`'s values where given: any dtype, differentiable) as a dense
+        [out_channels, in_channels, *kernel] one, gate applied; overlapping blocks add. With torch's
+        own convolution it computes what the module does."""
+        weight = self.weight if weight is None else weight
+        dense = weight.new_zeros(self.out_channels, self.in_channels, *self.kernel_size)
+        flat = weight.reshape(-1)
+        if self.gate is not None:
+            flat = (weight * self.gate.view(-1, *([1] * (weight.dim() - 1))).to(weight.dtype)).reshape(-1)
+        taps, at = math.prod(self.kernel_size), 0
+        for c, k in self._layout.channel_blocks():
+            n = len(c) * len(k) * taps
+            block = flat[at:at + n].view(len(k), len(c), *self.kernel_size)
+            index = (torch.as_tensor(k, device=dense.device)[:, None], torch.as_tensor(c, device=dense.device))
+            dense = dense.index_put(index, block, accumulate=True)
+            at += n
+        return dense
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = functional.conv(x, self.weight, self._handle, kernel_size=self.kernel_size, stride=self.stride,
+                            padding=self.padding, dilation=self.dilation, gate=self.gate)
+        if self.bias is not None:
+            y = y + self.bias.view(1, -1, *([1] * self._dims))
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, blocks={self._layout.blocks}, "
+                f"bias={self.bias is not None}")
+
+
+class BlockSparseConv1d(_BlockSparseConvNd):
+    """A 1-D convolution whose channels are block-sparse: x [N, C, W] → [N, K, Q].
+
+    layout: a bsjit.ConvLayout (blocks of any channel lists, openai/blocksparse's BCK), or a
+    [C / block, K / block] block mask with block=. The filter parameter `weight` holds only the
+    blocks' filters: [blocks, b, b, *kernel] for blocks of one size b, else flat. padding: an int,
+    a tuple, (before, after) pairs, "same" or "valid". gated: a float32 parameter `gate` [blocks]
+    scales each block. Inputs stored channels last (torch.channels_last) run the channels-last
+    kernels and give channels-last outputs. Autograd, torch.compile and fake tensors work as for
+    BlockSparseLinear."""
+
+    _dims = 1
+
+
+class BlockSparseConv2d(_BlockSparseConvNd):
+    """BlockSparseConv1d in 2-D: x [N, C, H, W] → [N, K, P, Q]."""
+
+    _dims = 2
+
+
+class BlockSparseConv3d(_BlockSparseConvNd):
+    """BlockSparseConv1d in 3-D: x [N, C, D, H, W] → [N, K, M, P, Q]."""
+
+    _dims = 3

@@ -86,6 +86,19 @@ void construct_attention_ops(bsjit::AttentionOps* self, const std::vector<bsjit:
   new (self) bsjit::AttentionOps(masks, attention_options(block, head_dim, dtype, order, causal, arch), std::move(em));
 }
 
+// A ConvGeometry from 18 ints: in, filter, stride, dilation, padding before, padding after (D, H, W
+// each).
+bsjit::ConvGeometry conv_geometry(const std::vector<std::int64_t>& g) {
+  if (g.size() != 18) throw bsjit::Error("bsjit: a conv geometry is 18 ints, got " + std::to_string(g.size()));
+  bsjit::ConvGeometry geo;
+  for (int i = 0; i < 3; ++i) {
+    geo.in[i] = g[i], geo.filter[i] = g[3 + i], geo.stride[i] = g[6 + i], geo.dilation[i] = g[9 + i];
+    geo.pad_before[i] = g[12 + i], geo.pad_after[i] = g[15 + i];
+  }
+  geo.check();
+  return geo;
+}
+
 std::vector<bsjit::Op> ops_of(const std::vector<std::string>& names) {
   std::vector<bsjit::Op> ops;
   for (const auto& n : names) ops.push_back(bsjit::parse_op(n));
@@ -245,6 +258,68 @@ NB_MODULE(_C, m) {
       .def("sparse_elements", &bsjit::AttentionOps::sparse_elements, "heads"_a)
       .def("precompile", &bsjit::AttentionOps::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("load", &bsjit::AttentionOps::load, "strict"_a = false, nb::call_guard<nb::gil_scoped_release>());
+
+  nb::class_<bsjit::ConvLayout>(m, "ConvLayout")
+      .def_static(
+          "from_blocks",
+          [](std::int64_t C, std::int64_t K,
+             const std::vector<std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>>>& blocks) {
+            std::vector<bsjit::ConvBlock> b;
+            for (const auto& [c, k] : blocks) b.push_back({c, k});
+            return bsjit::ConvLayout::from_blocks(C, K, std::move(b));
+          },
+          "C"_a, "K"_a, "blocks"_a)
+      .def_static("from_mask", &bsjit::ConvLayout::from_mask, "mask"_a, "block"_a)
+      .def_static("load", &bsjit::ConvLayout::load, "path"_a, "block"_a = 0)
+      .def_prop_ro("C", &bsjit::ConvLayout::C)
+      .def_prop_ro("K", &bsjit::ConvLayout::K)
+      .def("blocks",
+           [](const bsjit::ConvLayout& l) {
+             std::vector<std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>>> out;
+             for (const auto& b : l.blocks()) out.push_back({b.c, b.k});
+             return out;
+           })
+      .def("filter_elements", &bsjit::ConvLayout::filter_elements, "taps"_a)
+      .def("filter_offset", &bsjit::ConvLayout::filter_offset, "block"_a, "taps"_a);
+
+  // geometry: 18 ints (conv_geometry); ops "fprop", "bprop", "updat" as bsjit::Conv's.
+  nb::class_<bsjit::Conv>(m, "Conv")
+      .def(
+          "__init__",
+          [](bsjit::Conv* self, const bsjit::ConvLayout& layout, const std::vector<std::int64_t>& geometry,
+             const std::string& dtype, bool channels_last, bool deconv, const std::string& arch) {
+            bsjit::ConvOptions o;
+            o.dtype = bsjit::parse_dtype(dtype);
+            o.order = channels_last ? bsjit::ActivationOrder::ndhwc : bsjit::ActivationOrder::ncdhw;
+            o.deconv = deconv;
+            o.arch = arch;
+            new (self) bsjit::Conv(layout, conv_geometry(geometry), o);
+          },
+          "layout"_a, "geometry"_a, "dtype"_a, "channels_last"_a = true, "deconv"_a = false, "arch"_a = "")
+      .def(
+          "run",
+          [](const bsjit::Conv& c, const std::string& op, std::uintptr_t a, std::uintptr_t b, std::uintptr_t out,
+             std::int64_t n, std::uintptr_t stream, bool accumulate, std::uintptr_t gate) {
+            bsjit::OpOptions o;
+            o.accumulate = accumulate;
+            o.gate = pointer<const float>(gate);
+            const auto A = pointer<const void>(a), B = pointer<const void>(b);
+            if (op == "fprop")
+              c.fprop(A, B, pointer<void>(out), n, stream_of(stream), o);
+            else if (op == "bprop")
+              c.bprop(A, B, pointer<void>(out), n, stream_of(stream), o);
+            else if (op == "updat")
+              c.updat(A, B, pointer<void>(out), n, stream_of(stream), o);
+            else
+              throw bsjit::Error("bsjit: no conv op '" + op + "'");
+          },
+          "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("precompile", &bsjit::Conv::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("load", &bsjit::Conv::load, "strict"_a = false, nb::call_guard<nb::gil_scoped_release>())
+      .def("input_elements", &bsjit::Conv::input_elements, "n"_a)
+      .def("output_elements", &bsjit::Conv::output_elements, "n"_a)
+      .def("filter_elements", &bsjit::Conv::filter_elements);
 
   m.def("set_cache_directory", &bsjit::set_cache_directory, "directory"_a);
   m.def("cache_directory", &bsjit::cache_directory);

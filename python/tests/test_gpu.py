@@ -371,3 +371,71 @@ def test_direct_eager_calls_match_the_registered_ops():
         q.grad = k.grad = v.grad = None
     for direct, op in zip(*results):
         assert torch.equal(direct, op)
+
+
+# --- convolution ---------------------------------------------------------------------------------
+
+_TORCH_CONV = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}
+_TORCH_DECONV = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d,
+                 3: torch.nn.functional.conv_transpose3d}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+def test_conv_and_gradients_match_torch_on_the_dense_filter(dtype, dims, channels_last, gated):
+    mask = random_mask(3, 4, 0.5, 7 + dims)
+    module = {1: bsjit.nn.BlockSparseConv1d, 2: bsjit.nn.BlockSparseConv2d, 3: bsjit.nn.BlockSparseConv3d}[dims]
+    layer = module(mask, 3, stride=2, padding=1, dilation=1, block=16, gated=gated, device="cuda", dtype=dtype)
+    if gated:
+        with torch.no_grad():
+            layer.gate.copy_(torch.linspace(-1.5, 2.0, layer.gate.numel()))
+            layer.gate[1] = 0
+    x = torch.randn(3, 48, *([7, 9, 8][3 - dims:]), device="cuda", dtype=dtype)
+    if channels_last:
+        x = x.movedim(1, -1).contiguous().movedim(-1, 1)
+    x.requires_grad_()
+    y = layer(x)
+    assert bsjit.functional._is_channels_last(y) == channels_last
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    # the reference: torch's convolution in double on the module's filter made dense
+    x64 = x.detach().double().requires_grad_()
+    w64 = layer.weight.detach().double().requires_grad_()
+    y64 = _TORCH_CONV[dims](x64, layer.to_dense(w64), layer.bias.double(), stride=2, padding=1)
+    y64.backward(dy.double())
+    tol = TOL[dtype]
+    assert rel_err(y.double(), y64) < tol
+    assert rel_err(x.grad.double(), x64.grad) < tol
+    assert rel_err(layer.weight.grad.double(), w64.grad) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deconv_matches_torch_conv_transpose(dtype):
+    layout = bsjit.ConvLayout.from_blocks(40, 24, [(range(0, 16), range(0, 8)), (range(8, 40), range(4, 24))])
+    layer = bsjit.nn.BlockSparseConv2d(layout, 3, bias=False, device="cuda", dtype=dtype)
+    z = torch.randn(2, 24, 5, 6, device="cuda", dtype=dtype, requires_grad=True)
+    out = bsjit.functional.conv(z, layer.weight, layout, kernel_size=3, stride=2, padding=1, deconv=True,
+                                output_size=(10, 12))
+    assert out.shape == (2, 40, 10, 12)
+    g = torch.randn_like(out)
+    out.backward(g)
+    z64 = z.detach().double().requires_grad_()
+    w64 = layer.weight.detach().double().requires_grad_()
+    ref = torch.nn.functional.conv_transpose2d(z64, layer.to_dense(w64), stride=2, padding=1, output_padding=1)
+    ref.backward(g.double())
+    assert rel_err(out.double(), ref) < TOL[dtype]
+    assert rel_err(z.grad.double(), z64.grad) < TOL[dtype]
+
+
+def test_opcheck_conv_ops():
+    layout = bsjit.ConvLayout.from_mask(random_mask(2, 3, 0.6, 11), 16)
+    x = torch.randn(2, 32, 6, 6, device="cuda", requires_grad=True)
+    f = torch.randn(layout.blocks, 16, 16, 3, 3, device="cuda", requires_grad=True)
+    g = bsjit.functional.conv_geometry((6, 6), 3, 1, 1)
+    args = (layout.handle, layout.C, layout.K, layout.blocks, layout.filter_elements(9), g, False, False, None)
+    torch.library.opcheck(torch.ops.bsjit.conv, (x, f, *args))
+    y = torch.ops.bsjit.conv(x, f, *args).detach()
+    torch.library.opcheck(torch.ops.bsjit.conv_backward_input, (y, f.detach(), *args))
+    torch.library.opcheck(torch.ops.bsjit.conv_backward_filter, (x.detach(), y, f.detach(), *args))

@@ -1,0 +1,243 @@
+"""The torch.ops.bsjit convolution operators: block-sparse convolution over channels (bsjit::Conv),
+its input's gradient and its filter's, registered with torch.library like the matmul ops (fake
+implementations, autograd of the forward, torch's current stream and allocator).
+
+Activations are logical [N, C, *spatial] tensors (1 to 3 spatial dimensions, as torch's conv1d-3d
+take them), stored channels first or channels last (torch.channels_last / channels_last_3d, or the
+same strides for 1-D): `channels_last` names which, and outputs come in the same storage. The filter
+is the layout's blocks' filters one after the other: flat [filter elements], or [blocks, K_b, C_b,
+*kernel] where every block has one size (a gate needs that shape). `geometry` is the convolution's
+18 ints: input size, kernel, stride, dilation, padding before, padding after (D, H, W each; unused
+dimensions 1 and 0). A deconvolution (deconv) is that convolution transposed: its input has the
+convolution's output shape, its output the convolution's input shape.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _C, _direct
+from ._objects import ObjectCache
+from ._ops import _DTYPES
+from .layout import lookup
+
+# One bsjit.Conv per (layout, geometry, dtype, storage, direction).
+_objects = ObjectCache(256)
+
+
+def conv_object(handle: int, geometry: list[int], dtype: torch.dtype, channels_last: bool,
+                deconv: bool) -> _C.Conv:
+    layout = lookup(handle)
+    key = (layout.hash, tuple(geometry), dtype, channels_last, deconv)
+    return _objects.get(key, lambda: _C.Conv(layout._layout, list(geometry), _DTYPES[dtype], channels_last, deconv))
+
+
+def out_spatial(geometry: list[int]) -> list[int]:
+    """The convolution's output size (M, P, Q) for its geometry."""
+    g = geometry
+    return [(g[i] + g[12 + i] + g[15 + i] - g[9 + i] * (g[3 + i] - 1) - 1) // g[6 + i] + 1 for i in range(3)]
+
+
+def _fail(op: str, message: str):
+    raise ValueError(f"bsjit.{op}: {message}")
+
+
+def _stored(x: Tensor, channels_last: bool) -> Tensor:
+    """x as a contiguous block of memory in the order the kernels read."""
+    return x.movedim(1, -1).contiguous().movedim(-1, 1) if channels_last else x.contiguous()
+
+
+def _empty(like: Tensor, shape: list[int], channels_last: bool) -> Tensor:
+    if channels_last:
+        return like.new_empty([shape[0], *shape[2:], shape[1]]).movedim(-1, 1)
+    return like.new_empty(shape)
+
+
+def _sides(C: int, K: int, geometry: list[int], dims: int, deconv: bool):
+    """(channels, spatial) of the op's input and of its output (fprop)."""
+    x = (C, list(geometry[3 - dims:3]))
+    y = (K, out_spatial(geometry)[3 - dims:])
+    return (y, x) if deconv else (x, y)
+
+
+def _check(op: str, t: Tensor, name: str, channels: int, spatial: list[int], f: Tensor) -> None:
+    if t.dim() != 2 + len(spatial) or t.shape[1] != channels or list(t.shape[2:]) != spatial:
+        _fail(op, f"{name} must be [N, {channels}, {', '.join(map(str, spatial))}], got shape {tuple(t.shape)}")
+    if t.dtype != f.dtype:
+        _fail(op, f"{name} is {t.dtype} but the filter is {f.dtype}; both must have one dtype")
+    if t.device != f.device:
+        _fail(op, f"{name} is on {t.device} but the filter on {f.device}")
+
+
+def _check_filter(op: str, f: Tensor, filter_elements: int, blocks: int, gate: Optional[Tensor]) -> None:
+    if f.dtype not in _DTYPES:
+        _fail(op, f"dtype {f.dtype} is not supported; expected float32, float16 or bfloat16")
+    if f.numel() != filter_elements:
+        _fail(op, f"the filter holds {f.numel()} elements; the layout's blocks need {filter_elements}")
+    if gate is not None:
+        if f.dim() < 4 or f.shape[0] != blocks:
+            _fail(op, f"a gate needs the filter as [blocks, K_b, C_b, *kernel], got shape {tuple(f.shape)}")
+        if gate.dtype != torch.float32 or gate.dim() != 1 or gate.shape[0] != blocks:
+            _fail(op, f"the gate must be float32 [{blocks}] (one per block), got {gate.dtype} {tuple(gate.shape)}")
+        if gate.device != f.device:
+            _fail(op, f"the gate is on {gate.device} but the filter on {f.device}")
+
+
+def _launch(op: str, kernel_op: str, handle: int, geometry: list[int], channels_last: bool, deconv: bool,
+            a: Tensor, b: Tensor, out: Tensor, n: int, gate: Optional[Tensor]) -> None:
+    if out.device.type != "cuda":
+        _fail(op, f"bsjit runs on CUDA tensors; these are on {out.device}")
+    conv = conv_object(handle, geometry, out.dtype, channels_last, deconv)
+    with _direct.on_device(out.device):
+        conv.run(kernel_op, a.data_ptr(), b.data_ptr(), out.data_ptr(), n, _direct.stream(out.device), False,
+                 gate.data_ptr() if gate is not None else 0)
+
+
+def _gate(gate: Optional[Tensor]) -> Optional[Tensor]:
+    return gate.contiguous() if gate is not None else None
+
+
+# --- fprop: y = conv(x, F) -------------------------------------------------------------------------
+
+
+def _conv(x: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, filter_elements: int,
+          geometry: list[int], channels_last: bool, deconv: bool, gate: Optional[Tensor]) -> Tensor:
+    (ci, si), (co, so) = _check_conv("conv", x, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    out = _empty(x, [x.shape[0], co, *so], channels_last)
+    if out.numel() == 0:
+        return out
+    _launch("conv", "fprop", layout, geometry, channels_last, deconv, _stored(x, channels_last), f.contiguous(), out,
+            int(x.shape[0]), _gate(gate))
+    return out
+
+
+conv = torch.library.custom_op("bsjit::conv", _conv, mutates_args=())
+
+
+def _check_conv(op, x, f, C, K, blocks, filter_elements, geometry, deconv, gate):
+    _check_filter(op, f, filter_elements, blocks, gate)
+    if x.dim() not in (3, 4, 5):
+        _fail(op, f"the input must be [N, channels, *spatial] with 1 to 3 spatial dimensions, got {tuple(x.shape)}")
+    sides = _sides(C, K, geometry, x.dim() - 2, deconv)
+    _check(op, x, "the input", *sides[0], f)
+    return sides
+
+
+@conv.register_fake
+def _(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate):
+    _, (co, so) = _check_conv("conv", x, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    return _empty(x, [x.shape[0], co, *so], channels_last)
+
+
+# --- bprop: dx from dy -----------------------------------------------------------------------------
+
+
+def _conv_backward_input(dy: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, filter_elements: int,
+                         geometry: list[int], channels_last: bool, deconv: bool, gate: Optional[Tensor]) -> Tensor:
+    (ci, si), _ = _check_backward_input(dy, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    dx = _empty(dy, [dy.shape[0], ci, *si], channels_last)
+    if dx.numel() == 0:
+        return dx
+    _launch("conv_backward_input", "bprop", layout, geometry, channels_last, deconv, _stored(dy, channels_last),
+            f.contiguous(), dx, int(dy.shape[0]), _gate(gate))
+    return dx
+
+
+conv_backward_input = torch.library.custom_op("bsjit::conv_backward_input", _conv_backward_input, mutates_args=())
+
+
+def _check_backward_input(dy, f, C, K, blocks, filter_elements, geometry, deconv, gate):
+    op = "conv_backward_input"
+    _check_filter(op, f, filter_elements, blocks, gate)
+    if dy.dim() not in (3, 4, 5):
+        _fail(op, f"the output's gradient must be [N, channels, *spatial], got {tuple(dy.shape)}")
+    sides = _sides(C, K, geometry, dy.dim() - 2, deconv)
+    _check(op, dy, "the output's gradient", *sides[1], f)
+    return sides
+
+
+@conv_backward_input.register_fake
+def _(dy, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate):
+    (ci, si), _ = _check_backward_input(dy, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    return _empty(dy, [dy.shape[0], ci, *si], channels_last)
+
+
+# --- updat: dF on the layout's blocks ----------------------------------------------------------------
+
+
+def _conv_backward_filter(x: Tensor, dy: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int,
+                          filter_elements: int, geometry: list[int], channels_last: bool, deconv: bool,
+                          gate: Optional[Tensor]) -> Tensor:
+    _check_backward_filter(x, dy, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    df = torch.empty_like(f, memory_format=torch.contiguous_format)
+    if x.shape[0] == 0:
+        return df.zero_()
+    _launch("conv_backward_filter", "updat", layout, geometry, channels_last, deconv, _stored(x, channels_last),
+            _stored(dy, channels_last), df, int(x.shape[0]), _gate(gate))
+    return df
+
+
+conv_backward_filter = torch.library.custom_op("bsjit::conv_backward_filter", _conv_backward_filter,
+                                               mutates_args=())
+
+
+def _check_backward_filter(x, dy, f, C, K, blocks, filter_elements, geometry, deconv, gate):
+    op = "conv_backward_filter"
+    _check_filter(op, f, filter_elements, blocks, gate)
+    if x.dim() not in (3, 4, 5) or dy.dim() != x.dim() or dy.shape[0] != x.shape[0]:
+        _fail(op, f"the input {tuple(x.shape)} and the output's gradient {tuple(dy.shape)} must be [N, channels, "
+                  "*spatial] with the same N and 1 to 3 spatial dimensions")
+    (ci, si), (co, so) = _sides(C, K, geometry, x.dim() - 2, deconv)
+    _check(op, x, "the input", ci, si, f)
+    _check(op, dy, "the output's gradient", co, so, f)
+
+
+@conv_backward_filter.register_fake
+def _(x, dy, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate):
+    _check_backward_filter(x, dy, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    return torch.empty_like(f, memory_format=torch.contiguous_format)
+
+
+# --- autograd of fprop -----------------------------------------------------------------------------
+
+
+def _setup_conv(ctx, inputs, output):
+    x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate = inputs
+    ctx.save_for_backward(x, f, gate)
+    ctx.args = (layout, C, K, blocks, filter_elements, geometry, channels_last, deconv)
+
+
+def _conv_backward(ctx, dy):
+    x, f, gate = ctx.saved_tensors
+    args = ctx.args
+    direct = getattr(ctx, "direct", False)  # called by _ConvFunction: call implementations, not ops
+    backward_input = _conv_backward_input if direct else conv_backward_input
+    backward_filter = _conv_backward_filter if direct else conv_backward_filter
+    dx = df = dgate = None
+    if ctx.needs_input_grad[0]:
+        dx = backward_input(dy, f, *args, gate)
+    if gate is not None and ctx.needs_input_grad[10]:
+        # y = conv(x, g ∘ F) block by block: dF = g ∘ raw and dg = Σ F ∘ raw over each block
+        raw = backward_filter(x, dy, f, *args, None).float()
+        dgate = (raw * f.float()).flatten(1).sum(1)
+        if ctx.needs_input_grad[1]:
+            df = (raw * gate.view(-1, *([1] * (f.dim() - 1)))).to(f.dtype)
+    elif ctx.needs_input_grad[1]:
+        df = backward_filter(x, dy, f, *args, gate)
+    return dx, df, None, None, None, None, None, None, None, None, dgate
+
+
+torch.library.register_autograd("bsjit::conv", _conv_backward, setup_context=_setup_conv)
+
+_ConvFunction = _direct.function("_ConvFunction", _conv, _setup_conv, _conv_backward)
+
+
+def conv_call(x: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, filter_elements: int,
+              geometry: list[int], channels_last: bool, deconv: bool, gate: Optional[Tensor]) -> Tensor:
+    """bsjit::conv, run directly in eager mode on CUDA tensors (bsjit._direct) and as the op otherwise."""
+    if _direct.eager(x, f, gate):
+        return _ConvFunction.apply(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
+    return conv(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
