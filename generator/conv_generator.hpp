@@ -16,16 +16,20 @@ namespace bsjit::generator {
 
 struct GeneratedConv {
   std::string source, label;
-  std::string fprop, bprop, updat;  // name expressions
-  int threads = 0;                  // every kernel's CTA
-  std::int64_t largest_block = 0;   // filter elements of the largest block: updat's grid x
-  DeviceTables tables;              // kConvBlocks, kConvChannels, kConvOutStart, kConvOutEntries,
-                                    // kConvInStart, kConvInEntries (pointers)
+  std::string fprop, bprop, updat;              // name expressions
+  int threads = 0;                              // every kernel's CTA
+  std::int64_t largest_block = 0;               // filter elements of the largest block: updat's grid x
+  std::int64_t rows = 0;                        // the filter's rows l2_normalize scales (and its gain's length)
+  std::string l2_normalize, l2_normalize_grad;  // name expressions
+  DeviceTables tables;                          // kConvBlocks, kConvChannels, kConvOutStart, kConvOutEntries,
+                                                // kConvInStart, kConvInEntries, kConvRows (pointers)
 };
 
-// The kernels for layout with taps filter taps. Throws Error where the layout's filter exceeds
-// 2^31 elements or it has more than 65535 blocks (updat's grid y).
-GeneratedConv generate_conv(const ConvLayout& layout, std::int64_t taps, DType dtype, bool channels_last);
+// The kernels for layout with taps filter taps; deconv chooses l2_normalize's rows (each block's
+// output channels, or for a deconvolution its input channels). Throws Error where the layout's
+// filter exceeds 2^31 elements or it has more than 65535 blocks (updat's grid y).
+GeneratedConv generate_conv(const ConvLayout& layout, std::int64_t taps, DType dtype, bool channels_last,
+                            bool deconv = false);
 
 // The kernels' sizes argument for a call over n images (the caller has checked that they fit).
 kernels::ConvDims conv_dims(const ConvLayout& layout, const ConvGeometry& geometry, std::int64_t n);

@@ -24,7 +24,7 @@
 namespace bsjit {
 namespace {
 
-enum Kernel { kFprop, kBprop, kUpdat, kKernels };
+enum Kernel { kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad, kKernels };
 
 std::int64_t product(const std::array<std::int64_t, 3>& a) { return a[0] * a[1] * a[2]; }
 
@@ -43,8 +43,8 @@ struct Conv::Impl {
   Impl(ConvLayout l, ConvGeometry geo, ConvOptions o) : layout(std::move(l)), geometry(geo), options(std::move(o)) {}
 
   cache::Request request(Kernel k, const std::string& arch) const {
-    static const char* suffix[] = {"-fprop", "-bprop", "-updat"};
-    const std::string* name[] = {&g.fprop, &g.bprop, &g.updat};
+    static const char* suffix[] = {"-fprop", "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad"};
+    const std::string* name[] = {&g.fprop, &g.bprop, &g.updat, &g.l2_normalize, &g.l2_normalize_grad};
     return runtime::named_kernel_request(g.source, g.tables, *name[k], g.label + suffix[k], 0, arch, layout_hash);
   }
   std::string arch_for(const runtime::Context& ctx) const {
@@ -56,6 +56,20 @@ struct Conv::Impl {
     auto& loaded = contexts[ctx];
     if (!loaded[k]) loaded[k] = runtime::load_cached(request(k, arch_for(ctx)), ctx, on_miss);
     return loaded[k]->function;
+  }
+
+  // Kernel k (l2_normalize or its gradient) over the filter's rows.
+  void launch_rows(const char* op, Kernel k, std::initializer_list<std::pair<const char*, const void*>> needed,
+                   void** args, Stream stream) {
+    for (const auto& [name, ptr] : needed) {
+      if (ptr == nullptr) throw Error(fmt::format("bsjit: conv {}: {} is a null pointer", op, name));
+      if (reinterpret_cast<std::uintptr_t>(ptr) % 4 != 0)
+        throw Error(fmt::format("bsjit: conv {}: {} ({}) is not 4-byte aligned", op, name, ptr));
+    }
+    CUfunction f = function(runtime::current_context(), k);
+    const auto grid = static_cast<unsigned>(std::min<std::int64_t>((g.rows + g.threads - 1) / g.threads, 65535));
+    BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, static_cast<unsigned>(g.threads), 1, 1, 0,
+                                              reinterpret_cast<CUstream>(stream), args, nullptr));
   }
 
   // The convolution's kernel k over n: a, b the kernel's two inputs, out its output.
@@ -104,7 +118,7 @@ Conv::Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options)
     throw Error("bsjit: conv: an image of more than 2^31 positions is past the kernels' 32-bit sizes");
   if (!m.options.arch.empty()) runtime::check_arch(m.options.arch);
   m.g = generator::generate_conv(m.layout, m.geometry.taps(), m.options.dtype,
-                                 m.options.order == ActivationOrder::ndhwc);  // checks the layout's size
+                                 m.options.order == ActivationOrder::ndhwc, m.options.deconv);  // checks its size
   m.layout_hash = generator::tables_digest(m.g.tables);
 }
 
@@ -131,6 +145,28 @@ void Conv::updat(const void* input, const void* grad_output, void* grad_filter, 
   else
     impl_->launch("updat", kUpdat, input, grad_output, grad_filter, n, stream, op);
 }
+
+void Conv::l2_normalize(const void* filter, const float* gain, void* out, float* sum_squares, float epsilon,
+                        Stream stream) const {
+  int rows = static_cast<int>(impl_->g.rows);
+  void* args[] = {&filter, &gain, &out, &sum_squares, &epsilon, &rows};
+  impl_->launch_rows("l2_normalize", kNormalize, {{"filter", filter}, {"out", out}, {"sum_squares", sum_squares}}, args,
+                     stream);
+}
+
+void Conv::l2_normalize_backward(const void* grad_out, const void* filter, const float* gain, const float* sum_squares,
+                                 void* grad_filter, float* grad_gain, float epsilon, Stream stream) const {
+  if ((gain == nullptr) != (grad_gain == nullptr))
+    throw Error("bsjit: conv l2_normalize_backward: give grad_gain exactly when a gain is given");
+  int rows = static_cast<int>(impl_->g.rows);
+  void* args[] = {&grad_out, &filter, &gain, &sum_squares, &grad_filter, &grad_gain, &epsilon, &rows};
+  impl_->launch_rows(
+      "l2_normalize_backward", kNormalizeGrad,
+      {{"grad_out", grad_out}, {"filter", filter}, {"sum_squares", sum_squares}, {"grad_filter", grad_filter}}, args,
+      stream);
+}
+
+std::int64_t Conv::normalized_rows() const { return impl_->g.rows; }
 
 int Conv::precompile(const std::string& arch) const {
   runtime::check_arch(arch);

@@ -1,5 +1,8 @@
 #include "conv_reference.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include "bsjit/error.hpp"
 
 namespace bsjit::reference {
@@ -133,6 +136,50 @@ std::vector<double> dense_conv_fprop(const ConvProblem& p, const std::vector<dou
   std::vector<double> out(conv_output_elements(p), 0.0);
   for_each_term(p, true, [&](std::int64_t i, std::int64_t o, std::int64_t f) { out[o] += input[i] * dense[f]; });
   return out;
+}
+
+std::vector<std::vector<std::int64_t>> conv_filter_rows(const ConvLayout& layout, std::int64_t taps, bool deconv) {
+  std::vector<std::vector<std::int64_t>> rows;
+  for (std::size_t i = 0; i < layout.blocks().size(); ++i) {
+    const std::int64_t cb = static_cast<std::int64_t>(layout.blocks()[i].c.size()),
+                       kb = static_cast<std::int64_t>(layout.blocks()[i].k.size()), at = layout.filter_offset(i, taps);
+    for (std::int64_t r = 0; r < (deconv ? cb : kb); ++r) {
+      rows.emplace_back();
+      for (std::int64_t o = 0; o < (deconv ? kb : cb); ++o)
+        for (std::int64_t t = 0; t < taps; ++t)
+          rows.back().push_back(at + (deconv ? o * cb + r : r * cb + o) * taps + t);
+    }
+  }
+  return rows;
+}
+
+std::vector<double> conv_l2_normalize(const ConvLayout& layout, std::int64_t taps, bool deconv,
+                                      const std::vector<double>& filter, const std::vector<double>& gain,
+                                      double epsilon) {
+  std::vector<double> out(filter.size());
+  const auto rows = conv_filter_rows(layout, taps, deconv);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    double s = 0;
+    for (auto e : rows[i]) s += filter[e] * filter[e];
+    const double scale = (gain.empty() ? 1.0 : gain[i]) / std::sqrt(std::max(s, epsilon));
+    for (auto e : rows[i]) out[e] = filter[e] * scale;
+  }
+  return out;
+}
+
+std::pair<std::vector<double>, std::vector<double>> conv_l2_normalize_grad(
+    const ConvLayout& layout, std::int64_t taps, bool deconv, const std::vector<double>& filter,
+    const std::vector<double>& gain, const std::vector<double>& u, double epsilon) {
+  std::vector<double> grad(filter.size()), grad_gain;
+  const auto rows = conv_filter_rows(layout, taps, deconv);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    double s = 0, uf = 0;
+    for (auto e : rows[i]) s += filter[e] * filter[e], uf += u[e] * filter[e];
+    const double m = std::max(s, epsilon), g = gain.empty() ? 1.0 : gain[i], inv = 1 / std::sqrt(m);
+    grad_gain.push_back(uf * inv);
+    for (auto e : rows[i]) grad[e] = (g * u[e] - (s >= epsilon ? filter[e] * g * uf / m : 0.0)) * inv;
+  }
+  return {std::move(grad), std::move(grad_gain)};
 }
 
 }  // namespace bsjit::reference

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "bsjit/conv_layout.hpp"
@@ -31,6 +32,19 @@ std::vector<double> conv_bprop(const ConvProblem& p, const std::vector<double>& 
 // dF from I and dO: the adjoint of fprop in its filter, in the layout's filter order.
 std::vector<double> conv_updat(const ConvProblem& p, const std::vector<double>& input,
                                const std::vector<double>& grad_out);
+
+// blocksparse's filter l2_normalize by its definition: the filter's rows (per block, each output
+// channel's C_b · taps elements; with deconv each input channel's K_b · taps), in block order, as
+// lists of element indices.
+std::vector<std::vector<std::int64_t>> conv_filter_rows(const ConvLayout& layout, std::int64_t taps, bool deconv);
+// Each row divided by sqrt(max(Σ row², epsilon)) and multiplied by gain[row] (empty: 1).
+std::vector<double> conv_l2_normalize(const ConvLayout& layout, std::int64_t taps, bool deconv,
+                                      const std::vector<double>& filter, const std::vector<double>& gain,
+                                      double epsilon = 1e-12);
+// Its gradients for the upstream gradient u: the filter's, and the gain's (one per row).
+std::pair<std::vector<double>, std::vector<double>> conv_l2_normalize_grad(
+    const ConvLayout& layout, std::int64_t taps, bool deconv, const std::vector<double>& filter,
+    const std::vector<double>& gain, const std::vector<double>& u, double epsilon = 1e-12);
 
 // The layout's filter scattered into a dense [K, C, T, R, S] one (overlapping blocks add).
 std::vector<double> dense_filter(const ConvProblem& p, const std::vector<double>& filter);

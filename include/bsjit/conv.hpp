@@ -18,7 +18,8 @@
 //
 // The kernels today: one output element per thread in fp32 (exact for fp32 inputs; fp16 and bf16
 // inputs and outputs with fp32 accumulation), for every layout and geometry: correct, not yet fast
-// (the tensor-core implicit-GEMM kernels are not written).
+// (the tensor-core implicit-GEMM kernels are not written). The filter's l2_normalize (blocksparse's
+// weight normalization) and its gradient run the same way.
 #pragma once
 
 #include <cstdint>
@@ -57,10 +58,24 @@ class Conv {
   void updat(const void* input, const void* grad_output, void* grad_filter, std::int64_t n, Stream stream = nullptr,
              const OpOptions& op = {}) const;
 
-  // Compiles the three kernels for arch into the cache without a GPU (build machines); how many
-  // were compiled now. One compile per dtype, order and arch serves every layout and geometry.
+  // blocksparse's filter l2_normalize (weight normalization of the filter): each row of the filter
+  // (a block's output channel, C_b · taps elements; a deconvolution's: a block's input channel,
+  // K_b · taps) divided by sqrt(max(Σ row², epsilon)), then multiplied by gain[row] where a gain is
+  // given (fp32 [normalized_rows()], rows in block order). out may be filter. sum_squares (fp32
+  // [normalized_rows()]) receives each row's Σ row², which the backward takes.
+  void l2_normalize(const void* filter, const float* gain, void* out, float* sum_squares, float epsilon = 1e-12f,
+                    Stream stream = nullptr) const;
+  // The gradients of l2_normalize: grad_filter from grad_out (they may alias), and grad_gain (fp32
+  // [normalized_rows()]) where a gain was given.
+  void l2_normalize_backward(const void* grad_out, const void* filter, const float* gain, const float* sum_squares,
+                             void* grad_filter, float* grad_gain, float epsilon = 1e-12f,
+                             Stream stream = nullptr) const;
+  std::int64_t normalized_rows() const;
+
+  // Compiles the kernels for arch into the cache without a GPU (build machines); how many were
+  // compiled now. One compile per dtype, order and arch serves every layout and geometry.
   int precompile(const std::string& arch) const;
-  // Loads the three kernels into the current context (strict: throws when the cache lacks one).
+  // Loads the kernels into the current context (strict: throws when the cache lacks one).
   void load(bool strict = false) const;
   // The generated CUDA source of the kernels (for inspection).
   std::string generated_source() const;

@@ -37,6 +37,7 @@ struct ConvTables {
   const int* out_entries;
   const int* in_start;
   const int* in_entries;
+  const int* rows;  // the filter's rows for l2_normalize (four ints a row)
 };
 
 // Element (n, channel, z, y, x) of an activation of `channels` channels over `sizes` positions.
@@ -209,6 +210,63 @@ __global__ void __launch_bounds__(kConvThreads)
         }
     }
     conv_store(grad_filter + b[4] + e, g * s, accumulate);
+  }
+}
+
+// blocksparse's filter l2_normalize, one thread a row: row i of the filter (an output channel of a
+// block for a convolution, an input channel for a deconvolution) is rows[4i] + o · rows[4i + 1] + e
+// for o < rows[4i + 2], e < rows[4i + 3]; out = f / sqrt(max(Σ f², ε)) (× gain[i] when given), and
+// sum_squares[i] = Σ f² for the backward. out may be f.
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_l2_normalize_kernel(const typename Cfg::T* f, const float* __restrict__ gain, typename Cfg::T* out,
+                             float* __restrict__ sum_squares, float epsilon, int row_count) {
+  const int* rows = Cfg::tables().rows;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < row_count;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int* r = rows + 4 * i;
+    float s = 0.0f;
+    for (int o = 0; o < r[2]; ++o)
+      for (int e = 0; e < r[3]; ++e) {
+        const float v = to_float(f[r[0] + static_cast<long long>(o) * r[1] + e]);
+        s += v * v;
+      }
+    sum_squares[i] = s;
+    const float scale = (gain != nullptr ? gain[i] : 1.0f) / sqrtf(s > epsilon ? s : epsilon);
+    for (int o = 0; o < r[2]; ++o)
+      for (int e = 0; e < r[3]; ++e) {
+        const long long at = r[0] + static_cast<long long>(o) * r[1] + e;
+        out[at] = from_float<typename Cfg::T>(to_float(f[at]) * scale);
+      }
+  }
+}
+
+// Its gradient: with m = max(Σ f², ε), d = (g · u − f · [Σ f² ≥ ε] · Σ(g · u · f) / m) / sqrt(m) for
+// the row's upstream gradient u and gain g (1 without one); grad_gain[i] = Σ u · f / sqrt(m).
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_l2_normalize_grad_kernel(const typename Cfg::T* __restrict__ grad_out, const typename Cfg::T* __restrict__ f,
+                                  const float* __restrict__ gain, const float* __restrict__ sum_squares,
+                                  typename Cfg::T* __restrict__ grad_f, float* __restrict__ grad_gain, float epsilon,
+                                  int row_count) {
+  const int* rows = Cfg::tables().rows;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < row_count;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int* r = rows + 4 * i;
+    const float s = sum_squares[i], m = s > epsilon ? s : epsilon, g = gain != nullptr ? gain[i] : 1.0f;
+    float uf = 0.0f;
+    for (int o = 0; o < r[2]; ++o)
+      for (int e = 0; e < r[3]; ++e) {
+        const long long at = r[0] + static_cast<long long>(o) * r[1] + e;
+        uf += to_float(grad_out[at]) * to_float(f[at]);
+      }
+    const float inv = 1.0f / sqrtf(m), along = s >= epsilon ? g * uf / m : 0.0f;
+    if (grad_gain != nullptr) grad_gain[i] = uf * inv;
+    for (int o = 0; o < r[2]; ++o)
+      for (int e = 0; e < r[3]; ++e) {
+        const long long at = r[0] + static_cast<long long>(o) * r[1] + e;
+        grad_f[at] = from_float<typename Cfg::T>((g * to_float(grad_out[at]) - to_float(f[at]) * along) * inv);
+      }
   }
 }
 

@@ -1,7 +1,7 @@
-// bsjit::Conv without a GPU: every kernel variant (dtype × activation order × fprop, bprop, updat)
-// compiled by NVRTC for sm_80 and sm_90a into a cache directory, one compile serving every layout
-// and geometry; shapes of a convolution and a deconvolution; the errors a call reports before it
-// touches a GPU.
+// bsjit::Conv without a GPU: every kernel variant (dtype × activation order × fprop, bprop, updat,
+// l2_normalize and its gradient) compiled by NVRTC for sm_80 and sm_90a into a cache directory, one
+// compile serving every layout and geometry; shapes of a convolution and a deconvolution; the errors
+// a call reports before it touches a GPU.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -37,16 +37,16 @@ TEST(ConvApi, EveryKernelCompilesForSm80AndSm90aOnceForEveryLayout) {
         SCOPED_TRACE(fmt::format("{} {} {}", arch, to_string(dtype), to_string(order)));
         const Conv conv(grouped, ConvGeometry::same({1, 8, 8}, {1, 3, 3}, {1, 2, 2}), {dtype, order, false, ""});
         const auto before = cache_stats();
-        EXPECT_EQ(conv.precompile(arch), 3);
-        EXPECT_EQ(cache_stats().compiles, before.compiles + 3);
+        EXPECT_EQ(conv.precompile(arch), 5);  // fprop, bprop, updat, l2_normalize and its gradient
+        EXPECT_EQ(cache_stats().compiles, before.compiles + 5);
         EXPECT_EQ(conv.precompile(arch), 0);  // in the cache now
         // another layout, geometry and direction: entries of their own, built from the same code
         const Conv other(overlapping, ConvGeometry::valid({3, 5, 11}, {3, 1, 5}, {1, 1, 1}, {1, 1, 2}),
                          {dtype, order, true, ""});
         EXPECT_EQ(other.generated_source(), conv.generated_source());
         other.precompile(arch);
-        EXPECT_EQ(cache_stats().compiles, before.compiles + 3) << "no NVRTC run for another layout";
-        EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 3);
+        EXPECT_EQ(cache_stats().compiles, before.compiles + 5) << "no NVRTC run for another layout";
+        EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 5);
       }
   std::vector<std::string> labels;
   for (const auto& e : list_cache(dir)) {
@@ -55,7 +55,7 @@ TEST(ConvApi, EveryKernelCompilesForSm80AndSm90aOnceForEveryLayout) {
   }
   std::sort(labels.begin(), labels.end());
   labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
-  EXPECT_EQ(labels.size(), 2u * 3u * 2u * 3u);
+  EXPECT_EQ(labels.size(), 2u * 3u * 2u * 5u);
   EXPECT_EQ(labels.front(), "conv-direct-bf16-ncdhw-bprop sm_80");
   set_cache_directory({});
   fs::remove_all(dir);

@@ -6,6 +6,7 @@
 // fuses multiply and add). The grids are smaller than the work, so every grid-stride loop turns.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -131,7 +132,8 @@ void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
   const std::int64_t taps = c.geometry.taps();
   const generator::GeneratedConv g = generator::generate_conv(c.layout, taps, dtype, kLast);
   Cfg::t = {table(g, "kConvBlocks"),     table(g, "kConvChannels"), table(g, "kConvOutStart"),
-            table(g, "kConvOutEntries"), table(g, "kConvInStart"),  table(g, "kConvInEntries")};
+            table(g, "kConvOutEntries"), table(g, "kConvInStart"),  table(g, "kConvInEntries"),
+            table(g, "kConvRows")};
   const kernels::ConvDims d = generator::conv_dims(c.layout, c.geometry, c.n);
   const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
 
@@ -185,6 +187,62 @@ void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
       EXPECT_LE(reference::relative_error(doubles(again), twice), tolerance) << "fprop accumulate";
     }
   }
+}
+
+// l2_normalize and its gradient against their definition in double precision (tools/conv_reference):
+// every row (a block's output channel; a deconvolution's: a block's input channel) scaled to unit
+// norm and by its gain; the gradient by the chain rule through the norm.
+template <class T>
+void check_l2_normalize(const ConvLayout& layout, std::int64_t taps, DType dtype, bool deconv, std::mt19937_64& rng) {
+  using Cfg = HostConfig<T, true>;
+  const generator::GeneratedConv g = generator::generate_conv(layout, taps, dtype, true, deconv);
+  Cfg::t.rows = table(g, "kConvRows");
+  const auto f = reference::random_values(dtype, layout.filter_elements(taps), rng);
+  const auto u = reference::random_values(dtype, f.size(), rng);
+  const std::int64_t rows = g.rows;
+  ASSERT_EQ(static_cast<std::int64_t>(reference::conv_filter_rows(layout, taps, deconv).size()), rows);
+  std::vector<double> gain(rows);
+  for (std::int64_t i = 0; i < rows; ++i) gain[i] = 0.5 + static_cast<double>(i % 5) * 0.25;
+  const std::vector<float> gain_f(gain.begin(), gain.end());
+  const auto want = reference::conv_l2_normalize(layout, taps, deconv, f, gain);
+  const auto [want_grad, want_gain] = reference::conv_l2_normalize_grad(layout, taps, deconv, f, gain, u);
+  auto typed = [&](const std::vector<double>& v) {
+    const auto bytes = reference::encode(dtype, v);
+    std::vector<T> out(v.size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  };
+  auto doubles = [&](const std::vector<T>& v) {
+    std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return reference::decode(dtype, bytes);
+  };
+  const auto f_t = typed(f), u_t = typed(u);
+  const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
+  std::vector<T> out(f.size(), kernels::from_float<T>(std::nanf("")));
+  std::vector<float> sums(rows, std::nanf("")), grad_gain(rows, std::nanf(""));
+  const int count = static_cast<int>(rows);
+  run_grid(2, 1, [&] {
+    kernels::conv_l2_normalize_kernel<Cfg>(f_t.data(), gain_f.data(), out.data(), sums.data(), 1e-12f, count);
+  });
+  EXPECT_LE(reference::relative_error(doubles(out), want), tolerance) << "l2_normalize";
+  std::vector<T> grad(f.size(), kernels::from_float<T>(std::nanf("")));
+  run_grid(2, 1, [&] {
+    kernels::conv_l2_normalize_grad_kernel<Cfg>(u_t.data(), f_t.data(), gain_f.data(), sums.data(), grad.data(),
+                                                grad_gain.data(), 1e-12f, count);
+  });
+  EXPECT_LE(reference::relative_error(doubles(grad), want_grad), tolerance) << "l2_normalize gradient";
+  EXPECT_LE(reference::relative_error({grad_gain.begin(), grad_gain.end()}, want_gain), tolerance) << "gain gradient";
+}
+
+TEST(ConvOnTheCpu, L2NormalizeAndItsGradientMatchTheirDefinition) {
+  std::mt19937_64 rng(5699);
+  for (const auto& c : testing::conv_cases())
+    for (bool deconv : {false, true}) {
+      SCOPED_TRACE(std::string(c.name) + (deconv ? ", deconvolution" : ""));
+      check_l2_normalize<float>(c.layout, c.geometry.taps(), DType::f32, deconv, rng);
+      check_l2_normalize<kernels::bfloat16_t>(c.layout, c.geometry.taps(), DType::bf16, deconv, rng);
+    }
 }
 
 class ConvOnTheCpu : public ::testing::TestWithParam<DType> {};

@@ -5,11 +5,15 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <random>
 #include <utility>
 
 #include "bsjit/bsjit.hpp"
 #include "conv_cases.hpp"
+#include "conv_reference.hpp"
+#include "device_buffer.hpp"
 #include "op_check.hpp"
+#include "reference.hpp"
 #include "runtime/driver.hpp"
 
 namespace bsjit {
@@ -42,6 +46,51 @@ TEST_P(ConvGpu, EveryCaseMatchesTheReference) {
         EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
         EXPECT_EQ(r.unwritten, 0);
       }
+  }
+}
+
+// l2_normalize and its gradient against tools/conv_reference, with and without a gain, in place too.
+TEST_P(ConvGpu, L2NormalizeMatchesTheReference) {
+  const Param prm = GetParam();
+  const DType dt = prm.dtype;
+  std::mt19937_64 rng(5602);
+  for (const auto& c : testing::conv_cases()) {
+    SCOPED_TRACE(c.name);
+    const Conv conv(c.layout, c.geometry, {dt, prm.order, prm.deconv, ""});
+    const std::int64_t taps = c.geometry.taps(), rows = conv.normalized_rows();
+    const auto f = reference::random_values(dt, conv.filter_elements(), rng);
+    const auto u = reference::random_values(dt, f.size(), rng);
+    std::vector<double> gain(rows);
+    for (std::int64_t i = 0; i < rows; ++i) gain[i] = 0.5 + static_cast<double>(i % 7) * 0.25;
+    const std::size_t bytes = f.size() * dtype_size(dt);
+    tools::DeviceBuffer df(bytes), du(bytes), out(bytes), sums(rows * 4), dgain(rows * 4), grad_gain(rows * 4);
+    df.upload(reference::encode(dt, f));
+    du.upload(reference::encode(dt, u));
+    dgain.upload(std::vector<float>(gain.begin(), gain.end()));
+    auto floats = [](const tools::DeviceBuffer& b) {
+      const auto v = b.download<float>();
+      return std::vector<double>(v.begin(), v.end());
+    };
+    for (const bool gained : {false, true}) {
+      SCOPED_TRACE(gained ? "gain" : "no gain");
+      const float* g = gained ? static_cast<const float*>(dgain.get()) : nullptr;
+      const std::vector<double> gv = gained ? gain : std::vector<double>{};
+      BSJIT_CU(runtime::driver().cuMemsetD8(out.ptr, 0xff, bytes));
+      conv.l2_normalize(df.get(), g, out.get(), static_cast<float*>(sums.get()));
+      conv.l2_normalize_backward(du.get(), df.get(), g, static_cast<const float*>(sums.get()), du.get(),
+                                 gained ? static_cast<float*>(grad_gain.get()) : nullptr);  // in place
+      BSJIT_CU(runtime::driver().cuCtxSynchronize());
+      const double tolerance = check::tolerance(dt);
+      EXPECT_LE(reference::relative_error(reference::decode(dt, out.download()),
+                                          reference::conv_l2_normalize(c.layout, taps, prm.deconv, f, gv)),
+                tolerance);
+      const auto [want_grad, want_gain] = reference::conv_l2_normalize_grad(c.layout, taps, prm.deconv, f, gv, u);
+      EXPECT_LE(reference::relative_error(reference::decode(dt, du.download()), want_grad), tolerance);
+      if (gained) {
+        EXPECT_LE(reference::relative_error(floats(grad_gain), want_gain), tolerance);
+      }
+      du.upload(reference::encode(dt, u));
+    }
   }
 }
 
