@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bsjit/conv_layout.hpp"
+#include "bsjit/layout.hpp"
 #include "bsjit/types.hpp"
 #include "device_tables.hpp"
 #include "templates/bsjit/conv_dims.cuh"
@@ -21,6 +24,7 @@ struct GeneratedConv {
   std::int64_t largest_block = 0;               // filter elements of the largest block: updat's grid x
   std::int64_t rows = 0;                        // the filter's rows l2_normalize scales (and its gain's length)
   std::string l2_normalize, l2_normalize_grad;  // name expressions
+  std::string gather, gather_gate;              // name expressions: blocks of T, of float
   DeviceTables tables;                          // kConvBlocks, kConvChannels, kConvOutStart, kConvOutEntries,
                                                 // kConvInStart, kConvInEntries, kConvRows (pointers)
 };
@@ -30,6 +34,22 @@ struct GeneratedConv {
 // filter exceeds 2^31 elements or it has more than 65535 blocks (updat's grid y).
 GeneratedConv generate_conv(const ConvLayout& layout, std::int64_t taps, DType dtype, bool channels_last,
                             bool deconv = false);
+
+// A 1×1 convolution with stride 1 and no padding, channels last, on a uniform layout of b × b
+// blocks (b a matmul block size) is a matmul over n · D · H · W rows: with M the matmul over the
+// transposed mask [K / b, C / b], whose weight W' [K, C] holds in its block p the convolution's block
+// order[p] ([K_b, C_b], as stored), the convolution's
+//   fprop  y = x · W'ᵀ  is M.backward_data(x, W', y),
+//   bprop  dx = dy · W' is M.forward(dy, W', dx),
+//   updat  dW' = dyᵀ · x is M.backward_weight(dy, x, dW'), block p of it the convolution's order[p].
+struct ConvMatmulPlan {
+  int block = 0;
+  Layout layout;           // [K / b, C / b]
+  std::vector<int> order;  // per matmul block, the convolution's block
+};
+// The plan where the convolution is such a matmul, else nothing.
+std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const ConvGeometry& geometry,
+                                               bool channels_last);
 
 // The kernels' sizes argument for a call over n images (the caller has checked that they fit).
 kernels::ConvDims conv_dims(const ConvLayout& layout, const ConvGeometry& geometry, std::int64_t n);

@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "attention_common.hpp"
@@ -24,7 +25,14 @@
 namespace bsjit {
 namespace {
 
-enum Kernel { kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad, kKernels };
+enum Kernel { kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad, kGather, kGatherGate, kKernels };
+
+// The scratch of the 1×1 convolutions run as matmuls (their filter, gate and filter gradient in the
+// matmul's block order): one per context and stream, shared by every Conv launching there.
+runtime::SplitWorkspaces& matmul_scratch() {
+  static runtime::SplitWorkspaces scratch;
+  return scratch;
+}
 
 std::int64_t product(const std::array<std::int64_t, 3>& a) { return a[0] * a[1] * a[2]; }
 
@@ -37,14 +45,30 @@ struct Conv::Impl {
   generator::GeneratedConv g;
   std::string layout_hash;
 
+  // A 1×1 convolution that is a matmul runs the matmul's kernels (generator::conv_matmul_plan).
+  std::optional<generator::ConvMatmulPlan> plan;
+  std::optional<MatMul> matmul;
+
+  struct PerContext {
+    std::array<runtime::SharedKernels::Handle, kKernels> kernels;
+    std::unique_ptr<runtime::DeviceMemory> order;  // plan->order
+    std::map<CUstream, std::shared_ptr<runtime::DeviceMemory>> scratch;
+  };
   std::mutex mutex;
-  std::map<runtime::Context, std::array<runtime::SharedKernels::Handle, kKernels>> contexts;
+  std::map<runtime::Context, PerContext> contexts;
 
   Impl(ConvLayout l, ConvGeometry geo, ConvOptions o) : layout(std::move(l)), geometry(geo), options(std::move(o)) {}
 
+  // The kernels of this convolution: its own three, or the gathers of the matmul path; l2_normalize.
+  std::vector<Kernel> kernels() const {
+    if (plan) return {kNormalize, kNormalizeGrad, kGather, kGatherGate};
+    return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
+  }
   cache::Request request(Kernel k, const std::string& arch) const {
-    static const char* suffix[] = {"-fprop", "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad"};
-    const std::string* name[] = {&g.fprop, &g.bprop, &g.updat, &g.l2_normalize, &g.l2_normalize_grad};
+    static const char* suffix[] = {"-fprop",  "-bprop",      "-updat", "-l2_normalize", "-l2_normalize_grad",
+                                   "-gather", "-gather_gate"};
+    const std::string* name[] = {&g.fprop,  &g.bprop,      &g.updat, &g.l2_normalize, &g.l2_normalize_grad,
+                                 &g.gather, &g.gather_gate};
     return runtime::named_kernel_request(g.source, g.tables, *name[k], g.label + suffix[k], 0, arch, layout_hash);
   }
   std::string arch_for(const runtime::Context& ctx) const {
@@ -53,9 +77,63 @@ struct Conv::Impl {
   CUfunction function(const runtime::Context& ctx, Kernel k,
                       cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
     std::lock_guard lock(mutex);
-    auto& loaded = contexts[ctx];
+    auto& loaded = contexts[ctx].kernels;
     if (!loaded[k]) loaded[k] = runtime::load_cached(request(k, arch_for(ctx)), ctx, on_miss);
     return loaded[k]->function;
+  }
+
+  // The matmul path's block order in ctx, and the stream's scratch of at least `bytes`.
+  std::pair<const int*, CUdeviceptr> matmul_state(const runtime::Context& ctx, CUstream stream, std::size_t bytes) {
+    std::lock_guard lock(mutex);
+    auto& c = contexts[ctx];
+    if (!c.order) {
+      c.order = std::make_unique<runtime::DeviceMemory>(plan->order.size() * sizeof(int));
+      BSJIT_CU(runtime::driver().cuMemcpyHtoD(c.order->ptr, plan->order.data(), c.order->bytes));
+    }
+    auto& scratch = c.scratch[stream];
+    if (!scratch || scratch->bytes < bytes) scratch = matmul_scratch().get(ctx, stream, bytes);
+    return {static_cast<const int*>(c.order->get()), scratch->ptr};
+  }
+
+  // Blocks of `elements` elements between the convolution's order and the matmul's.
+  void gather(const runtime::Context& ctx, Kernel k, const void* in, void* out, const int* order, int elements,
+              bool scatter, CUstream stream) {
+    int blocks = static_cast<int>(plan->order.size()), sc = scatter ? 1 : 0;
+    void* args[] = {&in, &out, &order, &blocks, &elements, &sc};
+    const std::int64_t total = static_cast<std::int64_t>(blocks) * elements;
+    const auto grid = static_cast<unsigned>(std::min<std::int64_t>((total + g.threads - 1) / g.threads, 1 << 20));
+    BSJIT_CU(runtime::driver().cuLaunchKernel(function(ctx, k), grid, 1, 1, static_cast<unsigned>(g.threads), 1, 1, 0,
+                                              stream, args, nullptr));
+  }
+
+  // Kernel k of the convolution as the matmul (a, b, out as launch() takes them).
+  void launch_matmul(Kernel k, const void* a, const void* b, void* out, std::int64_t n, CUstream stream,
+                     const OpOptions& call) {
+    const runtime::Context ctx = runtime::current_context();
+    const std::int64_t rows = n * product(geometry.in);
+    const int bb = plan->block * plan->block;
+    const std::size_t filter_bytes = (plan->order.size() * bb * dtype_size(options.dtype) + 15) / 16 * 16;
+    const auto [order, scratch] = matmul_state(ctx, stream, filter_bytes + plan->order.size() * sizeof(float));
+    void* w = reinterpret_cast<void*>(scratch);
+    OpOptions o;
+    o.accumulate = call.accumulate;
+    if (call.gate) {
+      float* gate = reinterpret_cast<float*>(scratch + filter_bytes);
+      gather(ctx, kGatherGate, call.gate, gate, order, 1, false, stream);
+      o.gate = gate;
+    }
+    const Stream s = reinterpret_cast<Stream>(stream);
+    if (k == kUpdat) {  // a = x, b = dy, out = dF
+      if (call.accumulate) gather(ctx, kGather, out, w, order, bb, false, stream);
+      matmul->backward_weight(b, a, w, rows, s, o);
+      gather(ctx, kGather, w, out, order, bb, true, stream);
+      return;
+    }
+    gather(ctx, kGather, b, w, order, bb, false, stream);  // the filter in the matmul's order
+    if (k == kFprop)
+      matmul->backward_data(a, w, out, rows, s, o);
+    else
+      matmul->forward(a, w, out, rows, s, o);
   }
 
   // Kernel k (l2_normalize or its gradient) over the filter's rows.
@@ -84,6 +162,7 @@ struct Conv::Impl {
     if (n <= 0 || n > INT_MAX || per_image > INT64_MAX / 4 / n)
       throw Error(fmt::format("bsjit: conv {}: n = {} out of range (1 .. {} for this geometry)", op, n,
                               std::min<std::int64_t>(INT_MAX, INT64_MAX / 4 / per_image)));
+    if (plan) return launch_matmul(k, a, b, out, n, reinterpret_cast<CUstream>(stream), call);
     const runtime::Context ctx = runtime::current_context();
     CUfunction f = function(ctx, k);
     kernels::ConvDims d = generator::conv_dims(layout, geometry, n);
@@ -120,6 +199,14 @@ Conv::Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options)
   m.g = generator::generate_conv(m.layout, m.geometry.taps(), m.options.dtype,
                                  m.options.order == ActivationOrder::ndhwc, m.options.deconv);  // checks its size
   m.layout_hash = generator::tables_digest(m.g.tables);
+  m.plan = generator::conv_matmul_plan(m.layout, m.geometry, m.options.order == ActivationOrder::ndhwc);
+  if (m.plan) {
+    MatMulOptions o;
+    o.block = m.plan->block;
+    o.dtype = m.options.dtype;
+    o.arch = m.options.arch;
+    m.matmul.emplace(m.plan->layout, o);
+  }
 }
 
 Conv::~Conv() = default;
@@ -170,14 +257,16 @@ std::int64_t Conv::normalized_rows() const { return impl_->g.rows; }
 
 int Conv::precompile(const std::string& arch) const {
   runtime::check_arch(arch);
-  std::vector<std::future<bool>> pending;  // the three compiles side by side
-  for (int k = 0; k < kKernels; ++k)
+  std::vector<std::future<bool>> pending;  // the compiles side by side
+  for (Kernel k : impl_->kernels())
     pending.push_back(std::async(std::launch::async, [this, k, &arch] {
       bool now = false;
-      cache::KernelCache::global().get(impl_->request(static_cast<Kernel>(k), arch), cache::OnMiss::compile, &now);
+      cache::KernelCache::global().get(impl_->request(k, arch), cache::OnMiss::compile, &now);
       return now;
     }));
   int compiled = 0;
+  if (impl_->matmul)
+    compiled += impl_->matmul->precompile({Op::forward, Op::backward_data, Op::backward_weight}, arch) ? 1 : 0;
   for (auto& p : pending) p.wait();  // every thread done before the first error propagates
   for (auto& p : pending) compiled += p.get();
   return compiled;
@@ -185,9 +274,9 @@ int Conv::precompile(const std::string& arch) const {
 
 void Conv::load(bool strict) const {
   const runtime::Context ctx = runtime::current_context();
-  for (int k = 0; k < kKernels; ++k)
-    impl_->function(ctx, static_cast<Kernel>(k),
-                    strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());
+  for (Kernel k : impl_->kernels())
+    impl_->function(ctx, k, strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());
+  if (impl_->matmul) impl_->matmul->prepare({Op::forward, Op::backward_data, Op::backward_weight});
 }
 
 std::string Conv::generated_source() const { return impl_->g.source; }

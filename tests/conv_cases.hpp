@@ -41,7 +41,7 @@ struct ConvCase {
 };
 
 // Filters 1×1×1, 1×1×3, 1×1×5 (dilation 2), 1×3×3 (stride 2), 3×3×3; SAME and VALID; odd sizes; N
-// of 1, 2 and 28.
+// of 1, 2, 3 and 28.
 inline std::vector<ConvCase> conv_cases() {
   return {
       {"grouped 1x1x1", grouped_conv_layout(), ConvGeometry::valid({1, 3, 5}, {1, 1, 1}), 2},
@@ -52,7 +52,11 @@ inline std::vector<ConvCase> conv_cases() {
       {"uniform b8 3x3x3 SAME", ConvLayout::from_mask(Layout::from_coords(3, 2, {{0, 0}, {1, 1}, {2, 0}, {2, 1}}), 8),
        ConvGeometry::same({3, 4, 5}, {3, 3, 3}), 1},
       {"uniform b8 1x3x3 VALID odd sizes, N 28", ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 1}, {1, 0}}), 8),
-       ConvGeometry::valid({1, 5, 3}, {1, 3, 3}), 28}};
+       ConvGeometry::valid({1, 5, 3}, {1, 3, 3}), 28},
+      // channels last, a matmul (generator::conv_matmul_plan); channels first, the direct kernels
+      {"uniform b16 1x1x1 (a matmul)",
+       ConvLayout::from_mask(Layout::from_coords(3, 4, {{0, 1}, {2, 0}, {1, 1}, {0, 3}, {2, 2}}), 16),
+       ConvGeometry::valid({2, 3, 5}, {1, 1, 1}), 3}};
 }
 
 }  // namespace bsjit::testing

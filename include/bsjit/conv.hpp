@@ -16,10 +16,12 @@
 // its filter the same layout. All pointers are device pointers, 16-byte aligned, in the current CUDA
 // context; calls are asynchronous on the given stream.
 //
-// The kernels today: one output element per thread in fp32 (exact for fp32 inputs; fp16 and bf16
-// inputs and outputs with fp32 accumulation), for every layout and geometry: correct, not yet fast
-// (the tensor-core implicit-GEMM kernels are not written). The filter's l2_normalize (blocksparse's
-// weight normalization) and its gradient run the same way.
+// The kernels today: a 1×1 convolution with stride 1 and no padding on a uniform layout, channels
+// last, runs the matmul's kernels (generator::conv_matmul_plan); every other one direct kernels, one
+// output element per thread in fp32 (exact for fp32 inputs; fp16 and bf16 inputs and outputs with
+// fp32 accumulation), for every layout and geometry: correct, not yet fast (the tensor-core
+// implicit-GEMM kernels are not written). The filter's l2_normalize (blocksparse's weight
+// normalization) and its gradient run the direct way.
 #pragma once
 
 #include <cstdint>

@@ -270,5 +270,24 @@ __global__ void __launch_bounds__(kConvThreads)
   }
 }
 
+// Moves whole blocks of `elements` elements between two orders: out block p = in block order[p]
+// (gather), or out block order[p] = in block p (scatter). Runs a 1×1 convolution's filter (and its
+// gate) into the order of the matmul that computes it, and the filter's gradient back
+// (generator::conv_matmul_plan).
+template <class E>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_gather_blocks_kernel(const E* __restrict__ in, E* __restrict__ out, const int* __restrict__ order, int blocks,
+                              int elements, int scatter) {
+  const long long total = static_cast<long long>(blocks) * elements;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long p = e / elements, other = static_cast<long long>(order[p]) * elements + e % elements;
+    if (scatter)
+      out[other] = in[e];
+    else
+      out[e] = in[other];
+  }
+}
+
 }  // namespace kernels
 }  // namespace bsjit

@@ -245,6 +245,77 @@ TEST(ConvOnTheCpu, L2NormalizeAndItsGradientMatchTheirDefinition) {
     }
 }
 
+// A 1×1 convolution on a uniform layout, channels last, is the matmul conv_matmul_plan names: the
+// matmul's reference with the filter's blocks gathered into its order (by the gather kernel, run here)
+// gives the convolution's fprop, bprop and updat (scattered back), gated and accumulating too.
+TEST(ConvOnTheCpu, OneByOneConvolutionsAreThePlannedMatmuls) {
+  std::mt19937_64 rng(5603);
+  const Layout mask = Layout::from_coords(3, 4, {{0, 1}, {2, 0}, {1, 1}, {0, 3}, {2, 2}});
+  for (int b : {8, 16}) {
+    const ConvLayout layout = ConvLayout::from_mask(mask, b);
+    for (const auto& geometry : {ConvGeometry::valid({1, 3, 5}, {1, 1, 1}), ConvGeometry::same({2, 3, 2}, {1, 1, 1})}) {
+      const auto plan = generator::conv_matmul_plan(layout, geometry, true);
+      ASSERT_TRUE(plan.has_value());
+      ASSERT_EQ(plan->block, b);
+      const std::int64_t n = 2, rows = n * geometry.in[0] * geometry.in[1] * geometry.in[2];
+      const ConvProblem cp{&layout, geometry, n, true};
+      const reference::Problem mp{&plan->layout, b, FeatureAxis::last, rows};
+      const auto x = reference::random_values(DType::f32, reference::conv_input_elements(cp), rng);
+      const auto y = reference::random_values(DType::f32, reference::conv_output_elements(cp), rng);
+      const auto f = reference::random_values(DType::f32, layout.filter_elements(1), rng);
+      const std::vector<float> gate = gate_of(layout.blocks().size());
+      // the filter and the gate in the matmul's order, by the gather kernel
+      const std::vector<float> f32(f.begin(), f.end());
+      std::vector<float> w(f.size()), g(gate.size());
+      const int blocks = static_cast<int>(plan->order.size());
+      run_grid(2, 1, [&] {
+        kernels::conv_gather_blocks_kernel<float>(f32.data(), w.data(), plan->order.data(), blocks, b * b, 0);
+      });
+      run_grid(1, 1, [&] {
+        kernels::conv_gather_blocks_kernel<float>(gate.data(), g.data(), plan->order.data(), blocks, 1, 0);
+      });
+      const std::vector<double> wd(w.begin(), w.end());
+      const auto gated = gated_filter(layout, 1, f, gate);
+      EXPECT_LE(reference::relative_error(reference::matmul(mp, Op::backward_data, x, wd, nullptr, g),
+                                          reference::conv_fprop(cp, x, gated)),
+                1e-12)
+          << "fprop";
+      EXPECT_LE(reference::relative_error(reference::matmul(mp, Op::forward, y, wd, &x, g),
+                                          [&] {
+                                            auto want = reference::conv_bprop(cp, y, gated);
+                                            for (std::size_t i = 0; i < want.size(); ++i) want[i] += x[i];
+                                            return want;
+                                          }()),
+                1e-12)
+          << "bprop, accumulating";
+      const auto dw = reference::matmul(mp, Op::backward_weight, y, x, nullptr, g);
+      const std::vector<float> dw32(dw.begin(), dw.end());
+      std::vector<float> df(f.size());
+      run_grid(2, 1, [&] {
+        kernels::conv_gather_blocks_kernel<float>(dw32.data(), df.data(), plan->order.data(), blocks, b * b, 1);
+      });
+      EXPECT_LE(reference::relative_error({df.begin(), df.end()},
+                                          gated_filter(layout, 1, reference::conv_updat(cp, x, y), gate)),
+                1e-6)
+          << "updat";
+    }
+  }
+  // what is not such a matmul: a wider filter, a stride, padding, channels first, uneven or
+  // overlapping blocks, a block size the matmul lacks
+  const ConvLayout uniform = ConvLayout::from_mask(mask, 16);
+  EXPECT_FALSE(generator::conv_matmul_plan(uniform, ConvGeometry::same({1, 4, 4}, {1, 1, 3}), true));
+  EXPECT_FALSE(generator::conv_matmul_plan(uniform, ConvGeometry::valid({1, 4, 4}, {1, 1, 1}, {1, 1, 2}), true));
+  EXPECT_FALSE(generator::conv_matmul_plan(
+      uniform, ConvGeometry{{1, 4, 4}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 1}, {0, 0, 1}}, true));
+  EXPECT_FALSE(generator::conv_matmul_plan(uniform, ConvGeometry::valid({1, 4, 4}, {1, 1, 1}), false));
+  EXPECT_FALSE(
+      generator::conv_matmul_plan(testing::overlapping_conv_layout(), ConvGeometry::valid({1, 1, 4}, {1, 1, 1}), true));
+  EXPECT_FALSE(
+      generator::conv_matmul_plan(testing::grouped_conv_layout(), ConvGeometry::valid({1, 1, 4}, {1, 1, 1}), true));
+  EXPECT_FALSE(
+      generator::conv_matmul_plan(ConvLayout::from_mask(mask, 24), ConvGeometry::valid({1, 1, 4}, {1, 1, 1}), true));
+}
+
 class ConvOnTheCpu : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ConvOnTheCpu, EveryCaseMatchesTheReference) {

@@ -304,11 +304,15 @@ TEST(Cli, ManifestPrecompilesConvolutions) {
   auto r = sh(cache + " precompile -m " + manifest.string() + " -j 2");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("3 compiled"), std::string::npos) << r.output;
-  // five kernels a combination; the mask's ndhwc kernels are the first group's code
-  EXPECT_NE(r.output.find("10 by NVRTC, 5 from the code of another layout"), std::string::npos) << r.output;
+  // five kernels a combination of the first group; the mask's 1×1 convolution is a matmul: its two
+  // l2_normalize kernels are the first group's code, its two gathers and the matmul's twelve kernels
+  // (three products, plain and general, both batch variants) compile
+  EXPECT_NE(r.output.find("24 by NVRTC, 2 from the code of another layout"), std::string::npos) << r.output;
   r = sh(cache + " cache list");
-  EXPECT_NE(r.output.find("15 entries"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("26 entries"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("conv-direct-bf16-ncdhw-updat"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("conv-direct-bf16-ndhwc-gather"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backward_weight-bf16-b16-last"), std::string::npos) << r.output;
   for (const auto& [group, error] : std::vector<std::pair<std::string, std::string>>{
            {R"({"layouts": [")" + mask + R"("]})", "needs the conv group's \"block\""},
            {R"({"layouts": [")" + conv + R"("], "filters": [[1, 1, 1, 1]]})", "1 to 3 sizes"},
