@@ -8,6 +8,7 @@
 //   --suite A      block-sparse attention: fused forward and backward, decomposed forward (suite_a.hpp)
 //   --suite layers suite W's cells on other layers: larger and rectangular C × K, power-law and
 //                  small-world columns, N from 1024 to 32768 (default_layer_classes; --layers picks)
+//   --suite C      block-sparse 2-D convolution against cuDNN's dense and grouped ones (suite_c.hpp)
 // Each result is checked once against a double-precision reference on sampled rows or blocks
 // before it is timed; times are medians of CUDA-event timings after warm-up.
 #include <CLI/CLI.hpp>
@@ -37,6 +38,7 @@
 #include "runtime/module.hpp"
 #include "runtime/parallel.hpp"
 #include "suite_a.hpp"
+#include "suite_c.hpp"
 #include "suite_layouts.hpp"
 
 namespace bsjit::bench {
@@ -868,7 +870,8 @@ int main(int argc, char** argv) {
   std::string json_path, csv_path;
   int reps = 20;
   app.add_option("-s,--suite", suites,
-                 "W, small, jit, A (attention), layers (suite W's cells on other layers), tf32 (fp32 inputs, exact and "
+                 "W, small, jit, A (attention), C (convolution), layers (suite W's cells on other layers), tf32 (fp32 "
+                 "inputs, exact and "
                  "TF32), sweep (tile candidates), "
                  "sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
@@ -929,6 +932,7 @@ int main(int argc, char** argv) {
     std::vector<Row> rows, small_rows, tf32_rows, layer_rows;
     std::vector<std::pair<std::string, double>> jit;
     std::vector<AttentionRow> attention_rows;
+    std::vector<ConvRow> conv_rows;
     for (const auto& s : suites) {
       if (s == "W")
         run_w(env, 8192, 4096, kSuiteW, {kinds, blocks, densities}, rows, false);
@@ -946,6 +950,8 @@ int main(int argc, char** argv) {
       } else if (s == "tf32")
         run_tf32(env, blocks, densities, tf32_rows);
       else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
+      else if (s == "C")
+        conv_rows = run_suite_c(env.stream, env.reps, env.copy_bw);
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;
@@ -1030,6 +1036,19 @@ int main(int argc, char** argv) {
       j["suite_a"].push_back({{"mask", r.mask}, {"block", r.block}, {"head_dim", r.head_dim}, {"ms", r.ms},
                               {"tflops", r.tflops}, {"error", r.error}, {"backward_ms", r.backward_ms},
                               {"decomposed_forward_ms", r.decomposed_ms}});
+    for (const auto& r : conv_rows)
+      j["suite_c"].push_back({{"shape", r.shape},
+                              {"mask", r.mask},
+                              {"block", r.b},
+                              {"density", r.d},
+                              {"op", r.op},
+                              {"ms", r.ms},
+                              {"tflops", r.tflops},
+                              {"sol", r.sol},
+                              {"floor_ms", r.floor_ms},
+                              {"cudnn_dense_ms", r.dense_ms},
+                              {"cudnn_grouped_ms", r.grouped_ms},
+                              {"error", r.error}});
     for (auto& [k, v] : jit) j["jit"][k] = v;
     j["copy_tbps"] = env.copy_bw / 1e12;
     if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";

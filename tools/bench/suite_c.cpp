@@ -1,0 +1,289 @@
+#include "suite_c.hpp"
+
+#include <cudnn.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+
+#include "baselines.hpp"
+#include "bsjit/bsjit.hpp"
+#include "device_buffer.hpp"
+#include "op_check.hpp"
+#include "suite_layouts.hpp"
+
+// cuDNN's convolution API of descriptors is deprecated in cuDNN 9 in favour of its graph API; it is
+// still what PyTorch's convolutions call, and the baseline here.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+namespace bsjit::bench {
+namespace {
+
+using tools::DeviceBuffer;
+
+constexpr std::int64_t kN = 32;
+
+// The cuDNN functions the baseline calls, from libcudnn.so.9 opened at run time.
+struct Cudnn {
+  void* lib = nullptr;
+#define BSJIT_CUDNN(name) decltype(&::name) name = nullptr;
+  BSJIT_CUDNN(cudnnCreate)
+  BSJIT_CUDNN(cudnnDestroy)
+  BSJIT_CUDNN(cudnnSetStream)
+  BSJIT_CUDNN(cudnnGetErrorString)
+  BSJIT_CUDNN(cudnnCreateTensorDescriptor)
+  BSJIT_CUDNN(cudnnSetTensor4dDescriptor)
+  BSJIT_CUDNN(cudnnDestroyTensorDescriptor)
+  BSJIT_CUDNN(cudnnCreateFilterDescriptor)
+  BSJIT_CUDNN(cudnnSetFilter4dDescriptor)
+  BSJIT_CUDNN(cudnnDestroyFilterDescriptor)
+  BSJIT_CUDNN(cudnnCreateConvolutionDescriptor)
+  BSJIT_CUDNN(cudnnSetConvolution2dDescriptor)
+  BSJIT_CUDNN(cudnnSetConvolutionGroupCount)
+  BSJIT_CUDNN(cudnnSetConvolutionMathType)
+  BSJIT_CUDNN(cudnnDestroyConvolutionDescriptor)
+  BSJIT_CUDNN(cudnnFindConvolutionForwardAlgorithm)
+  BSJIT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize)
+  BSJIT_CUDNN(cudnnConvolutionForward)
+  BSJIT_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm)
+  BSJIT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize)
+  BSJIT_CUDNN(cudnnConvolutionBackwardData)
+  BSJIT_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm)
+  BSJIT_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize)
+  BSJIT_CUDNN(cudnnConvolutionBackwardFilter)
+#undef BSJIT_CUDNN
+
+  // Null (with why) where libcudnn.so.9 or one of its functions is missing.
+  static std::unique_ptr<Cudnn> open(std::string* why) {
+    auto c = std::make_unique<Cudnn>();
+    c->lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    if (!c->lib) {
+      *why = dlerror();
+      return nullptr;
+    }
+    bool ok = true;
+    auto get = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(c->lib, name));
+      if (!f) ok = false, *why = std::string("no ") + name;
+    };
+#define BSJIT_CUDNN(name) get(c->name, #name);
+    BSJIT_CUDNN(cudnnCreate)
+    BSJIT_CUDNN(cudnnDestroy)
+    BSJIT_CUDNN(cudnnSetStream)
+    BSJIT_CUDNN(cudnnGetErrorString)
+    BSJIT_CUDNN(cudnnCreateTensorDescriptor)
+    BSJIT_CUDNN(cudnnSetTensor4dDescriptor)
+    BSJIT_CUDNN(cudnnDestroyTensorDescriptor)
+    BSJIT_CUDNN(cudnnCreateFilterDescriptor)
+    BSJIT_CUDNN(cudnnSetFilter4dDescriptor)
+    BSJIT_CUDNN(cudnnDestroyFilterDescriptor)
+    BSJIT_CUDNN(cudnnCreateConvolutionDescriptor)
+    BSJIT_CUDNN(cudnnSetConvolution2dDescriptor)
+    BSJIT_CUDNN(cudnnSetConvolutionGroupCount)
+    BSJIT_CUDNN(cudnnSetConvolutionMathType)
+    BSJIT_CUDNN(cudnnDestroyConvolutionDescriptor)
+    BSJIT_CUDNN(cudnnFindConvolutionForwardAlgorithm)
+    BSJIT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize)
+    BSJIT_CUDNN(cudnnConvolutionForward)
+    BSJIT_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm)
+    BSJIT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize)
+    BSJIT_CUDNN(cudnnConvolutionBackwardData)
+    BSJIT_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm)
+    BSJIT_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize)
+    BSJIT_CUDNN(cudnnConvolutionBackwardFilter)
+#undef BSJIT_CUDNN
+    return ok ? std::move(c) : nullptr;
+  }
+  void check(cudnnStatus_t s, const char* what) const {
+    if (s != CUDNN_STATUS_SUCCESS) throw Error(fmt::format("cuDNN {}: {}", what, cudnnGetErrorString(s)));
+  }
+};
+
+void random_bf16(DeviceBuffer& b, std::uint64_t seed) {
+  std::vector<std::uint16_t> bits(b.bytes / 2);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : bits) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    const float f = static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 2 - 1);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<std::uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  }
+  b.upload(bits);
+}
+
+struct Shape {
+  const char* name;
+  int hw, c, k, r, stride;
+};
+
+const Shape kShapes[] = {{"56x56 3x3 C=K=256", 56, 256, 256, 3, 1},
+                         {"28x28 3x3 C=K=512", 28, 512, 512, 3, 1},
+                         {"14x14 3x3 C=K=1024", 14, 1024, 1024, 3, 1},
+                         {"56x56 3x3 stride 2 C=K=256", 56, 256, 256, 3, 2},
+                         {"14x14 1x1 C=1024 K=256", 14, 1024, 256, 1, 1}};
+
+// cuDNN's fastest algorithm for each op of a shape (groups: a grouped convolution), timed as bsjit's
+// calls are: {fprop, bprop, updat} in ms, bf16 NHWC with fp32 accumulation on the tensor cores.
+std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, int groups, CUstream stream, int reps) {
+  cudnnHandle_t h;
+  dnn.check(dnn.cudnnCreate(&h), "create");
+  dnn.check(dnn.cudnnSetStream(h, reinterpret_cast<cudaStream_t>(stream)), "set stream");
+  const int out = (s.hw + 2 * (s.r / 2) - s.r) / s.stride + 1;
+  cudnnTensorDescriptor_t x, y;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  dnn.check(dnn.cudnnCreateTensorDescriptor(&x), "tensor");
+  dnn.check(dnn.cudnnCreateTensorDescriptor(&y), "tensor");
+  dnn.check(dnn.cudnnCreateFilterDescriptor(&w), "filter");
+  dnn.check(dnn.cudnnCreateConvolutionDescriptor(&conv), "convolution");
+  dnn.check(dnn.cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, kN, s.c, s.hw, s.hw), "x");
+  dnn.check(dnn.cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, kN, s.k, out, out), "y");
+  dnn.check(dnn.cudnnSetFilter4dDescriptor(w, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, s.k, s.c / groups, s.r, s.r),
+            "w");
+  dnn.check(dnn.cudnnSetConvolution2dDescriptor(conv, s.r / 2, s.r / 2, s.stride, s.stride, 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            "descriptor");
+  dnn.check(dnn.cudnnSetConvolutionGroupCount(conv, groups), "groups");
+  dnn.check(dnn.cudnnSetConvolutionMathType(conv, CUDNN_TENSOR_OP_MATH), "math");
+  DeviceBuffer dx(kN * s.c * s.hw * s.hw * 2), dy(kN * s.k * out * out * 2),
+      dw(static_cast<std::size_t>(s.k) * (s.c / groups) * s.r * s.r * 2);
+  random_bf16(dx, 4), random_bf16(dy, 5), random_bf16(dw, 6);  // random inputs, as BENCH.md asks of baselines
+  const float one = 1, zero = 0;
+  int found = 0;
+  std::array<double, 3> ms{};
+  {
+    cudnnConvolutionFwdAlgoPerf_t perf;
+    dnn.check(dnn.cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, 1, &found, &perf), "find forward");
+    std::size_t bytes = 0;
+    dnn.check(dnn.cudnnGetConvolutionForwardWorkspaceSize(h, x, w, conv, y, perf.algo, &bytes), "workspace");
+    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
+    ms[0] = time_ms(
+        [&] {
+          dnn.check(dnn.cudnnConvolutionForward(h, &one, x, dx.get(), w, dw.get(), conv, perf.algo, ws.get(), bytes,
+                                                &zero, y, dy.get()),
+                    "forward");
+        },
+        stream, 3, reps);
+  }
+  {
+    cudnnConvolutionBwdDataAlgoPerf_t perf;
+    dnn.check(dnn.cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, conv, x, 1, &found, &perf), "find data");
+    std::size_t bytes = 0;
+    dnn.check(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, conv, x, perf.algo, &bytes), "workspace");
+    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
+    ms[1] = time_ms(
+        [&] {
+          dnn.check(dnn.cudnnConvolutionBackwardData(h, &one, w, dw.get(), y, dy.get(), conv, perf.algo, ws.get(),
+                                                     bytes, &zero, x, dx.get()),
+                    "backward data");
+        },
+        stream, 3, reps);
+  }
+  {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf;
+    dnn.check(dnn.cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, conv, w, 1, &found, &perf), "find filter");
+    std::size_t bytes = 0;
+    dnn.check(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, conv, w, perf.algo, &bytes), "workspace");
+    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
+    ms[2] = time_ms(
+        [&] {
+          dnn.check(dnn.cudnnConvolutionBackwardFilter(h, &one, x, dx.get(), y, dy.get(), conv, perf.algo, ws.get(),
+                                                       bytes, &zero, w, dw.get()),
+                    "backward filter");
+        },
+        stream, 3, reps);
+  }
+  dnn.cudnnDestroyConvolutionDescriptor(conv);
+  dnn.cudnnDestroyFilterDescriptor(w);
+  dnn.cudnnDestroyTensorDescriptor(x);
+  dnn.cudnnDestroyTensorDescriptor(y);
+  dnn.cudnnDestroy(h);
+  return ms;
+}
+
+// A block-diagonal mask of `groups` groups over [rows, cols] blocks (each side divisible by it).
+Layout block_diagonal(std::int64_t rows, std::int64_t cols, int groups) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+  const std::int64_t gr = rows / groups, gc = cols / groups;
+  for (int g = 0; g < groups; ++g)
+    for (std::int64_t r = 0; r < gr; ++r)
+      for (std::int64_t c = 0; c < gc; ++c) coords.push_back({g * gr + r, g * gc + c});
+  return Layout::from_coords(rows, cols, coords);
+}
+
+}  // namespace
+
+std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth) {
+  std::string why;
+  const auto dnn = Cudnn::open(&why);
+  if (!dnn) fmt::print("suite C: cuDNN not loaded ({}): bsjit's times alone\n", why);
+  std::vector<ConvRow> rows;
+  std::mt19937_64 rng(5600);
+  for (const Shape& s : kShapes) {
+    const std::array<double, 3> dense = dnn ? cudnn_ms(*dnn, s, 1, stream, reps) : std::array<double, 3>{};
+    const ConvGeometry geometry = ConvGeometry::same({1, s.hw, s.hw}, {1, s.r, s.r}, {1, s.stride, s.stride});
+    const std::int64_t out = geometry.out()[2];
+    for (int b : {32, 64}) {
+      struct Mask {
+        std::string name;
+        Layout layout;
+        int groups;
+      };
+      std::vector<Mask> masks;
+      for (double d : {0.5, 0.25, 0.1})
+        masks.push_back({fmt::format("balanced d={}", d), balanced_layout(s.c / b, s.k / b, d, rng), 0});
+      for (int g : {4, 16})
+        if ((s.c / b) % g == 0 && (s.k / b) % g == 0)
+          masks.push_back({fmt::format("{} groups", g), block_diagonal(s.c / b, s.k / b, g), g});
+      for (const Mask& m : masks) {
+        const ConvLayout layout = ConvLayout::from_mask(m.layout, b);
+        const Conv conv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, false, ""});
+        conv.load();
+        const std::int64_t filter = conv.filter_elements();
+        DeviceBuffer x(kN * s.c * s.hw * s.hw * 2), y(kN * s.k * out * out * 2), f(filter * 2), gx(x.bytes),
+            gf(f.bytes);
+        random_bf16(x, 1), random_bf16(y, 2), random_bf16(f, 3);
+        const std::array<double, 3> grouped =
+            dnn && m.groups ? cudnn_ms(*dnn, s, m.groups, stream, reps) : std::array<double, 3>{};
+        const double density = static_cast<double>(filter) / (static_cast<double>(s.c) * s.k * s.r * s.r);
+        const double flops = 2.0 * kN * out * out * static_cast<double>(filter);
+        const double bytes = static_cast<double>(x.bytes + y.bytes + f.bytes);
+        // the op's correctness on a small image of the same layout (double-precision reference)
+        const Conv small(layout, ConvGeometry::same({1, 7, 9}, {1, s.r, s.r}, {1, s.stride, s.stride}),
+                         {DType::bf16, ActivationOrder::ndhwc, false, ""});
+        const auto s_ = reinterpret_cast<Stream>(stream);
+        const std::pair<const char*, std::function<void()>> ops[] = {
+            {"fprop", [&] { conv.fprop(x.get(), f.get(), y.get(), kN, s_); }},
+            {"bprop", [&] { conv.bprop(y.get(), f.get(), gx.get(), kN, s_); }},
+            {"updat", [&] { conv.updat(x.get(), y.get(), gf.get(), kN, s_); }}};
+        const check::ConvOp check_ops[] = {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat};
+        for (int o = 0; o < 3; ++o) {
+          ConvRow r{s.name, m.name, ops[o].first, b, density};
+          r.ms = time_ms(ops[o].second, stream, 2, reps);
+          r.tflops = flops / (r.ms * 1e9);
+          r.dense_ms = dense[o];
+          r.grouped_ms = grouped[o];
+          r.floor_ms = std::max(density * dense[o], bytes / copy_bandwidth * 1e3);
+          r.sol = r.floor_ms / r.ms;
+          r.error = check::run_and_check(small, check_ops[o], {2, false, false, 9}).relative_error;
+          rows.push_back(r);
+          fmt::print(
+              "{:28} b{:<3} {:16} {}: {:9.3f} ms {:7.1f} TFLOP/s  SOL {:.2f}  cuDNN dense {:.3f} ms{}  error "
+              "{:.1e}\n",
+              r.shape, b, r.mask, r.op, r.ms, r.tflops, r.sol, r.dense_ms,
+              r.grouped_ms > 0 ? fmt::format(", grouped {:.3f} ms", r.grouped_ms) : std::string(), r.error);
+        }
+      }
+    }
+  }
+  return rows;
+}
+
+}  // namespace bsjit::bench
