@@ -51,6 +51,25 @@ struct ConvMatmulPlan {
 std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const ConvGeometry& geometry,
                                                bool channels_last);
 
+// blocksparse's ConvEdgeBias groups: the output positions (a deconvolution's: the convolution's
+// input positions) whose receptive field reaches padding, grouped by the set of filter taps that
+// fall outside the image (a stride's holes in a deconvolution are not outside), numbered in the
+// order of each group's first position (row-major). of[position]: its group, or -1 inside.
+struct ConvEdges {
+  std::vector<int> of, start, positions;  // start[e] .. start[e + 1]: group e's positions
+  int edges = 0;
+};
+ConvEdges conv_edges(const ConvGeometry& geometry, bool deconv);
+
+struct GeneratedConvEdgeBias {
+  std::string source, label, forward, grad, sums;  // name expressions
+  int threads = 0;
+  ConvEdges edges;
+  DeviceTables tables;  // kEdgeOf, kEdgeStart, kEdgePositions (pointers)
+};
+GeneratedConvEdgeBias generate_conv_edge_bias(const ConvGeometry& geometry, bool deconv, DType dtype,
+                                              bool channels_last);
+
 // The kernels' sizes argument for a call over n images (the caller has checked that they fit).
 kernels::ConvDims conv_dims(const ConvLayout& layout, const ConvGeometry& geometry, std::int64_t n);
 

@@ -296,4 +296,100 @@ const ConvLayout& Conv::layout() const { return impl_->layout; }
 const ConvGeometry& Conv::geometry() const { return impl_->geometry; }
 const ConvOptions& Conv::options() const { return impl_->options; }
 
+struct ConvEdgeBias::Impl {
+  ConvGeometry geometry;
+  std::int64_t channels;
+  ConvOptions options;
+  generator::GeneratedConvEdgeBias g;
+  std::string hash;
+  std::mutex mutex;
+  std::map<runtime::Context, std::array<runtime::SharedKernels::Handle, 3>> contexts;
+
+  cache::Request request(int k, const std::string& arch) const {
+    static const char* suffix[] = {"-forward", "-grad", "-sums"};
+    const std::string* name[] = {&g.forward, &g.grad, &g.sums};
+    return runtime::named_kernel_request(g.source, g.tables, *name[k], g.label + suffix[k], 0, arch, hash);
+  }
+  CUfunction function(int k) {
+    const runtime::Context ctx = runtime::current_context();
+    std::lock_guard lock(mutex);
+    auto& loaded = contexts[ctx];
+    if (!loaded[k]) {
+      const std::string arch =
+          options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
+      loaded[k] = runtime::load_cached(request(k, arch), ctx, cache::KernelCache::global().run_time_on_miss());
+    }
+    return loaded[k]->function;
+  }
+  void launch(const char* op, int k, std::int64_t work, std::int64_t n,
+              std::initializer_list<std::pair<const char*, const void*>> pointers, void** args, Stream stream) {
+    for (const auto& [name, ptr] : pointers)
+      if (ptr == nullptr) throw Error(fmt::format("bsjit: conv edge bias {}: {} is a null pointer", op, name));
+    if (n <= 0 || n > INT_MAX || static_cast<std::int64_t>(g.edges.of.size()) * channels > INT64_MAX / 4 / n)
+      throw Error(fmt::format("bsjit: conv edge bias {}: n = {} out of range", op, n));
+    if (work == 0) return;
+    const auto grid = static_cast<unsigned>(std::min<std::int64_t>((work + g.threads - 1) / g.threads, 1 << 20));
+    BSJIT_CU(runtime::driver().cuLaunchKernel(function(k), grid, 1, 1, static_cast<unsigned>(g.threads), 1, 1, 0,
+                                              reinterpret_cast<CUstream>(stream), args, nullptr));
+  }
+};
+
+ConvEdgeBias::ConvEdgeBias(const ConvGeometry& geometry, std::int64_t channels, ConvOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  geometry.check();
+  const auto positions = options.deconv ? geometry.in : geometry.out();
+  if (channels <= 0 || channels > INT_MAX || product(positions) > INT_MAX)
+    throw Error(fmt::format("bsjit: conv edge bias: {} channels over {} positions is past the kernels' 32-bit sizes",
+                            channels, product(positions)));
+  if (!options.arch.empty()) runtime::check_arch(options.arch);
+  impl_->geometry = geometry;
+  impl_->channels = channels;
+  impl_->g = generator::generate_conv_edge_bias(geometry, options.deconv, options.dtype,
+                                                options.order == ActivationOrder::ndhwc);
+  impl_->options = std::move(options);
+  impl_->hash = generator::tables_digest(impl_->g.tables);
+}
+
+ConvEdgeBias::~ConvEdgeBias() = default;
+ConvEdgeBias::ConvEdgeBias(ConvEdgeBias&&) noexcept = default;
+ConvEdgeBias& ConvEdgeBias::operator=(ConvEdgeBias&&) noexcept = default;
+
+void ConvEdgeBias::forward(const void* x, const float* gain, const float* bias, void* y, std::int64_t n,
+                           Stream stream) const {
+  int n_ = static_cast<int>(n), c = static_cast<int>(impl_->channels), p = static_cast<int>(positions()),
+      e = static_cast<int>(edges());
+  void* args[] = {&x, &gain, &bias, &y, &n_, &c, &p, &e};
+  impl_->launch("forward", 0, n * impl_->channels * positions(), n,
+                {{"x", x}, {"y", y}, {"gain", edges() ? gain : x}, {"bias", edges() ? bias : x}}, args, stream);
+}
+
+void ConvEdgeBias::backward(const void* dy, const void* x, const float* gain, void* dx, float* grad_gain,
+                            float* grad_bias, std::int64_t n, Stream stream) const {
+  int n_ = static_cast<int>(n), c = static_cast<int>(impl_->channels), p = static_cast<int>(positions()),
+      e = static_cast<int>(edges());
+  const void* some = dy;  // stands in for the parameters where there is no edge
+  void* grad_args[] = {&dy, &gain, &dx, &n_, &c, &p, &e};
+  impl_->launch("backward", 1, n * impl_->channels * positions(), n,
+                {{"dy", dy}, {"dx", dx}, {"gain", edges() ? gain : some}}, grad_args, stream);
+  void* sum_args[] = {&dy, &x, &grad_gain, &grad_bias, &n_, &c, &p, &e};
+  impl_->launch("backward", 2, edges() * impl_->channels, n,
+                {{"x", x}, {"grad_gain", edges() ? grad_gain : some}, {"grad_bias", edges() ? grad_bias : some}},
+                sum_args, stream);
+}
+
+std::int64_t ConvEdgeBias::edges() const { return impl_->g.edges.edges; }
+std::int64_t ConvEdgeBias::positions() const { return static_cast<std::int64_t>(impl_->g.edges.of.size()); }
+const std::vector<int>& ConvEdgeBias::position_edges() const { return impl_->g.edges.of; }
+
+int ConvEdgeBias::precompile(const std::string& arch) const {
+  runtime::check_arch(arch);
+  int compiled = 0;
+  for (int k = 0; k < 3; ++k) {
+    bool now = false;
+    cache::KernelCache::global().get(impl_->request(k, arch), cache::OnMiss::compile, &now);
+    compiled += now;
+  }
+  return compiled;
+}
+
 }  // namespace bsjit

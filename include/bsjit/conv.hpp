@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "bsjit/conv_layout.hpp"
 #include "bsjit/matmul.hpp"
@@ -88,6 +89,38 @@ class Conv {
   const ConvLayout& layout() const;
   const ConvGeometry& geometry() const;
   const ConvOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// blocksparse's ConvEdgeBias: a gain and a bias per output channel for the output positions whose
+// receptive field reaches padding, one pair per group of such positions that miss the same taps
+// (a layer can learn what padding hides from it). Positions inside get neither. For a convolution
+// the positions are its output's; with options.deconv, the deconvolution's output's (the
+// convolution's input positions). gain and bias are fp32 [edges(), channels] for channels-last
+// activations and [channels, edges()] for channels-first ones, as blocksparse shaped them.
+class ConvEdgeBias {
+ public:
+  ConvEdgeBias(const ConvGeometry& geometry, std::int64_t channels, ConvOptions options = {});
+  ~ConvEdgeBias();
+  ConvEdgeBias(ConvEdgeBias&&) noexcept;
+  ConvEdgeBias& operator=(ConvEdgeBias&&) noexcept;
+
+  // y = x · gain + bias at the edge positions, x elsewhere; y may be x.
+  void forward(const void* x, const float* gain, const float* bias, void* y, std::int64_t n,
+               Stream stream = nullptr) const;
+  // dx = dy · gain at the edge positions, dy elsewhere (dx may be dy); grad_gain = Σ dy · x and
+  // grad_bias = Σ dy over the images and each group's positions (same shapes as gain and bias).
+  void backward(const void* dy, const void* x, const float* gain, void* dx, float* grad_gain, float* grad_bias,
+                std::int64_t n, Stream stream = nullptr) const;
+
+  std::int64_t edges() const;      // the groups (0 where padding reaches no output position)
+  std::int64_t positions() const;  // output positions an image
+  // Per output position (row-major), its group or -1.
+  const std::vector<int>& position_edges() const;
+  int precompile(const std::string& arch) const;
 
  private:
   struct Impl;

@@ -270,6 +270,93 @@ __global__ void __launch_bounds__(kConvThreads)
   }
 }
 
+// blocksparse's ConvEdgeBias: the output positions whose receptive field reaches padding, grouped
+// by which taps fall outside (generator::conv_edges), each group e with a gain and a bias per
+// channel (fp32, [E, channels] channels last, [channels, E] channels first). Cfg::edge_tables():
+// of[position] its group or -1; start[e] .. start[e + 1] the group's positions in positions.
+struct ConvEdgeTables {
+  const int* of;
+  const int* start;
+  const int* positions;
+};
+
+template <bool kChannelsLast>
+__device__ __forceinline__ int conv_edge_param(int e, int channel, int channels, int edges) {
+  return kChannelsLast ? e * channels + channel : channel * edges + e;
+}
+
+// y = x · gain + bias at edge positions, x elsewhere (y may be x); `positions` positions an image.
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_edge_bias_kernel(const typename Cfg::T* x, const float* __restrict__ gain, const float* __restrict__ bias,
+                          typename Cfg::T* y, int n, int channels, int positions, int edges) {
+  const int* of = Cfg::edge_tables().of;
+  const int sizes[3] = {1, 1, positions};
+  const long long total = static_cast<long long>(n) * channels * positions;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    long long image, pos;
+    int channel;
+    conv_split<Cfg::kChannelsLast>(e, sizes, channels, image, channel, pos);
+    const int edge = of[pos];
+    if (edge < 0) {
+      if (x != y) y[e] = x[e];
+      continue;
+    }
+    const int at = conv_edge_param<Cfg::kChannelsLast>(edge, channel, channels, edges);
+    y[e] = from_float<typename Cfg::T>(to_float(x[e]) * gain[at] + bias[at]);
+  }
+}
+
+// dx = dy · gain at edge positions, dy elsewhere (dx may be dy).
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_edge_bias_grad_kernel(const typename Cfg::T* dy, const float* __restrict__ gain, typename Cfg::T* dx, int n,
+                               int channels, int positions, int edges) {
+  const int* of = Cfg::edge_tables().of;
+  const int sizes[3] = {1, 1, positions};
+  const long long total = static_cast<long long>(n) * channels * positions;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    long long image, pos;
+    int channel;
+    conv_split<Cfg::kChannelsLast>(e, sizes, channels, image, channel, pos);
+    const int edge = of[pos];
+    if (edge < 0) {
+      if (dx != dy) dx[e] = dy[e];
+      continue;
+    }
+    dx[e] = from_float<typename Cfg::T>(to_float(dy[e]) *
+                                        gain[conv_edge_param<Cfg::kChannelsLast>(edge, channel, channels, edges)]);
+  }
+}
+
+// grad_gain = Σ dy · x and grad_bias = Σ dy over the images and the group's positions, one thread
+// a (group, channel), in a fixed order.
+template <class Cfg>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_edge_bias_sums_kernel(const typename Cfg::T* __restrict__ dy, const typename Cfg::T* __restrict__ x,
+                               float* __restrict__ grad_gain, float* __restrict__ grad_bias, int n, int channels,
+                               int positions, int edges) {
+  const ConvEdgeTables t = Cfg::edge_tables();
+  const int sizes[3] = {1, 1, positions};
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < static_cast<long long>(edges) * channels; i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int edge = static_cast<int>(i / channels), channel = static_cast<int>(i % channels);
+    float g = 0.0f, b = 0.0f;
+    for (int image = 0; image < n; ++image)
+      for (int j = t.start[edge]; j < t.start[edge + 1]; ++j) {
+        const long long at = conv_at<Cfg::kChannelsLast>(sizes, channels, image, channel, 0, 0, t.positions[j]);
+        const float d = to_float(dy[at]);
+        g += d * to_float(x[at]);
+        b += d;
+      }
+    const int at = conv_edge_param<Cfg::kChannelsLast>(edge, channel, channels, edges);
+    grad_gain[at] = g;
+    grad_bias[at] = b;
+  }
+}
+
 // Moves whole blocks of `elements` elements between two orders: out block p = in block order[p]
 // (gather), or out block order[p] = in block p (scatter). Runs a 1×1 convolution's filter (and its
 // gate) into the order of the matmul that computes it, and the filter's gradient back

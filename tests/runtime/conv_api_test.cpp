@@ -77,6 +77,26 @@ TEST(ConvApi, ShapesOfAConvolutionAndADeconvolution) {
   EXPECT_THROW(parse_activation_order("nhwc"), Error);
 }
 
+TEST(ConvApi, EdgeBiasShapesAndCompiles) {
+  set_cache_directory({});
+  const ConvEdgeBias eb(ConvGeometry::same({1, 4, 4}, {1, 3, 3}), 8, {DType::bf16, ActivationOrder::ndhwc, false, ""});
+  EXPECT_EQ(eb.edges(), 8);
+  EXPECT_EQ(eb.positions(), 16);
+  EXPECT_EQ(eb.precompile("sm_90a"), 3);
+  EXPECT_EQ(eb.precompile("sm_90a"), 0);
+  const ConvEdgeBias none(ConvGeometry::valid({1, 4, 4}, {1, 3, 3}), 8);
+  EXPECT_EQ(none.edges(), 0);
+  alignas(16) static char buffer[64];
+  EXPECT_NE(error_of([&] { eb.forward(nullptr, nullptr, nullptr, buffer, 1); }).find("x is a null pointer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { eb.forward(buffer, nullptr, nullptr, buffer, 1); }).find("gain is a null pointer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ConvEdgeBias(ConvGeometry::same({1, 4, 4}, {1, 3, 3}), 0);
+            }).find("0 channels"),
+            std::string::npos);
+}
+
 TEST(ConvApi, RefusesWhatTheKernelsCannotTake) {
   const auto layout = testing::overlapping_conv_layout();
   EXPECT_NE(error_of([&] {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -84,6 +85,8 @@ struct HostConfig {
   static constexpr bool kChannelsLast = kLast;
   static inline kernels::ConvTables t{};
   static kernels::ConvTables tables() { return t; }
+  static inline kernels::ConvEdgeTables edge{};
+  static kernels::ConvEdgeTables edge_tables() { return edge; }
 };
 
 // Runs kernel(blockIdx, threadIdx) for every thread of a grid_x × grid_y grid of 256-thread CTAs.
@@ -100,8 +103,8 @@ void run_grid(unsigned grid_x, unsigned grid_y, Kernel kernel) {
       }
 }
 
-const int* table(const generator::GeneratedConv& g, const char* name) {
-  for (const auto& t : g.tables)
+const int* table(const generator::DeviceTables& tables, const char* name) {
+  for (const auto& t : tables)
     if (t.name == name) return t.values.data();
   ADD_FAILURE() << "no table " << name;
   return nullptr;
@@ -131,9 +134,9 @@ void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
   const ConvProblem p{&c.layout, c.geometry, c.n, kLast};
   const std::int64_t taps = c.geometry.taps();
   const generator::GeneratedConv g = generator::generate_conv(c.layout, taps, dtype, kLast);
-  Cfg::t = {table(g, "kConvBlocks"),     table(g, "kConvChannels"), table(g, "kConvOutStart"),
-            table(g, "kConvOutEntries"), table(g, "kConvInStart"),  table(g, "kConvInEntries"),
-            table(g, "kConvRows")};
+  Cfg::t = {table(g.tables, "kConvBlocks"),     table(g.tables, "kConvChannels"), table(g.tables, "kConvOutStart"),
+            table(g.tables, "kConvOutEntries"), table(g.tables, "kConvInStart"),  table(g.tables, "kConvInEntries"),
+            table(g.tables, "kConvRows")};
   const kernels::ConvDims d = generator::conv_dims(c.layout, c.geometry, c.n);
   const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
 
@@ -196,7 +199,7 @@ template <class T>
 void check_l2_normalize(const ConvLayout& layout, std::int64_t taps, DType dtype, bool deconv, std::mt19937_64& rng) {
   using Cfg = HostConfig<T, true>;
   const generator::GeneratedConv g = generator::generate_conv(layout, taps, dtype, true, deconv);
-  Cfg::t.rows = table(g, "kConvRows");
+  Cfg::t.rows = table(g.tables, "kConvRows");
   const auto f = reference::random_values(dtype, layout.filter_elements(taps), rng);
   const auto u = reference::random_values(dtype, f.size(), rng);
   const std::int64_t rows = g.rows;
@@ -314,6 +317,112 @@ TEST(ConvOnTheCpu, OneByOneConvolutionsAreThePlannedMatmuls) {
       generator::conv_matmul_plan(testing::grouped_conv_layout(), ConvGeometry::valid({1, 1, 4}, {1, 1, 1}), true));
   EXPECT_FALSE(
       generator::conv_matmul_plan(ConvLayout::from_mask(mask, 24), ConvGeometry::valid({1, 1, 4}, {1, 1, 1}), true));
+}
+
+// ConvEdgeBias's groups by hand: SAME 3-wide filters leave the border positions, one group for each
+// set of taps they miss; a deconvolution's are its output's (the convolution's input) positions.
+TEST(ConvOnTheCpu, EdgeBiasGroupsThePositionsPaddingReaches) {
+  const auto one = generator::conv_edges(ConvGeometry::same({1, 1, 5}, {1, 1, 3}), false);
+  EXPECT_EQ(one.of, (std::vector<int>{0, -1, -1, -1, 1}));
+  EXPECT_EQ(one.edges, 2);
+  const auto two = generator::conv_edges(ConvGeometry::same({1, 4, 4}, {1, 3, 3}), false);
+  EXPECT_EQ(two.edges, 8) << "four corners and four sides";
+  EXPECT_EQ(two.of, (std::vector<int>{0, 1, 1, 2, 3, -1, -1, 4, 3, -1, -1, 4, 5, 6, 6, 7}));
+  EXPECT_EQ(two.start, (std::vector<int>{0, 1, 3, 4, 6, 8, 9, 11, 12}));
+  EXPECT_EQ(generator::conv_edges(ConvGeometry::valid({1, 4, 4}, {1, 3, 3}), false).edges, 0) << "no padding";
+  // a deconvolution of stride 2: its position x misses tap t where the convolution's output that
+  // would read x through t, (x + 1 − t) / 2, is a whole number outside [0, 3) (odd numerators are the
+  // stride's holes, not padding)
+  const ConvGeometry strided{{1, 1, 6}, {1, 1, 3}, {1, 1, 2}, {1, 1, 1}, {0, 0, 1}, {0, 0, 0}};
+  ASSERT_EQ(strided.out()[2], 3);
+  const auto de = generator::conv_edges(strided, true);
+  std::map<std::vector<int>, int> seen;
+  std::vector<int> want_of;
+  for (int x = 0; x < 6; ++x) {
+    std::vector<int> missed;
+    for (int t = 0; t < 3; ++t) {
+      const int num = x + 1 - t;
+      if (num % 2 == 0 && (num < 0 || num / 2 >= 3)) missed.push_back(t);
+    }
+    if (missed.empty()) {
+      want_of.push_back(-1);
+      continue;
+    }
+    want_of.push_back(seen.emplace(missed, static_cast<int>(seen.size())).first->second);
+  }
+  EXPECT_EQ(de.of, want_of);
+  EXPECT_EQ(want_of, (std::vector<int>{-1, -1, -1, -1, -1, 0})) << "x = 5 misses tap 0 (output 3)";
+}
+
+// The edge-bias kernels against their definition on the generator's groups.
+template <class T, bool kLast>
+void check_edge_bias(const ConvGeometry& geometry, bool deconv, DType dtype, std::mt19937_64& rng) {
+  using Cfg = HostConfig<T, kLast>;
+  const auto g = generator::generate_conv_edge_bias(geometry, deconv, dtype, kLast);
+  Cfg::edge = {table(g.tables, "kEdgeOf"), table(g.tables, "kEdgeStart"), table(g.tables, "kEdgePositions")};
+  const int n = 3, channels = 5, positions = static_cast<int>(g.edges.of.size()), edges = g.edges.edges;
+  ASSERT_GT(edges, 0);
+  const auto x = reference::random_values(dtype, static_cast<std::size_t>(n) * channels * positions, rng);
+  const auto dy = reference::random_values(dtype, x.size(), rng);
+  std::vector<float> gain(static_cast<std::size_t>(edges) * channels), bias(gain.size());
+  for (std::size_t i = 0; i < gain.size(); ++i) gain[i] = 0.5f + 0.1f * static_cast<float>(i % 9), bias[i] = 0.01f * i;
+  auto param = [&](int e, int c) { return kLast ? e * channels + c : c * edges + e; };
+  auto index = [&](int image, int c, int p) {
+    return kLast ? (static_cast<std::int64_t>(image) * positions + p) * channels + c
+                 : (static_cast<std::int64_t>(image) * channels + c) * positions + p;
+  };
+  std::vector<double> want_y(x.size()), want_dx(x.size()), want_gain(gain.size(), 0), want_bias(gain.size(), 0);
+  for (int image = 0; image < n; ++image)
+    for (int c = 0; c < channels; ++c)
+      for (int p = 0; p < positions; ++p) {
+        const auto i = index(image, c, p);
+        const int e = g.edges.of[p];
+        want_y[i] = e < 0 ? x[i] : x[i] * gain[param(e, c)] + bias[param(e, c)];
+        want_dx[i] = e < 0 ? dy[i] : dy[i] * gain[param(e, c)];
+        if (e >= 0) want_gain[param(e, c)] += dy[i] * x[i], want_bias[param(e, c)] += dy[i];
+      }
+  auto typed = [&](const std::vector<double>& v) {
+    const auto bytes = reference::encode(dtype, v);
+    std::vector<T> out(v.size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  };
+  auto doubles = [&](const std::vector<T>& v) {
+    std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return reference::decode(dtype, bytes);
+  };
+  const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
+  auto y = typed(x);  // in place
+  run_grid(2, 1, [&] {
+    kernels::conv_edge_bias_kernel<Cfg>(y.data(), gain.data(), bias.data(), y.data(), n, channels, positions, edges);
+  });
+  EXPECT_LE(reference::relative_error(doubles(y), want_y), tolerance) << "forward";
+  const auto x_t = typed(x), dy_t = typed(dy);
+  std::vector<T> dx(x.size(), kernels::from_float<T>(std::nanf("")));
+  std::vector<float> dgain(gain.size(), std::nanf("")), dbias(gain.size(), std::nanf(""));
+  run_grid(2, 1, [&] {
+    kernels::conv_edge_bias_grad_kernel<Cfg>(dy_t.data(), gain.data(), dx.data(), n, channels, positions, edges);
+  });
+  run_grid(1, 1, [&] {
+    kernels::conv_edge_bias_sums_kernel<Cfg>(dy_t.data(), x_t.data(), dgain.data(), dbias.data(), n, channels,
+                                             positions, edges);
+  });
+  EXPECT_LE(reference::relative_error(doubles(dx), want_dx), tolerance) << "dx";
+  EXPECT_LE(reference::relative_error({dgain.begin(), dgain.end()}, want_gain), tolerance) << "grad gain";
+  EXPECT_LE(reference::relative_error({dbias.begin(), dbias.end()}, want_bias), tolerance) << "grad bias";
+}
+
+TEST(ConvOnTheCpu, EdgeBiasAndItsGradientMatchTheirDefinition) {
+  std::mt19937_64 rng(5604);
+  for (const auto& [geometry, deconv] : {std::pair{ConvGeometry::same({1, 6, 7}, {1, 3, 3}, {1, 2, 2}), false},
+                                         std::pair{ConvGeometry::same({3, 4, 5}, {3, 3, 3}), false},
+                                         std::pair{ConvGeometry::same({1, 6, 7}, {1, 3, 3}, {1, 2, 2}), true}}) {
+    SCOPED_TRACE(deconv ? "deconvolution" : "convolution");
+    check_edge_bias<float, true>(geometry, deconv, DType::f32, rng);
+    check_edge_bias<float, false>(geometry, deconv, DType::f32, rng);
+    check_edge_bias<kernels::bfloat16_t, true>(geometry, deconv, DType::bf16, rng);
+  }
 }
 
 class ConvOnTheCpu : public ::testing::TestWithParam<DType> {};

@@ -94,6 +94,53 @@ TEST_P(ConvGpu, L2NormalizeMatchesTheReference) {
   }
 }
 
+// ConvEdgeBias forward (in place) and backward against its definition on the groups it reports.
+TEST_P(ConvGpu, EdgeBiasMatchesItsDefinition) {
+  const Param prm = GetParam();
+  const DType dt = prm.dtype;
+  const bool last = prm.order == ActivationOrder::ndhwc;
+  const ConvEdgeBias eb(ConvGeometry::same({2, 6, 7}, {3, 3, 3}, {1, 2, 2}), 6, {dt, prm.order, prm.deconv, ""});
+  const std::int64_t n = 2, c = 6, positions = eb.positions(), edges = eb.edges();
+  ASSERT_GT(edges, 0);
+  std::mt19937_64 rng(5605);
+  const auto x = reference::random_values(dt, n * c * positions, rng), dy = reference::random_values(dt, x.size(), rng);
+  std::vector<float> gain(edges * c), bias(gain.size());
+  for (std::size_t i = 0; i < gain.size(); ++i)
+    gain[i] = 0.75f + 0.05f * static_cast<float>(i % 11), bias[i] = 0.02f * i;
+  std::vector<double> want_y(x.size()), want_dx(x.size()), want_gain(gain.size()), want_bias(gain.size());
+  for (std::int64_t image = 0; image < n; ++image)
+    for (std::int64_t ch = 0; ch < c; ++ch)
+      for (std::int64_t p = 0; p < positions; ++p) {
+        const std::int64_t i = last ? (image * positions + p) * c + ch : (image * c + ch) * positions + p;
+        const int e = eb.position_edges()[p];
+        const std::int64_t at = last ? e * c + ch : ch * edges + e;
+        want_y[i] = e < 0 ? x[i] : x[i] * gain[at] + bias[at];
+        want_dx[i] = e < 0 ? dy[i] : dy[i] * gain[at];
+        if (e >= 0) want_gain[at] += dy[i] * x[i], want_bias[at] += dy[i];
+      }
+  const std::size_t bytes = x.size() * dtype_size(dt);
+  tools::DeviceBuffer dx_(bytes), ddy(bytes), dgain(gain.size() * 4), dbias(gain.size() * 4), gg(gain.size() * 4),
+      gb(gain.size() * 4), dxo(bytes);
+  dx_.upload(reference::encode(dt, x));
+  ddy.upload(reference::encode(dt, dy));
+  dgain.upload(gain);
+  dbias.upload(bias);
+  BSJIT_CU(runtime::driver().cuMemsetD8(dxo.ptr, 0xff, bytes));
+  eb.backward(ddy.get(), dx_.get(), static_cast<const float*>(dgain.get()), dxo.get(), static_cast<float*>(gg.get()),
+              static_cast<float*>(gb.get()), n);
+  eb.forward(dx_.get(), static_cast<const float*>(dgain.get()), static_cast<const float*>(dbias.get()), dx_.get(), n);
+  BSJIT_CU(runtime::driver().cuCtxSynchronize());
+  const double tolerance = check::tolerance(dt);
+  auto floats = [](const tools::DeviceBuffer& b) {
+    const auto v = b.download<float>();
+    return std::vector<double>(v.begin(), v.end());
+  };
+  EXPECT_LE(reference::relative_error(reference::decode(dt, dx_.download()), want_y), tolerance);
+  EXPECT_LE(reference::relative_error(reference::decode(dt, dxo.download()), want_dx), tolerance);
+  EXPECT_LE(reference::relative_error(floats(gg), want_gain), tolerance);
+  EXPECT_LE(reference::relative_error(floats(gb), want_bias), tolerance);
+}
+
 std::vector<Param> params() {
   std::vector<Param> out;
   for (DType dt : {DType::f32, DType::f16, DType::bf16})
