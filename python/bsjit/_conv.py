@@ -241,3 +241,85 @@ def conv_call(x: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, fi
     if _direct.eager(x, f, gate):
         return _ConvFunction.apply(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
     return conv(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
+
+
+# --- blocksparse's filter l2_normalize -------------------------------------------------------------
+
+
+def _check_l2(op: str, f: Tensor, gain: Optional[Tensor], filter_elements: int, rows: int) -> None:
+    _check_filter(op, f, filter_elements, 0, None)
+    if gain is not None and (gain.dtype != torch.float32 or gain.dim() != 1 or gain.shape[0] != rows
+                             or gain.device != f.device):
+        _fail(op, f"the gain must be float32 [{rows}] (one per filter row) on {f.device}, got {gain.dtype} "
+                  f"{tuple(gain.shape)} on {gain.device}")
+
+
+def _l2_object(f: Tensor, layout: int, kernel: list[int], deconv: bool) -> _C.Conv:
+    kernel3 = [1] * (3 - len(kernel)) + list(kernel)
+    geometry = kernel3 + kernel3 + [1, 1, 1] + [1, 1, 1] + [0] * 6  # the kernels depend on the taps only
+    return conv_object(layout, geometry, f.dtype, True, deconv)
+
+
+def _conv_l2_normalize(f: Tensor, gain: Optional[Tensor], layout: int, filter_elements: int, rows: int,
+                       kernel: list[int], deconv: bool, epsilon: float) -> tuple[Tensor, Tensor]:
+    _check_l2("conv_l2_normalize", f, gain, filter_elements, rows)
+    f = f.contiguous()
+    out = torch.empty_like(f)
+    sums = torch.empty(rows, dtype=torch.float32, device=f.device)
+    if out.device.type != "cuda":
+        _fail("conv_l2_normalize", f"bsjit runs on CUDA tensors; these are on {out.device}")
+    with _direct.on_device(out.device):
+        _l2_object(f, layout, kernel, deconv).l2_normalize(
+            f.data_ptr(), gain.contiguous().data_ptr() if gain is not None else 0, out.data_ptr(), sums.data_ptr(),
+            epsilon, _direct.stream(out.device))
+    return out, sums
+
+
+conv_l2_normalize = torch.library.custom_op("bsjit::conv_l2_normalize", _conv_l2_normalize, mutates_args=())
+
+
+@conv_l2_normalize.register_fake
+def _(f, gain, layout, filter_elements, rows, kernel, deconv, epsilon):
+    _check_l2("conv_l2_normalize", f, gain, filter_elements, rows)
+    return torch.empty_like(f, memory_format=torch.contiguous_format), f.new_empty(rows, dtype=torch.float32)
+
+
+def _conv_l2_normalize_backward(grad_out: Tensor, f: Tensor, gain: Optional[Tensor], sums: Tensor, layout: int,
+                                filter_elements: int, rows: int, kernel: list[int], deconv: bool,
+                                epsilon: float) -> tuple[Tensor, Tensor]:
+    _check_l2("conv_l2_normalize_backward", f, gain, filter_elements, rows)
+    f, grad_out = f.contiguous(), grad_out.contiguous()
+    grad_f = torch.empty_like(f)
+    grad_gain = torch.empty(rows if gain is not None else 0, dtype=torch.float32, device=f.device)
+    with _direct.on_device(f.device):
+        _l2_object(f, layout, kernel, deconv).l2_normalize_backward(
+            grad_out.data_ptr(), f.data_ptr(), gain.contiguous().data_ptr() if gain is not None else 0,
+            sums.contiguous().data_ptr(), grad_f.data_ptr(), grad_gain.data_ptr() if gain is not None else 0, epsilon,
+            _direct.stream(f.device))
+    return grad_f, grad_gain
+
+
+conv_l2_normalize_backward = torch.library.custom_op("bsjit::conv_l2_normalize_backward",
+                                                     _conv_l2_normalize_backward, mutates_args=())
+
+
+@conv_l2_normalize_backward.register_fake
+def _(grad_out, f, gain, sums, layout, filter_elements, rows, kernel, deconv, epsilon):
+    _check_l2("conv_l2_normalize_backward", f, gain, filter_elements, rows)
+    return (torch.empty_like(f, memory_format=torch.contiguous_format),
+            f.new_empty(rows if gain is not None else 0, dtype=torch.float32))
+
+
+def _setup_l2(ctx, inputs, output):
+    f, gain, *args = inputs
+    ctx.save_for_backward(f, gain, output[1])
+    ctx.args = args
+
+
+def _l2_backward(ctx, grad_out, _grad_sums):
+    f, gain, sums = ctx.saved_tensors
+    grad_f, grad_gain = conv_l2_normalize_backward(grad_out, f, gain, sums, *ctx.args)
+    return grad_f, (grad_gain if gain is not None else None), None, None, None, None, None, None
+
+
+torch.library.register_autograd("bsjit::conv_l2_normalize", _l2_backward, setup_context=_setup_l2)

@@ -149,3 +149,22 @@ def conv(x: Tensor, filter: Tensor, layout, *, kernel_size=None, stride=1, paddi
     taps = geometry[3] * geometry[4] * geometry[5]
     return _conv.conv_call(x, filter, handle, cl.C, cl.K, cl.blocks, cl.filter_elements(taps), geometry,
                            _is_channels_last(x), bool(deconv), gate)
+
+
+def conv_l2_normalize(filter: Tensor, layout, kernel_size, *, gain: Optional[Tensor] = None, epsilon: float = 1e-12,
+                      deconv: bool = False) -> Tensor:
+    """openai/blocksparse's filter l2_normalize (weight normalization): each row of the layout's filter
+    (a block's output channel: C_b · taps elements; with deconv a block's input channel) divided by
+    its L2 norm (at least sqrt(epsilon)), then multiplied by gain[row] where a float32 gain
+    [rows] is given (rows in block order). Differentiable in the filter and the gain; the result has
+    the filter's shape."""
+    cl = layout if isinstance(layout, ConvLayout) else lookup(layout)
+    handle = layout.handle if isinstance(layout, ConvLayout) else int(layout)
+    kernel = [int(kernel_size)] if isinstance(kernel_size, int) else [int(k) for k in kernel_size]
+    taps = 1
+    for k in kernel:
+        taps *= k
+    rows = sum(c for _, c in cl.block_sizes) if deconv else sum(k for k, _ in cl.block_sizes)
+    out, _ = _conv.conv_l2_normalize(filter, gain, handle, cl.filter_elements(taps), rows, kernel, bool(deconv),
+                                     float(epsilon))
+    return out.view(filter.shape)

@@ -315,6 +315,25 @@ NB_MODULE(_C, m) {
           },
           "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0,
           nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "l2_normalize",
+          [](const bsjit::Conv& c, std::uintptr_t f, std::uintptr_t gain, std::uintptr_t out, std::uintptr_t sums,
+             float epsilon, std::uintptr_t stream) {
+            c.l2_normalize(pointer<const void>(f), pointer<const float>(gain), pointer<void>(out), pointer<float>(sums),
+                           epsilon, stream_of(stream));
+          },
+          "f"_a, "gain"_a, "out"_a, "sum_squares"_a, "epsilon"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "l2_normalize_backward",
+          [](const bsjit::Conv& c, std::uintptr_t grad_out, std::uintptr_t f, std::uintptr_t gain, std::uintptr_t sums,
+             std::uintptr_t grad_f, std::uintptr_t grad_gain, float epsilon, std::uintptr_t stream) {
+            c.l2_normalize_backward(pointer<const void>(grad_out), pointer<const void>(f), pointer<const float>(gain),
+                                    pointer<const float>(sums), pointer<void>(grad_f), pointer<float>(grad_gain),
+                                    epsilon, stream_of(stream));
+          },
+          "grad_out"_a, "f"_a, "gain"_a, "sum_squares"_a, "grad_f"_a, "grad_gain"_a, "epsilon"_a, "stream"_a,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("normalized_rows", &bsjit::Conv::normalized_rows)
       .def("precompile", &bsjit::Conv::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("load", &bsjit::Conv::load, "strict"_a = false, nb::call_guard<nb::gil_scoped_release>())
       .def("input_elements", &bsjit::Conv::input_elements, "n"_a)

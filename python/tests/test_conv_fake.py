@@ -159,3 +159,18 @@ def test_precompile_a_conv_model_without_a_gpu(tmp_path):
         assert len(list(tmp_path.glob("*.bsjit"))) == 20  # 5 kernels × 2 storages × 2 layers
     finally:
         bsjit.set_cache_directory(previous)
+
+
+def test_l2_normalize_shapes_and_autograd_on_meta():
+    layout = bsjit.ConvLayout.from_mask(MASK, B)
+    layout.handle  # registered outside: the registry's lock cannot be traced
+    f = torch.empty(4, B, B, 3, 3, device="meta", requires_grad=True)
+    gain = torch.empty(4 * B, device="meta", requires_grad=True)  # a row per output channel of each block
+    out = F.conv_l2_normalize(f, layout, (3, 3), gain=gain)
+    assert out.shape == f.shape
+    out.sum().backward()
+    assert f.grad.shape == f.shape and gain.grad.shape == gain.shape
+    with pytest.raises(ValueError, match=r"float32 \[64\]"):
+        F.conv_l2_normalize(f, layout, (3, 3), gain=torch.empty(5, device="meta"))
+    # a deconvolution's rows are the blocks' input channels: as many here (square blocks)
+    assert F.conv_l2_normalize(f.detach(), layout, (3, 3), deconv=True).shape == f.shape

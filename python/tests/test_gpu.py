@@ -439,3 +439,26 @@ def test_opcheck_conv_ops():
     y = torch.ops.bsjit.conv(x, f, *args).detach()
     torch.library.opcheck(torch.ops.bsjit.conv_backward_input, (y, f.detach(), *args))
     torch.library.opcheck(torch.ops.bsjit.conv_backward_filter, (x.detach(), y, f.detach(), *args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("deconv", [False, True])
+def test_conv_l2_normalize_matches_torch(dtype, deconv):
+    layout = bsjit.ConvLayout.from_mask(random_mask(3, 2, 0.7, 13), 16)
+    f = torch.randn(layout.blocks, 16, 16, 3, 3, device="cuda", dtype=dtype, requires_grad=True)
+    gain = torch.linspace(0.5, 2.0, layout.blocks * 16, device="cuda").requires_grad_()
+    out = bsjit.functional.conv_l2_normalize(f, layout, (3, 3), gain=gain, deconv=deconv)
+    g = torch.randn_like(out)
+    out.backward(g)
+    # the definition: rows over (C_b, taps) for a convolution, (K_b, taps) for a deconvolution
+    f64 = f.detach().double().requires_grad_()
+    gain64 = gain.detach().double().requires_grad_()
+    rows = f64.transpose(1, 2) if deconv else f64  # [blocks, rows, other, 3, 3]
+    ref = torch.nn.functional.normalize(rows.flatten(2), dim=2, eps=1e-6) * gain64.view(layout.blocks, 16, 1)
+    ref = ref.view_as(rows)
+    ref = ref.transpose(1, 2) if deconv else ref
+    ref.backward(g.double())
+    tol = TOL[dtype]
+    assert rel_err(out.double(), ref) < tol
+    assert rel_err(f.grad.double(), f64.grad) < tol
+    assert rel_err(gain.grad.double(), gain64.grad) < tol
