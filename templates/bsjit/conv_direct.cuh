@@ -67,9 +67,54 @@ __device__ __forceinline__ void conv_split(long long e, const int* sizes, int ch
   }
 }
 
+// f(i) for the i < count this thread takes: a grid-stride loop over the grid's x dimension.
+template <class F>
+__device__ __forceinline__ void conv_grid_stride(long long count, F f) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    f(i);
+}
+
 template <class T>
 __device__ __forceinline__ void conv_store(T* out, float v, int accumulate) {
   *out = from_float<T>(accumulate ? to_float(*out) + v : v);
+}
+
+// Position pos of a [sizes[0], sizes[1], sizes[2]] image as (z, y, x).
+__device__ __forceinline__ void conv_coords(long long pos, const int* sizes, int* at) {
+  at[2] = static_cast<int>(pos % sizes[2]);
+  at[1] = static_cast<int>(pos / sizes[2] % sizes[1]);
+  at[0] = static_cast<int>(pos / (static_cast<long long>(sizes[1]) * sizes[2]));
+}
+
+// f(tap, z, y, x) for every filter tap (t, r, s) that joins `at` to a position of the other image:
+// reach(d, coordinate, tap) gives that position's coordinate in dimension d, or −1 for none.
+template <class Reach, class F>
+__device__ __forceinline__ void conv_taps(const ConvDims& p, const int* at, Reach reach, F f) {
+  for (int ft = 0; ft < p.filter[0]; ++ft) {
+    const int z = reach(0, at[0], ft);
+    if (z < 0) continue;
+    for (int fr = 0; fr < p.filter[1]; ++fr) {
+      const int y = reach(1, at[1], fr);
+      if (y < 0) continue;
+      for (int fs = 0; fs < p.filter[2]; ++fs) {
+        const int x = reach(2, at[2], fs);
+        if (x >= 0) f((ft * p.filter[1] + fr) * p.filter[2] + fs, z, y, x);
+      }
+    }
+  }
+}
+
+// The input coordinate an output coordinate o reads through tap t in dimension d, or −1 (padding).
+__device__ __forceinline__ int conv_input_of(const ConvDims& p, int d, int o, int t) {
+  const int i = o * p.stride[d] - p.pad[d] + t * p.dilation[d];
+  return i >= 0 && i < p.in[d] ? i : -1;
+}
+
+// The output coordinate that reads input coordinate i through tap t in dimension d, or −1.
+__device__ __forceinline__ int conv_output_of(const ConvDims& p, int d, int i, int t) {
+  const int num = i + p.pad[d] - t * p.dilation[d];
+  return num >= 0 && num % p.stride[d] == 0 && num / p.stride[d] < p.out[d] ? num / p.stride[d] : -1;
 }
 
 // O = conv(I, F): out[n, k, m, p, q] = Σ over k's blocks, their input channels c and taps of
@@ -81,13 +126,12 @@ __global__ void __launch_bounds__(kConvThreads)
   const ConvTables t = Cfg::tables();
   const int taps = p.filter[0] * p.filter[1] * p.filter[2];
   const long long total = static_cast<long long>(p.n) * p.k * p.out[0] * p.out[1] * p.out[2];
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(total, [&](long long e) {
     long long n, pos;
     int k;
     conv_split<Cfg::kChannelsLast>(e, p.out, p.k, n, k, pos);
-    const int oq = static_cast<int>(pos % p.out[2]), op = static_cast<int>(pos / p.out[2] % p.out[1]),
-              om = static_cast<int>(pos / (static_cast<long long>(p.out[1]) * p.out[2]));
+    int o[3];
+    conv_coords(pos, p.out, o);
     float acc = 0.0f;
     for (int j = t.out_start[k]; j < t.out_start[k + 1]; ++j) {
       const int block = t.out_entries[2 * j], kk = t.out_entries[2 * j + 1];
@@ -98,26 +142,17 @@ __global__ void __launch_bounds__(kConvThreads)
       const int cb = b[1];
       const typename Cfg::T* f = filter + b[4] + static_cast<long long>(kk) * cb * taps;
       float s = 0.0f;
-      for (int ft = 0; ft < p.filter[0]; ++ft) {
-        const int z = om * p.stride[0] - p.pad[0] + ft * p.dilation[0];
-        if (z < 0 || z >= p.in[0]) continue;
-        for (int fr = 0; fr < p.filter[1]; ++fr) {
-          const int y = op * p.stride[1] - p.pad[1] + fr * p.dilation[1];
-          if (y < 0 || y >= p.in[1]) continue;
-          for (int fs = 0; fs < p.filter[2]; ++fs) {
-            const int x = oq * p.stride[2] - p.pad[2] + fs * p.dilation[2];
-            if (x < 0 || x >= p.in[2]) continue;
-            const int tap = (ft * p.filter[1] + fr) * p.filter[2] + fs;
+      conv_taps(
+          p, o, [&](int d, int c, int tap) { return conv_input_of(p, d, c, tap); },
+          [&](int tap, int z, int y, int x) {
             for (int cc = 0; cc < cb; ++cc)
               s += to_float(in[conv_at<Cfg::kChannelsLast>(p.in, p.c, n, cs[cc], z, y, x)]) *
                    to_float(f[cc * taps + tap]);
-          }
-        }
-      }
+          });
       acc += g * s;
     }
     conv_store(out + e, acc, accumulate);
-  }
+  });
 }
 
 // dI from dO: grad_in[n, c, z, y, x] = Σ over c's blocks, their output channels k and the taps
@@ -130,13 +165,12 @@ __global__ void __launch_bounds__(kConvThreads)
   const ConvTables t = Cfg::tables();
   const int taps = p.filter[0] * p.filter[1] * p.filter[2];
   const long long total = static_cast<long long>(p.n) * p.c * p.in[0] * p.in[1] * p.in[2];
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(total, [&](long long e) {
     long long n, pos;
     int c;
     conv_split<Cfg::kChannelsLast>(e, p.in, p.c, n, c, pos);
-    const int x = static_cast<int>(pos % p.in[2]), y = static_cast<int>(pos / p.in[2] % p.in[1]),
-              z = static_cast<int>(pos / (static_cast<long long>(p.in[1]) * p.in[2]));
+    int i[3];
+    conv_coords(pos, p.in, i);
     float acc = 0.0f;
     for (int j = t.in_start[c]; j < t.in_start[c + 1]; ++j) {
       const int block = t.in_entries[2 * j], cc = t.in_entries[2 * j + 1];
@@ -147,27 +181,17 @@ __global__ void __launch_bounds__(kConvThreads)
       const int* ks = t.channels + b[2];
       const typename Cfg::T* f = filter + b[4] + static_cast<long long>(cc) * taps;
       float s = 0.0f;
-      for (int ft = 0; ft < p.filter[0]; ++ft) {
-        const int zm = z + p.pad[0] - ft * p.dilation[0];
-        if (zm < 0 || zm % p.stride[0] != 0 || zm / p.stride[0] >= p.out[0]) continue;
-        for (int fr = 0; fr < p.filter[1]; ++fr) {
-          const int yp = y + p.pad[1] - fr * p.dilation[1];
-          if (yp < 0 || yp % p.stride[1] != 0 || yp / p.stride[1] >= p.out[1]) continue;
-          for (int fs = 0; fs < p.filter[2]; ++fs) {
-            const int xq = x + p.pad[2] - fs * p.dilation[2];
-            if (xq < 0 || xq % p.stride[2] != 0 || xq / p.stride[2] >= p.out[2]) continue;
-            const int tap = (ft * p.filter[1] + fr) * p.filter[2] + fs;
+      conv_taps(
+          p, i, [&](int d, int c, int tap) { return conv_output_of(p, d, c, tap); },
+          [&](int tap, int m, int q, int r) {
             for (int kk = 0; kk < kb; ++kk)
-              s += to_float(grad_out[conv_at<Cfg::kChannelsLast>(p.out, p.k, n, ks[kk], zm / p.stride[0],
-                                                                 yp / p.stride[1], xq / p.stride[2])]) *
+              s += to_float(grad_out[conv_at<Cfg::kChannelsLast>(p.out, p.k, n, ks[kk], m, q, r)]) *
                    to_float(f[static_cast<long long>(kk) * cb * taps + tap]);
-          }
-        }
-      }
+          });
       acc += g * s;
     }
     conv_store(grad_in + e, acc, accumulate);
-  }
+  });
 }
 
 // dF on the layout's blocks: element (k, c, t, r, s) of block blockIdx.y's filter is the sum over
@@ -185,8 +209,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int cb = b[1], kb = b[3];
   const long long elements = static_cast<long long>(kb) * cb * taps;
   const float g = gate != nullptr ? gate[block] : 1.0f;
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < elements;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(elements, [&](long long e) {
     const int kk = static_cast<int>(e / (static_cast<long long>(cb) * taps));
     const int cc = static_cast<int>(e / taps % cb), tap = static_cast<int>(e % taps);
     const int fs = tap % p.filter[2], fr = tap / p.filter[2] % p.filter[1], ft = tap / (p.filter[1] * p.filter[2]);
@@ -195,14 +218,14 @@ __global__ void __launch_bounds__(kConvThreads)
     if (g != 0.0f) {
       for (long long n = 0; n < p.n; ++n)
         for (int om = 0; om < p.out[0]; ++om) {
-          const int z = om * p.stride[0] - p.pad[0] + ft * p.dilation[0];
-          if (z < 0 || z >= p.in[0]) continue;
+          const int z = conv_input_of(p, 0, om, ft);
+          if (z < 0) continue;
           for (int op = 0; op < p.out[1]; ++op) {
-            const int y = op * p.stride[1] - p.pad[1] + fr * p.dilation[1];
-            if (y < 0 || y >= p.in[1]) continue;
+            const int y = conv_input_of(p, 1, op, fr);
+            if (y < 0) continue;
             for (int oq = 0; oq < p.out[2]; ++oq) {
-              const int x = oq * p.stride[2] - p.pad[2] + fs * p.dilation[2];
-              if (x < 0 || x >= p.in[2]) continue;
+              const int x = conv_input_of(p, 2, oq, fs);
+              if (x < 0) continue;
               s += to_float(grad_out[conv_at<Cfg::kChannelsLast>(p.out, p.k, n, k, om, op, oq)]) *
                    to_float(in[conv_at<Cfg::kChannelsLast>(p.in, p.c, n, c, z, y, x)]);
             }
@@ -210,7 +233,7 @@ __global__ void __launch_bounds__(kConvThreads)
         }
     }
     conv_store(grad_filter + b[4] + e, g * s, accumulate);
-  }
+  });
 }
 
 // blocksparse's filter l2_normalize, one thread a row: row i of the filter (an output channel of a
@@ -222,8 +245,7 @@ __global__ void __launch_bounds__(kConvThreads)
     conv_l2_normalize_kernel(const typename Cfg::T* f, const float* __restrict__ gain, typename Cfg::T* out,
                              float* __restrict__ sum_squares, float epsilon, int row_count) {
   const int* rows = Cfg::tables().rows;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < row_count;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(row_count, [&](long long i) {
     const int* r = rows + 4 * i;
     float s = 0.0f;
     for (int o = 0; o < r[2]; ++o)
@@ -238,7 +260,7 @@ __global__ void __launch_bounds__(kConvThreads)
         const long long at = r[0] + static_cast<long long>(o) * r[1] + e;
         out[at] = from_float<typename Cfg::T>(to_float(f[at]) * scale);
       }
-  }
+  });
 }
 
 // Its gradient: with m = max(Σ f², ε), d = (g · u − f · [Σ f² ≥ ε] · Σ(g · u · f) / m) / sqrt(m) for
@@ -250,8 +272,7 @@ __global__ void __launch_bounds__(kConvThreads)
                                   typename Cfg::T* __restrict__ grad_f, float* __restrict__ grad_gain, float epsilon,
                                   int row_count) {
   const int* rows = Cfg::tables().rows;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < row_count;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(row_count, [&](long long i) {
     const int* r = rows + 4 * i;
     const float s = sum_squares[i], m = s > epsilon ? s : epsilon, g = gain != nullptr ? gain[i] : 1.0f;
     float uf = 0.0f;
@@ -267,7 +288,7 @@ __global__ void __launch_bounds__(kConvThreads)
         const long long at = r[0] + static_cast<long long>(o) * r[1] + e;
         grad_f[at] = from_float<typename Cfg::T>((g * to_float(grad_out[at]) - to_float(f[at]) * along) * inv);
       }
-  }
+  });
 }
 
 // blocksparse's ConvEdgeBias: the output positions whose receptive field reaches padding, grouped
@@ -293,19 +314,18 @@ __global__ void __launch_bounds__(kConvThreads)
   const int* of = Cfg::edge_tables().of;
   const int sizes[3] = {1, 1, positions};
   const long long total = static_cast<long long>(n) * channels * positions;
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(total, [&](long long e) {
     long long image, pos;
     int channel;
     conv_split<Cfg::kChannelsLast>(e, sizes, channels, image, channel, pos);
     const int edge = of[pos];
     if (edge < 0) {
       if (x != y) y[e] = x[e];
-      continue;
+      return;
     }
     const int at = conv_edge_param<Cfg::kChannelsLast>(edge, channel, channels, edges);
     y[e] = from_float<typename Cfg::T>(to_float(x[e]) * gain[at] + bias[at]);
-  }
+  });
 }
 
 // dx = dy · gain at edge positions, dy elsewhere (dx may be dy).
@@ -316,19 +336,18 @@ __global__ void __launch_bounds__(kConvThreads)
   const int* of = Cfg::edge_tables().of;
   const int sizes[3] = {1, 1, positions};
   const long long total = static_cast<long long>(n) * channels * positions;
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(total, [&](long long e) {
     long long image, pos;
     int channel;
     conv_split<Cfg::kChannelsLast>(e, sizes, channels, image, channel, pos);
     const int edge = of[pos];
     if (edge < 0) {
       if (dx != dy) dx[e] = dy[e];
-      continue;
+      return;
     }
     dx[e] = from_float<typename Cfg::T>(to_float(dy[e]) *
                                         gain[conv_edge_param<Cfg::kChannelsLast>(edge, channel, channels, edges)]);
-  }
+  });
 }
 
 // grad_gain = Σ dy · x and grad_bias = Σ dy over the images and the group's positions, one thread
@@ -340,8 +359,7 @@ __global__ void __launch_bounds__(kConvThreads)
                                int positions, int edges) {
   const ConvEdgeTables t = Cfg::edge_tables();
   const int sizes[3] = {1, 1, positions};
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < static_cast<long long>(edges) * channels; i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(static_cast<long long>(edges) * channels, [&](long long i) {
     const int edge = static_cast<int>(i / channels), channel = static_cast<int>(i % channels);
     float g = 0.0f, b = 0.0f;
     for (int image = 0; image < n; ++image)
@@ -354,7 +372,7 @@ __global__ void __launch_bounds__(kConvThreads)
     const int at = conv_edge_param<Cfg::kChannelsLast>(edge, channel, channels, edges);
     grad_gain[at] = g;
     grad_bias[at] = b;
-  }
+  });
 }
 
 // Moves whole blocks of `elements` elements between two orders: out block p = in block order[p]
@@ -366,14 +384,13 @@ __global__ void __launch_bounds__(kConvThreads)
     conv_gather_blocks_kernel(const E* __restrict__ in, E* __restrict__ out, const int* __restrict__ order, int blocks,
                               int elements, int scatter) {
   const long long total = static_cast<long long>(blocks) * elements;
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+  conv_grid_stride(total, [&](long long e) {
     const long long p = e / elements, other = static_cast<long long>(order[p]) * elements + e % elements;
     if (scatter)
       out[other] = in[e];
     else
       out[e] = in[other];
-  }
+  });
 }
 
 }  // namespace kernels

@@ -103,6 +103,21 @@ void run_grid(unsigned grid_x, unsigned grid_y, Kernel kernel) {
       }
 }
 
+// Values as the kernels' element type T (the dtype's encoding), and back.
+template <class T>
+std::vector<T> typed(DType dtype, const std::vector<double>& v) {
+  const auto bytes = reference::encode(dtype, v);
+  std::vector<T> out(v.size());
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+template <class T>
+std::vector<double> doubles(DType dtype, const std::vector<T>& v) {
+  std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return reference::decode(dtype, bytes);
+}
+
 const int* table(const generator::DeviceTables& tables, const char* name) {
   for (const auto& t : tables)
     if (t.name == name) return t.values.data();
@@ -143,18 +158,7 @@ void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
   const auto input = reference::random_values(dtype, reference::conv_input_elements(p), rng);
   const auto filter = reference::random_values(dtype, c.layout.filter_elements(taps), rng);
   const auto grad_out = reference::random_values(dtype, reference::conv_output_elements(p), rng);
-  auto typed = [&](const std::vector<double>& v) {
-    const auto bytes = reference::encode(dtype, v);
-    std::vector<T> out(v.size());
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  };
-  auto doubles = [&](const std::vector<T>& v) {
-    std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
-    std::memcpy(bytes.data(), v.data(), bytes.size());
-    return reference::decode(dtype, bytes);
-  };
-  const auto in_t = typed(input), filter_t = typed(filter), grad_out_t = typed(grad_out);
+  const auto in_t = typed<T>(dtype, input), filter_t = typed<T>(dtype, filter), grad_out_t = typed<T>(dtype, grad_out);
   const std::vector<float> gate = gate_of(c.layout.blocks().size());
   const T poison = kernels::from_float<T>(std::nanf(""));
 
@@ -165,20 +169,22 @@ void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
 
     std::vector<T> out(grad_out.size(), poison);
     run_grid(3, 1, [&] { kernels::conv_fprop_kernel<Cfg>(in_t.data(), filter_t.data(), out.data(), gp, 0, d); });
-    EXPECT_LE(reference::relative_error(doubles(out), reference::conv_fprop(p, input, f_ref)), tolerance) << "fprop";
+    EXPECT_LE(reference::relative_error(doubles(dtype, out), reference::conv_fprop(p, input, f_ref)), tolerance)
+        << "fprop";
 
     std::vector<T> grad_in(input.size(), poison);
     run_grid(3, 1,
              [&] { kernels::conv_bprop_kernel<Cfg>(grad_out_t.data(), filter_t.data(), grad_in.data(), gp, 0, d); });
-    EXPECT_LE(reference::relative_error(doubles(grad_in), reference::conv_bprop(p, grad_out, f_ref)), tolerance)
+    EXPECT_LE(reference::relative_error(doubles(dtype, grad_in), reference::conv_bprop(p, grad_out, f_ref)), tolerance)
         << "bprop";
 
     std::vector<T> grad_f(filter.size(), poison);
     run_grid(2, static_cast<unsigned>(c.layout.blocks().size()),
              [&] { kernels::conv_updat_kernel<Cfg>(in_t.data(), grad_out_t.data(), grad_f.data(), gp, 0, d); });
     const auto want_f = reference::conv_updat(p, input, grad_out);
-    EXPECT_LE(reference::relative_error(doubles(grad_f), gated ? gated_filter(c.layout, taps, want_f, gate) : want_f),
-              tolerance)
+    EXPECT_LE(
+        reference::relative_error(doubles(dtype, grad_f), gated ? gated_filter(c.layout, taps, want_f, gate) : want_f),
+        tolerance)
         << "updat";
 
     // accumulate: the result added to what the output held
@@ -187,7 +193,7 @@ void check_case(const testing::ConvCase& c, DType dtype, std::mt19937_64& rng) {
       run_grid(3, 1, [&] { kernels::conv_fprop_kernel<Cfg>(in_t.data(), filter_t.data(), again.data(), gp, 1, d); });
       auto twice = reference::conv_fprop(p, input, filter);
       for (auto& x : twice) x *= 2;
-      EXPECT_LE(reference::relative_error(doubles(again), twice), tolerance) << "fprop accumulate";
+      EXPECT_LE(reference::relative_error(doubles(dtype, again), twice), tolerance) << "fprop accumulate";
     }
   }
 }
@@ -209,18 +215,7 @@ void check_l2_normalize(const ConvLayout& layout, std::int64_t taps, DType dtype
   const std::vector<float> gain_f(gain.begin(), gain.end());
   const auto want = reference::conv_l2_normalize(layout, taps, deconv, f, gain);
   const auto [want_grad, want_gain] = reference::conv_l2_normalize_grad(layout, taps, deconv, f, gain, u);
-  auto typed = [&](const std::vector<double>& v) {
-    const auto bytes = reference::encode(dtype, v);
-    std::vector<T> out(v.size());
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  };
-  auto doubles = [&](const std::vector<T>& v) {
-    std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
-    std::memcpy(bytes.data(), v.data(), bytes.size());
-    return reference::decode(dtype, bytes);
-  };
-  const auto f_t = typed(f), u_t = typed(u);
+  const auto f_t = typed<T>(dtype, f), u_t = typed<T>(dtype, u);
   const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
   std::vector<T> out(f.size(), kernels::from_float<T>(std::nanf("")));
   std::vector<float> sums(rows, std::nanf("")), grad_gain(rows, std::nanf(""));
@@ -228,13 +223,13 @@ void check_l2_normalize(const ConvLayout& layout, std::int64_t taps, DType dtype
   run_grid(2, 1, [&] {
     kernels::conv_l2_normalize_kernel<Cfg>(f_t.data(), gain_f.data(), out.data(), sums.data(), 1e-12f, count);
   });
-  EXPECT_LE(reference::relative_error(doubles(out), want), tolerance) << "l2_normalize";
+  EXPECT_LE(reference::relative_error(doubles(dtype, out), want), tolerance) << "l2_normalize";
   std::vector<T> grad(f.size(), kernels::from_float<T>(std::nanf("")));
   run_grid(2, 1, [&] {
     kernels::conv_l2_normalize_grad_kernel<Cfg>(u_t.data(), f_t.data(), gain_f.data(), sums.data(), grad.data(),
                                                 grad_gain.data(), 1e-12f, count);
   });
-  EXPECT_LE(reference::relative_error(doubles(grad), want_grad), tolerance) << "l2_normalize gradient";
+  EXPECT_LE(reference::relative_error(doubles(dtype, grad), want_grad), tolerance) << "l2_normalize gradient";
   EXPECT_LE(reference::relative_error({grad_gain.begin(), grad_gain.end()}, want_gain), tolerance) << "gain gradient";
 }
 
@@ -381,24 +376,13 @@ void check_edge_bias(const ConvGeometry& geometry, bool deconv, DType dtype, std
         want_dx[i] = e < 0 ? dy[i] : dy[i] * gain[param(e, c)];
         if (e >= 0) want_gain[param(e, c)] += dy[i] * x[i], want_bias[param(e, c)] += dy[i];
       }
-  auto typed = [&](const std::vector<double>& v) {
-    const auto bytes = reference::encode(dtype, v);
-    std::vector<T> out(v.size());
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  };
-  auto doubles = [&](const std::vector<T>& v) {
-    std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
-    std::memcpy(bytes.data(), v.data(), bytes.size());
-    return reference::decode(dtype, bytes);
-  };
   const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
-  auto y = typed(x);  // in place
+  auto y = typed<T>(dtype, x);  // in place
   run_grid(2, 1, [&] {
     kernels::conv_edge_bias_kernel<Cfg>(y.data(), gain.data(), bias.data(), y.data(), n, channels, positions, edges);
   });
-  EXPECT_LE(reference::relative_error(doubles(y), want_y), tolerance) << "forward";
-  const auto x_t = typed(x), dy_t = typed(dy);
+  EXPECT_LE(reference::relative_error(doubles(dtype, y), want_y), tolerance) << "forward";
+  const auto x_t = typed<T>(dtype, x), dy_t = typed<T>(dtype, dy);
   std::vector<T> dx(x.size(), kernels::from_float<T>(std::nanf("")));
   std::vector<float> dgain(gain.size(), std::nanf("")), dbias(gain.size(), std::nanf(""));
   run_grid(2, 1, [&] {
@@ -408,7 +392,7 @@ void check_edge_bias(const ConvGeometry& geometry, bool deconv, DType dtype, std
     kernels::conv_edge_bias_sums_kernel<Cfg>(dy_t.data(), x_t.data(), dgain.data(), dbias.data(), n, channels,
                                              positions, edges);
   });
-  EXPECT_LE(reference::relative_error(doubles(dx), want_dx), tolerance) << "dx";
+  EXPECT_LE(reference::relative_error(doubles(dtype, dx), want_dx), tolerance) << "dx";
   EXPECT_LE(reference::relative_error({dgain.begin(), dgain.end()}, want_gain), tolerance) << "grad gain";
   EXPECT_LE(reference::relative_error({dbias.begin(), dbias.end()}, want_bias), tolerance) << "grad bias";
 }

@@ -192,4 +192,17 @@ double cusparse_bell_ms(const Layout& layout, int b, std::int64_t n, const void*
   return result;
 }
 
+std::vector<std::uint16_t> random_bf16_bits(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint16_t> out(n);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : out) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    const float f = static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 2 - 1);
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<std::uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+  }
+  return out;
+}
+
 }  // namespace bsjit::bench

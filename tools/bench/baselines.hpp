@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "bsjit/layout.hpp"
 #include "runtime/driver.hpp"
@@ -20,6 +21,9 @@ double time_ms(const std::function<void()>& fn, CUstream stream, int warmup, int
 // Off: time each run from an idle GPU, the first event just before fn (the method of the figures
 // before 2026-11-30), for comparison.
 void set_flush_before_timing(bool on);
+
+// Random bf16 bits in [-1, 1), quickly (hundreds of millions of values).
+std::vector<std::uint16_t> random_bf16_bits(std::size_t n, std::uint64_t seed);
 
 // Copy bandwidth in bytes/s (bytes read + written) of a large device-to-device copy.
 double copy_bandwidth(CUstream stream, int reps);

@@ -30,34 +30,37 @@ using tools::DeviceBuffer;
 constexpr std::int64_t kN = 32;
 
 // The cuDNN functions the baseline calls, from libcudnn.so.9 opened at run time.
+#define BSJIT_CUDNN_FUNCTIONS(X)                    \
+  X(cudnnCreate)                                    \
+  X(cudnnDestroy)                                   \
+  X(cudnnSetStream)                                 \
+  X(cudnnGetErrorString)                            \
+  X(cudnnCreateTensorDescriptor)                    \
+  X(cudnnSetTensor4dDescriptor)                     \
+  X(cudnnDestroyTensorDescriptor)                   \
+  X(cudnnCreateFilterDescriptor)                    \
+  X(cudnnSetFilter4dDescriptor)                     \
+  X(cudnnDestroyFilterDescriptor)                   \
+  X(cudnnCreateConvolutionDescriptor)               \
+  X(cudnnSetConvolution2dDescriptor)                \
+  X(cudnnSetConvolutionGroupCount)                  \
+  X(cudnnSetConvolutionMathType)                    \
+  X(cudnnDestroyConvolutionDescriptor)              \
+  X(cudnnFindConvolutionForwardAlgorithm)           \
+  X(cudnnGetConvolutionForwardWorkspaceSize)        \
+  X(cudnnConvolutionForward)                        \
+  X(cudnnFindConvolutionBackwardDataAlgorithm)      \
+  X(cudnnGetConvolutionBackwardDataWorkspaceSize)   \
+  X(cudnnConvolutionBackwardData)                   \
+  X(cudnnFindConvolutionBackwardFilterAlgorithm)    \
+  X(cudnnGetConvolutionBackwardFilterWorkspaceSize) \
+  X(cudnnConvolutionBackwardFilter)
+
 struct Cudnn {
   void* lib = nullptr;
-#define BSJIT_CUDNN(name) decltype(&::name) name = nullptr;
-  BSJIT_CUDNN(cudnnCreate)
-  BSJIT_CUDNN(cudnnDestroy)
-  BSJIT_CUDNN(cudnnSetStream)
-  BSJIT_CUDNN(cudnnGetErrorString)
-  BSJIT_CUDNN(cudnnCreateTensorDescriptor)
-  BSJIT_CUDNN(cudnnSetTensor4dDescriptor)
-  BSJIT_CUDNN(cudnnDestroyTensorDescriptor)
-  BSJIT_CUDNN(cudnnCreateFilterDescriptor)
-  BSJIT_CUDNN(cudnnSetFilter4dDescriptor)
-  BSJIT_CUDNN(cudnnDestroyFilterDescriptor)
-  BSJIT_CUDNN(cudnnCreateConvolutionDescriptor)
-  BSJIT_CUDNN(cudnnSetConvolution2dDescriptor)
-  BSJIT_CUDNN(cudnnSetConvolutionGroupCount)
-  BSJIT_CUDNN(cudnnSetConvolutionMathType)
-  BSJIT_CUDNN(cudnnDestroyConvolutionDescriptor)
-  BSJIT_CUDNN(cudnnFindConvolutionForwardAlgorithm)
-  BSJIT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize)
-  BSJIT_CUDNN(cudnnConvolutionForward)
-  BSJIT_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm)
-  BSJIT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize)
-  BSJIT_CUDNN(cudnnConvolutionBackwardData)
-  BSJIT_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm)
-  BSJIT_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize)
-  BSJIT_CUDNN(cudnnConvolutionBackwardFilter)
-#undef BSJIT_CUDNN
+#define BSJIT_CUDNN_FIELD(name) decltype(&::name) name = nullptr;
+  BSJIT_CUDNN_FUNCTIONS(BSJIT_CUDNN_FIELD)
+#undef BSJIT_CUDNN_FIELD
 
   // Null (with why) where libcudnn.so.9 or one of its functions is missing.
   static std::unique_ptr<Cudnn> open(std::string* why) {
@@ -72,32 +75,9 @@ struct Cudnn {
       f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(c->lib, name));
       if (!f) ok = false, *why = std::string("no ") + name;
     };
-#define BSJIT_CUDNN(name) get(c->name, #name);
-    BSJIT_CUDNN(cudnnCreate)
-    BSJIT_CUDNN(cudnnDestroy)
-    BSJIT_CUDNN(cudnnSetStream)
-    BSJIT_CUDNN(cudnnGetErrorString)
-    BSJIT_CUDNN(cudnnCreateTensorDescriptor)
-    BSJIT_CUDNN(cudnnSetTensor4dDescriptor)
-    BSJIT_CUDNN(cudnnDestroyTensorDescriptor)
-    BSJIT_CUDNN(cudnnCreateFilterDescriptor)
-    BSJIT_CUDNN(cudnnSetFilter4dDescriptor)
-    BSJIT_CUDNN(cudnnDestroyFilterDescriptor)
-    BSJIT_CUDNN(cudnnCreateConvolutionDescriptor)
-    BSJIT_CUDNN(cudnnSetConvolution2dDescriptor)
-    BSJIT_CUDNN(cudnnSetConvolutionGroupCount)
-    BSJIT_CUDNN(cudnnSetConvolutionMathType)
-    BSJIT_CUDNN(cudnnDestroyConvolutionDescriptor)
-    BSJIT_CUDNN(cudnnFindConvolutionForwardAlgorithm)
-    BSJIT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize)
-    BSJIT_CUDNN(cudnnConvolutionForward)
-    BSJIT_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm)
-    BSJIT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize)
-    BSJIT_CUDNN(cudnnConvolutionBackwardData)
-    BSJIT_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm)
-    BSJIT_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize)
-    BSJIT_CUDNN(cudnnConvolutionBackwardFilter)
-#undef BSJIT_CUDNN
+#define BSJIT_CUDNN_GET(name) get(c->name, #name);
+    BSJIT_CUDNN_FUNCTIONS(BSJIT_CUDNN_GET)
+#undef BSJIT_CUDNN_GET
     return ok ? std::move(c) : nullptr;
   }
   void check(cudnnStatus_t s, const char* what) const {
@@ -105,18 +85,7 @@ struct Cudnn {
   }
 };
 
-void random_bf16(DeviceBuffer& b, std::uint64_t seed) {
-  std::vector<std::uint16_t> bits(b.bytes / 2);
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& x : bits) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    const float f = static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 2 - 1);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    x = static_cast<std::uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  }
-  b.upload(bits);
-}
+void random_bf16(DeviceBuffer& b, std::uint64_t seed) { b.upload(random_bf16_bits(b.bytes / 2, seed)); }
 
 struct Shape {
   const char* name;
@@ -157,49 +126,37 @@ std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, int groups, CUs
   random_bf16(dx, 4), random_bf16(dy, 5), random_bf16(dw, 6);  // random inputs, as BENCH.md asks of baselines
   const float one = 1, zero = 0;
   int found = 0;
+  std::size_t bytes = 0;
+  // the median time of run(workspace) with a workspace of `bytes`
+  const auto timed = [&](const std::function<void(void*)>& run) {
+    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
+    return time_ms([&] { run(ws.get()); }, stream, 3, reps);
+  };
   std::array<double, 3> ms{};
-  {
-    cudnnConvolutionFwdAlgoPerf_t perf;
-    dnn.check(dnn.cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, 1, &found, &perf), "find forward");
-    std::size_t bytes = 0;
-    dnn.check(dnn.cudnnGetConvolutionForwardWorkspaceSize(h, x, w, conv, y, perf.algo, &bytes), "workspace");
-    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
-    ms[0] = time_ms(
-        [&] {
-          dnn.check(dnn.cudnnConvolutionForward(h, &one, x, dx.get(), w, dw.get(), conv, perf.algo, ws.get(), bytes,
-                                                &zero, y, dy.get()),
-                    "forward");
-        },
-        stream, 3, reps);
-  }
-  {
-    cudnnConvolutionBwdDataAlgoPerf_t perf;
-    dnn.check(dnn.cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, conv, x, 1, &found, &perf), "find data");
-    std::size_t bytes = 0;
-    dnn.check(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, conv, x, perf.algo, &bytes), "workspace");
-    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
-    ms[1] = time_ms(
-        [&] {
-          dnn.check(dnn.cudnnConvolutionBackwardData(h, &one, w, dw.get(), y, dy.get(), conv, perf.algo, ws.get(),
-                                                     bytes, &zero, x, dx.get()),
-                    "backward data");
-        },
-        stream, 3, reps);
-  }
-  {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf;
-    dnn.check(dnn.cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, conv, w, 1, &found, &perf), "find filter");
-    std::size_t bytes = 0;
-    dnn.check(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, conv, w, perf.algo, &bytes), "workspace");
-    DeviceBuffer ws(std::max<std::size_t>(bytes, 16));
-    ms[2] = time_ms(
-        [&] {
-          dnn.check(dnn.cudnnConvolutionBackwardFilter(h, &one, x, dx.get(), y, dy.get(), conv, perf.algo, ws.get(),
-                                                       bytes, &zero, w, dw.get()),
-                    "backward filter");
-        },
-        stream, 3, reps);
-  }
+  cudnnConvolutionFwdAlgoPerf_t fwd;
+  dnn.check(dnn.cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, 1, &found, &fwd), "find forward");
+  dnn.check(dnn.cudnnGetConvolutionForwardWorkspaceSize(h, x, w, conv, y, fwd.algo, &bytes), "workspace");
+  ms[0] = timed([&](void* ws) {
+    dnn.check(
+        dnn.cudnnConvolutionForward(h, &one, x, dx.get(), w, dw.get(), conv, fwd.algo, ws, bytes, &zero, y, dy.get()),
+        "forward");
+  });
+  cudnnConvolutionBwdDataAlgoPerf_t data;
+  dnn.check(dnn.cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, conv, x, 1, &found, &data), "find data");
+  dnn.check(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, conv, x, data.algo, &bytes), "workspace");
+  ms[1] = timed([&](void* ws) {
+    dnn.check(dnn.cudnnConvolutionBackwardData(h, &one, w, dw.get(), y, dy.get(), conv, data.algo, ws, bytes, &zero, x,
+                                               dx.get()),
+              "backward data");
+  });
+  cudnnConvolutionBwdFilterAlgoPerf_t filter;
+  dnn.check(dnn.cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, conv, w, 1, &found, &filter), "find filter");
+  dnn.check(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, conv, w, filter.algo, &bytes), "workspace");
+  ms[2] = timed([&](void* ws) {
+    dnn.check(dnn.cudnnConvolutionBackwardFilter(h, &one, x, dx.get(), y, dy.get(), conv, filter.algo, ws, bytes, &zero,
+                                                 w, dw.get()),
+              "backward filter");
+  });
   dnn.cudnnDestroyConvolutionDescriptor(conv);
   dnn.cudnnDestroyFilterDescriptor(w);
   dnn.cudnnDestroyTensorDescriptor(x);
