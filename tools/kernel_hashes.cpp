@@ -10,8 +10,10 @@
 #include <random>
 
 #include "bsjit/attention.hpp"
+#include "bsjit/conv_layout.hpp"
 #include "bsjit/layout.hpp"
 #include "generator/attention_generator.hpp"
+#include "generator/conv_generator.hpp"
 #include "generator/matmul_generator.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/parallel.hpp"
@@ -104,6 +106,37 @@ void add_attention(std::vector<Variant>& out, const std::string& arch) {
           }
 }
 
+// The convolution's kernels: one source per dtype and activation order serves every layout and
+// geometry, so one layout (blocksparse's overlapping one) and one geometry each; the 1×1 matmul
+// path's gathers; the edge bias.
+void add_conv(std::vector<Variant>& out, const std::string& arch) {
+  std::vector<ConvBlock> blocks;
+  for (int g = 0; g < 8; ++g) {
+    ConvBlock b;
+    for (int i = 0; i < 16; ++i) b.c.push_back(g * 8 + i);
+    for (int i = 0; i < 32; ++i) b.k.push_back(g * 16 + i);
+    blocks.push_back(b);
+  }
+  const ConvLayout layout = ConvLayout::from_blocks(72, 144, blocks);
+  const ConvGeometry geometry = ConvGeometry::same({2, 5, 6}, {3, 3, 3}, {1, 2, 1});
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (bool last : {false, true}) {
+      const std::string what = fmt::format("conv {} {}", to_string(dtype), last ? "ndhwc" : "ncdhw");
+      const auto g = generator::generate_conv(layout, geometry.taps(), dtype, last);
+      for (const auto& [kind, name] : {std::pair{"fprop", g.fprop},
+                                       {"bprop", g.bprop},
+                                       {"updat", g.updat},
+                                       {"l2_normalize", g.l2_normalize},
+                                       {"l2_normalize_grad", g.l2_normalize_grad},
+                                       {"gather", g.gather},
+                                       {"gather_gate", g.gather_gate}})
+        out.push_back({what + " " + kind, arch, g.source, name});
+      const auto e = generator::generate_conv_edge_bias(geometry, false, dtype, last);
+      for (const auto& [kind, name] : {std::pair{"forward", e.forward}, {"grad", e.grad}, {"sums", e.sums}})
+        out.push_back({what + " edge_bias " + kind, arch, e.source, name});
+    }
+}
+
 }  // namespace
 
 std::vector<std::string> kernel_hashes(const std::vector<std::string>& archs, unsigned threads,
@@ -119,6 +152,7 @@ std::vector<std::string> kernel_hashes(const std::vector<std::string>& archs, un
     add_matmul(variants, "split", splits, arch);
     add_matmul(variants, "whole", whole, arch);
     add_attention(variants, arch);
+    add_conv(variants, arch);
   }
   if (!only.empty()) std::erase_if(variants, [&](const Variant& v) { return v.what.find(only) == std::string::npos; });
   // one compile per distinct (source, entry point, arch)
