@@ -323,3 +323,87 @@ def _l2_backward(ctx, grad_out, _grad_sums):
 
 
 torch.library.register_autograd("bsjit::conv_l2_normalize", _l2_backward, setup_context=_setup_l2)
+
+
+# --- blocksparse's ConvEdgeBias ----------------------------------------------------------------------
+
+_edge_objects = ObjectCache(64)
+
+
+def edge_bias_object(geometry: list[int], channels: int, dtype: torch.dtype, channels_last: bool,
+                     deconv: bool) -> _C.ConvEdgeBias:
+    key = (tuple(geometry), channels, dtype, channels_last, deconv)
+    return _edge_objects.get(key, lambda: _C.ConvEdgeBias(list(geometry), channels, _DTYPES[dtype], channels_last,
+                                                           deconv))
+
+
+def _check_edge(op: str, y: Tensor, gain: Tensor, bias: Tensor, edges: int, channels_last: bool) -> None:
+    channels = y.shape[1] if y.dim() >= 3 else -1
+    want = [edges, channels] if channels_last else [channels, edges]
+    for name, t in (("gain", gain), ("bias", bias)):
+        if t.dtype != torch.float32 or list(t.shape) != want or t.device != y.device:
+            shape, order = (f"[edges, {channels}]", "last") if channels_last else (f"[{channels}, edges]", "first")
+            _fail(op, f"the {name} must be float32 {shape} on {y.device} (channels {order}; conv_edge_bias_shape), "
+                      f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if y.dtype not in _DTYPES:
+        _fail(op, f"dtype {y.dtype} is not supported; expected float32, float16 or bfloat16")
+
+
+def _conv_edge_bias(y: Tensor, gain: Tensor, bias: Tensor, geometry: list[int], edges: int, channels_last: bool,
+                    deconv: bool) -> Tensor:
+    _check_edge("conv_edge_bias", y, gain, bias, edges, channels_last)
+    out = _empty(y, list(y.shape), channels_last)
+    if out.device.type != "cuda":
+        _fail("conv_edge_bias", f"bsjit runs on CUDA tensors; these are on {out.device}")
+    x = _stored(y, channels_last)
+    with _direct.on_device(out.device):
+        edge_bias_object(geometry, int(y.shape[1]), y.dtype, channels_last, deconv).forward(
+            x.data_ptr(), gain.contiguous().data_ptr(), bias.contiguous().data_ptr(), out.data_ptr(), int(y.shape[0]),
+            _direct.stream(out.device))
+    return out
+
+
+conv_edge_bias = torch.library.custom_op("bsjit::conv_edge_bias", _conv_edge_bias, mutates_args=())
+
+
+@conv_edge_bias.register_fake
+def _(y, gain, bias, geometry, edges, channels_last, deconv):
+    _check_edge("conv_edge_bias", y, gain, bias, edges, channels_last)
+    return _empty(y, list(y.shape), channels_last)
+
+
+def _conv_edge_bias_backward(dy: Tensor, y: Tensor, gain: Tensor, geometry: list[int], edges: int,
+                             channels_last: bool, deconv: bool) -> tuple[Tensor, Tensor, Tensor]:
+    _check_edge("conv_edge_bias_backward", y, gain, gain, edges, channels_last)
+    dx = _empty(dy, list(dy.shape), channels_last)
+    grad_gain, grad_bias = torch.empty_like(gain), torch.empty_like(gain)
+    with _direct.on_device(dy.device):
+        edge_bias_object(geometry, int(y.shape[1]), y.dtype, channels_last, deconv).backward(
+            _stored(dy, channels_last).data_ptr(), _stored(y, channels_last).data_ptr(), gain.contiguous().data_ptr(),
+            dx.data_ptr(), grad_gain.data_ptr(), grad_bias.data_ptr(), int(y.shape[0]), _direct.stream(dy.device))
+    return dx, grad_gain, grad_bias
+
+
+conv_edge_bias_backward = torch.library.custom_op("bsjit::conv_edge_bias_backward", _conv_edge_bias_backward,
+                                                  mutates_args=())
+
+
+@conv_edge_bias_backward.register_fake
+def _(dy, y, gain, geometry, edges, channels_last, deconv):
+    _check_edge("conv_edge_bias_backward", y, gain, gain, edges, channels_last)
+    return _empty(dy, list(dy.shape), channels_last), torch.empty_like(gain), torch.empty_like(gain)
+
+
+def _setup_edge(ctx, inputs, output):
+    y, gain, bias, *args = inputs
+    ctx.save_for_backward(y, gain)
+    ctx.args = args
+
+
+def _edge_backward(ctx, grad):
+    y, gain = ctx.saved_tensors
+    dx, grad_gain, grad_bias = conv_edge_bias_backward(grad, y, gain, *ctx.args)
+    return dx, grad_gain, grad_bias, None, None, None, None
+
+
+torch.library.register_autograd("bsjit::conv_edge_bias", _edge_backward, setup_context=_setup_edge)

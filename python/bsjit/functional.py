@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from . import _attention, _conv, _ops
+from . import _C, _attention, _conv, _ops
 from .layout import ConvLayout, Layout, as_masks, lookup, mask_set_handle
 
 LayoutLike = Union[Layout, int]
@@ -168,3 +168,23 @@ def conv_l2_normalize(filter: Tensor, layout, kernel_size, *, gain: Optional[Ten
     out, _ = _conv.conv_l2_normalize(filter, gain, handle, cl.filter_elements(taps), rows, kernel, bool(deconv),
                                      float(epsilon))
     return out.view(filter.shape)
+
+
+def conv_edge_bias_shape(geometry: list[int], channels: int, *, channels_last: bool = True,
+                         deconv: bool = False) -> tuple[int, int]:
+    """The shape of conv_edge_bias's gain and bias for a convolution of `geometry` (conv_geometry's
+    ints) with `channels` output channels: [edges, channels] for channels-last activations,
+    [channels, edges] otherwise (edges: the groups of output positions padding reaches)."""
+    edges = _C.ConvEdgeBias(list(geometry), int(channels), "f32", channels_last, deconv).edges
+    return (edges, int(channels)) if channels_last else (int(channels), edges)
+
+
+def conv_edge_bias(y: Tensor, gain: Tensor, bias: Tensor, geometry: list[int], *, deconv: bool = False) -> Tensor:
+    """openai/blocksparse's ConvEdgeBias: y · gain + bias at the output positions whose receptive field
+    reaches padding, one float32 gain and bias per channel for each group of positions missing the
+    same filter taps (conv_edge_bias_shape), y unchanged elsewhere. y: the convolution's output
+    [N, K, *spatial] (a deconvolution's with deconv), stored channels first or last; geometry: the
+    convolution's (conv_geometry). Differentiable in y, gain and bias."""
+    last = _is_channels_last(y)
+    edges = gain.shape[0] if last else gain.shape[1]
+    return _conv.conv_edge_bias(y, gain, bias, list(geometry), int(edges), last, bool(deconv))

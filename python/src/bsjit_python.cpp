@@ -340,6 +340,39 @@ NB_MODULE(_C, m) {
       .def("output_elements", &bsjit::Conv::output_elements, "n"_a)
       .def("filter_elements", &bsjit::Conv::filter_elements);
 
+  nb::class_<bsjit::ConvEdgeBias>(m, "ConvEdgeBias")
+      .def(
+          "__init__",
+          [](bsjit::ConvEdgeBias* self, const std::vector<std::int64_t>& geometry, std::int64_t channels,
+             const std::string& dtype, bool channels_last, bool deconv) {
+            bsjit::ConvOptions o;
+            o.dtype = bsjit::parse_dtype(dtype);
+            o.order = channels_last ? bsjit::ActivationOrder::ndhwc : bsjit::ActivationOrder::ncdhw;
+            o.deconv = deconv;
+            new (self) bsjit::ConvEdgeBias(conv_geometry(geometry), channels, o);
+          },
+          "geometry"_a, "channels"_a, "dtype"_a, "channels_last"_a = true, "deconv"_a = false)
+      .def(
+          "forward",
+          [](const bsjit::ConvEdgeBias& e, std::uintptr_t x, std::uintptr_t gain, std::uintptr_t bias, std::uintptr_t y,
+             std::int64_t n, std::uintptr_t stream) {
+            e.forward(pointer<const void>(x), pointer<const float>(gain), pointer<const float>(bias), pointer<void>(y),
+                      n, stream_of(stream));
+          },
+          "x"_a, "gain"_a, "bias"_a, "y"_a, "n"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "backward",
+          [](const bsjit::ConvEdgeBias& e, std::uintptr_t dy, std::uintptr_t x, std::uintptr_t gain, std::uintptr_t dx,
+             std::uintptr_t grad_gain, std::uintptr_t grad_bias, std::int64_t n, std::uintptr_t stream) {
+            e.backward(pointer<const void>(dy), pointer<const void>(x), pointer<const float>(gain), pointer<void>(dx),
+                       pointer<float>(grad_gain), pointer<float>(grad_bias), n, stream_of(stream));
+          },
+          "dy"_a, "x"_a, "gain"_a, "dx"_a, "grad_gain"_a, "grad_bias"_a, "n"_a, "stream"_a,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("edges", &bsjit::ConvEdgeBias::edges)
+      .def_prop_ro("positions", &bsjit::ConvEdgeBias::positions)
+      .def("position_edges", &bsjit::ConvEdgeBias::position_edges);
+
   m.def("set_cache_directory", &bsjit::set_cache_directory, "directory"_a);
   m.def("cache_directory", &bsjit::cache_directory);
   m.def("set_strict_cache", &bsjit::set_strict_cache, "strict"_a);

@@ -174,3 +174,18 @@ def test_l2_normalize_shapes_and_autograd_on_meta():
         F.conv_l2_normalize(f, layout, (3, 3), gain=torch.empty(5, device="meta"))
     # a deconvolution's rows are the blocks' input channels: as many here (square blocks)
     assert F.conv_l2_normalize(f.detach(), layout, (3, 3), deconv=True).shape == f.shape
+
+
+def test_edge_bias_shapes_and_autograd_on_meta():
+    g = F.conv_geometry((4, 4), 3, 1, "same")
+    assert F.conv_edge_bias_shape(g, 6) == (8, 6)  # four corners and four sides
+    assert F.conv_edge_bias_shape(g, 6, channels_last=False) == (6, 8)
+    y = torch.empty(2, 6, 4, 4, device="meta", requires_grad=True)
+    gain = torch.empty(6, 8, device="meta", requires_grad=True)
+    bias = torch.empty(6, 8, device="meta", requires_grad=True)
+    out = F.conv_edge_bias(y, gain, bias, g)
+    assert out.shape == y.shape
+    out.sum().backward()
+    assert y.grad.shape == y.shape and gain.grad.shape == gain.shape and bias.grad.shape == bias.shape
+    with pytest.raises(ValueError, match=r"float32 \[6, edges\]"):
+        F.conv_edge_bias(y, torch.empty(8, 6, device="meta"), bias, g)

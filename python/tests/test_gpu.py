@@ -462,3 +462,33 @@ def test_conv_l2_normalize_matches_torch(dtype, deconv):
     assert rel_err(out.double(), ref) < tol
     assert rel_err(f.grad.double(), f64.grad) < tol
     assert rel_err(gain.grad.double(), gain64.grad) < tol
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_edge_bias_matches_its_definition(channels_last):
+    g = bsjit.functional.conv_geometry((6, 7), 3, 2, "same")
+    shape = bsjit.functional.conv_edge_bias_shape(g, 5, channels_last=channels_last)
+    y = torch.randn(2, 5, 3, 4, device="cuda")
+    if channels_last:
+        y = y.to(memory_format=torch.channels_last)
+    y.requires_grad_()
+    gain = (torch.rand(shape, device="cuda") + 0.5).requires_grad_()
+    bias = torch.randn(shape, device="cuda").requires_grad_()
+    out = bsjit.functional.conv_edge_bias(y, gain, bias, g)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    # the definition on the library's groups of positions (checked by hand in the C++ tests)
+    group = torch.tensor(bsjit._C.ConvEdgeBias(g, 5, "f32", channels_last, False).position_edges(), device="cuda")
+    assert group.numel() == 12
+    y64, g64, b64 = (t.detach().double().requires_grad_() for t in (y, gain, bias))
+    gain_kp = g64 if not channels_last else g64.t()  # [channels, edges]
+    bias_kp = b64 if not channels_last else b64.t()
+    flat = y64.flatten(2)  # [N, K, positions]
+    inside = group < 0
+    idx = group.clamp_min(0)
+    ref = torch.where(inside, flat, flat * gain_kp[:, idx] + bias_kp[:, idx]).view_as(y64)
+    ref.backward(grad.double())
+    assert rel_err(out.double(), ref) < 1e-5
+    assert rel_err(y.grad.double(), y64.grad) < 1e-5
+    assert rel_err(gain.grad.double(), g64.grad) < 1e-5
+    assert rel_err(bias.grad.double(), b64.grad) < 1e-5
