@@ -19,6 +19,6 @@ from ._C import Error
 from .layout import ConvLayout, Layout
 from .deploy import cache_directory, cache_stats, precompile, set_cache_directory, set_strict_cache, warmup
 
-__all__ = ["Error", "Layout", "ConvLayout", "functional", "nn", "precompile", "warmup", "cache_stats", "cache_directory",
-           "set_cache_directory", "set_strict_cache"]
+__all__ = ["Error", "Layout", "ConvLayout", "functional", "nn", "precompile", "warmup", "cache_stats",
+           "cache_directory", "set_cache_directory", "set_strict_cache"]
 __version__ = "0.1.0"

@@ -55,7 +55,8 @@ def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
         elif isinstance(m, _BlockSparseConvNd):
             geometry = functional.conv_geometry(m.kernel_size, m.kernel_size)
             for channels_last in (False, True):
-                out.append((_conv.conv_object(m._handle, geometry, dtype or m.weight.dtype, channels_last, False), None))
+                conv = _conv.conv_object(m._handle, geometry, dtype or m.weight.dtype, channels_last, False)
+                out.append((conv, None))
     return out
 
 
@@ -76,11 +77,11 @@ def _objects(target, dtype=None, ops=None, head_dim=None) -> list:
 def precompile(target: Union[torch.nn.Module, Iterable[tuple]], arch: str = "sm_90a", *, dtype=None,
                ops: Iterable[str] | None = None, calls: str = "all", head_dim: int | None = None) -> int:
     """Compiles the kernels of a model's bsjit modules (BlockSparseLinear, BlockSparseAttention,
-    DecomposedAttention, BlockSparseConv1d/2d/3d), or of (layout, block, dtype[, feature_axis]) tuples, for arch into the
-    kernel cache; no GPU needed. ops and calls choose BlockSparseLinear's products and call kinds;
-    head_dim is BlockSparseAttention's (it is read from q at run time); dtype defaults to each
-    linear layer's weight and, for attention, to the model's one 16-bit parameter dtype. Returns how
-    many modules had a kernel compiled now (0: the cache held them all)."""
+    DecomposedAttention, BlockSparseConv1d/2d/3d), or of (layout, block, dtype[, feature_axis])
+    tuples, for arch into the kernel cache; no GPU needed. ops and calls choose BlockSparseLinear's
+    products and call kinds; head_dim is BlockSparseAttention's (it is read from q at run time);
+    dtype defaults to each layer's weight and, for attention, to the model's one 16-bit parameter
+    dtype. Returns how many kernel objects had a kernel compiled now (0: the cache held them all)."""
     ops = list(ops) if ops is not None else None
     done = 0
     for obj, o in _objects(target, dtype, ops, head_dim):
