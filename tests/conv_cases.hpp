@@ -1,37 +1,18 @@
 // The convolution cases the reference, the CPU run of the kernels and the GPU tests share:
-// openai/blocksparse's own conv test layouts and geometries, plus uniform masks.
+// openai/blocksparse's own conv test layouts (tools/conv_reference) and geometries, plus uniform
+// masks.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "bsjit/conv_layout.hpp"
+#include "conv_reference.hpp"
 
 namespace bsjit::testing {
 
-// blocksparse's conv test layouts: 4 disjoint blocks of 32 → 48 channels (a grouped convolution),
-// and 8 overlapping blocks of 16 → 32 channels at strides 8 and 16 (outputs add where they meet).
-inline ConvLayout grouped_conv_layout() {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 4; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 32; ++i) b.c.push_back(g * 32 + i);
-    for (int i = 0; i < 48; ++i) b.k.push_back(g * 48 + i);
-    blocks.push_back(b);
-  }
-  return ConvLayout::from_blocks(128, 192, blocks);
-}
-
-inline ConvLayout overlapping_conv_layout() {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 8; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 16; ++i) b.c.push_back(g * 8 + i);
-    for (int i = 0; i < 32; ++i) b.k.push_back(g * 16 + i);
-    blocks.push_back(b);
-  }
-  return ConvLayout::from_blocks(8 * 8 + 8, 8 * 16 + 16, blocks);
-}
+inline ConvLayout grouped_conv_layout() { return reference::blocksparse_grouped_layout(); }
+inline ConvLayout overlapping_conv_layout() { return reference::blocksparse_overlapping_layout(); }
 
 struct ConvCase {
   const char* name;

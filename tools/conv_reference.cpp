@@ -6,6 +6,28 @@
 #include "bsjit/error.hpp"
 
 namespace bsjit::reference {
+
+ConvLayout blocksparse_grouped_layout() {
+  std::vector<ConvBlock> blocks;
+  for (int g = 0; g < 4; ++g) {
+    ConvBlock b;
+    for (int i = 0; i < 32; ++i) b.c.push_back(g * 32 + i);
+    for (int i = 0; i < 48; ++i) b.k.push_back(g * 48 + i);
+    blocks.push_back(b);
+  }
+  return ConvLayout::from_blocks(128, 192, blocks);
+}
+
+ConvLayout blocksparse_overlapping_layout() {
+  std::vector<ConvBlock> blocks;
+  for (int g = 0; g < 8; ++g) {
+    ConvBlock b;
+    for (int i = 0; i < 16; ++i) b.c.push_back(g * 8 + i);
+    for (int i = 0; i < 32; ++i) b.k.push_back(g * 16 + i);
+    blocks.push_back(b);
+  }
+  return ConvLayout::from_blocks(8 * 8 + 8, 8 * 16 + 16, blocks);
+}
 namespace {
 
 struct Index {

@@ -18,6 +18,12 @@ struct ConvProblem {
   bool channels_last = false;  // activations N, D, H, W, C instead of N, C, D, H, W
 };
 
+// openai/blocksparse's own conv test layouts: 4 disjoint blocks of 32 → 48 channels (a grouped
+// convolution), and 8 overlapping blocks of 16 → 32 channels at strides 8 and 16 (outputs add where
+// they meet).
+ConvLayout blocksparse_grouped_layout();
+ConvLayout blocksparse_overlapping_layout();
+
 // Elements of the input [n, C, D, H, W] and the output [n, K, M, P, Q] (in either order).
 std::int64_t conv_input_elements(const ConvProblem& p);
 std::int64_t conv_output_elements(const ConvProblem& p);

@@ -12,6 +12,7 @@
 #include "bsjit/attention.hpp"
 #include "bsjit/conv_layout.hpp"
 #include "bsjit/layout.hpp"
+#include "conv_reference.hpp"
 #include "generator/attention_generator.hpp"
 #include "generator/conv_generator.hpp"
 #include "generator/matmul_generator.hpp"
@@ -110,14 +111,7 @@ void add_attention(std::vector<Variant>& out, const std::string& arch) {
 // geometry, so one layout (blocksparse's overlapping one) and one geometry each; the 1×1 matmul
 // path's gathers; the edge bias.
 void add_conv(std::vector<Variant>& out, const std::string& arch) {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 8; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 16; ++i) b.c.push_back(g * 8 + i);
-    for (int i = 0; i < 32; ++i) b.k.push_back(g * 16 + i);
-    blocks.push_back(b);
-  }
-  const ConvLayout layout = ConvLayout::from_blocks(72, 144, blocks);
+  const ConvLayout layout = reference::blocksparse_overlapping_layout();
   const ConvGeometry geometry = ConvGeometry::same({2, 5, 6}, {3, 3, 3}, {1, 2, 1});
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (bool last : {false, true}) {
