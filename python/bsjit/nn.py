@@ -274,10 +274,15 @@ class DecomposedAttention(nn.Module):
 
 class _BlockSparseConvNd(nn.Module):
     _dims = 0
+    _transposed = False
 
     def __init__(self, layout, kernel_size, stride=1, padding=0, dilation=1, bias: bool = True, *,
-                 block: Optional[int] = None, gated: bool = False, device=None, dtype=None):
+                 block: Optional[int] = None, gated: bool = False, output_padding=0, device=None, dtype=None):
         super().__init__()
+        if self._transposed and isinstance(padding, str):
+            raise ValueError("bsjit: a transposed convolution takes padding as ints (and output_padding), not "
+                             f"{padding!r}")
+        self.output_padding = output_padding
         if not isinstance(layout, ConvLayout):
             if block is None:
                 raise ValueError("bsjit: a block mask as a conv layout needs block=")
@@ -289,7 +294,8 @@ class _BlockSparseConvNd(nn.Module):
         if len(self.kernel_size) != d:
             raise ValueError(f"bsjit: kernel_size must be an int or {d} ints, got {kernel_size!r}")
         self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.in_channels, self.out_channels = layout.C, layout.K
+        # a transposed convolution reads the layout's output channels and writes its input channels
+        self.in_channels, self.out_channels = (layout.K, layout.C) if self._transposed else (layout.C, layout.K)
         taps = math.prod(self.kernel_size)
         b = layout.uniform_block
         shape = (layout.blocks, b, b, *self.kernel_size) if b else (layout.filter_elements(taps),)
@@ -310,7 +316,7 @@ class _BlockSparseConvNd(nn.Module):
         the fan-in of channel k counts the input channels of every block writing k, times the taps."""
         taps = math.prod(self.kernel_size)
         blocks = self._layout.channel_blocks()
-        fan = np.zeros(self.out_channels)
+        fan = np.zeros(self._layout.K)
         for c, k in blocks:
             fan[np.asarray(k)] += len(c) * taps
         bounds = [np.repeat(1.0 / np.sqrt(np.maximum(fan[np.asarray(k)], 1)), len(c) * taps) for c, k in blocks]
@@ -332,10 +338,11 @@ class _BlockSparseConvNd(nn.Module):
 
     def to_dense(self, weight: Optional[Tensor] = None) -> Tensor:
         """The filter (`weight`'s values where given: any dtype, differentiable) as a dense
-        [out_channels, in_channels, *kernel] one, gate applied; overlapping blocks add. With torch's
-        own convolution it computes what the module does."""
+        [layout.K, layout.C, *kernel] one, gate applied; overlapping blocks add. With torch's own
+        convolution (conv_transpose for the transposed modules: the same array is its weight) it
+        computes what the module does."""
         weight = self.weight if weight is None else weight
-        dense = weight.new_zeros(self.out_channels, self.in_channels, *self.kernel_size)
+        dense = weight.new_zeros(self._layout.K, self._layout.C, *self.kernel_size)
         flat = weight.reshape(-1)
         if self.gate is not None:
             flat = (weight * self.gate.view(-1, *([1] * (weight.dim() - 1))).to(weight.dtype)).reshape(-1)
@@ -349,8 +356,17 @@ class _BlockSparseConvNd(nn.Module):
         return dense
 
     def forward(self, x: Tensor) -> Tensor:
+        output_size = None
+        if self._transposed:
+            d = self._dims
+            st, pad, dil, extra = (functional._per_dim(v, d, n)[3 - d:] for v, n in (
+                (self.stride, "stride"), (self.padding, "padding"), (self.dilation, "dilation"),
+                (self.output_padding, "output_padding")))
+            output_size = [(int(x.shape[2 + i]) - 1) * st[i] - 2 * pad[i] + dil[i] * (self.kernel_size[i] - 1) + 1 +
+                           extra[i] for i in range(d)]
         y = functional.conv(x, self.weight, self._handle, kernel_size=self.kernel_size, stride=self.stride,
-                            padding=self.padding, dilation=self.dilation, gate=self.gate)
+                            padding=self.padding, dilation=self.dilation, gate=self.gate, deconv=self._transposed,
+                            output_size=output_size)
         if self.bias is not None:
             y = y + self.bias.view(1, -1, *([1] * self._dims))
         return y
@@ -385,3 +401,27 @@ class BlockSparseConv3d(_BlockSparseConvNd):
     """BlockSparseConv1d in 3-D: x [N, C, D, H, W] → [N, K, M, P, Q]."""
 
     _dims = 3
+
+
+class BlockSparseConvTranspose1d(_BlockSparseConvNd):
+    """The transposed convolution of BlockSparseConv1d's layout (openai/blocksparse's
+    BlocksparseDeconv): x [N, layout.K, W] → [N, layout.C, Q], Q = (W − 1) · stride − 2 · padding +
+    dilation · (kernel − 1) + 1 + output_padding, as torch's ConvTranspose1d; the filter parameter
+    holds the same blocks as the convolution's (to_dense() is conv_transpose1d's weight)."""
+
+    _dims = 1
+    _transposed = True
+
+
+class BlockSparseConvTranspose2d(_BlockSparseConvNd):
+    """BlockSparseConvTranspose1d in 2-D."""
+
+    _dims = 2
+    _transposed = True
+
+
+class BlockSparseConvTranspose3d(_BlockSparseConvNd):
+    """BlockSparseConvTranspose1d in 3-D."""
+
+    _dims = 3
+    _transposed = True

@@ -189,3 +189,22 @@ def test_edge_bias_shapes_and_autograd_on_meta():
     assert y.grad.shape == y.shape and gain.grad.shape == gain.shape and bias.grad.shape == bias.shape
     with pytest.raises(ValueError, match=r"float32 \[6, edges\]"):
         F.conv_edge_bias(y, torch.empty(8, 6, device="meta"), bias, g)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_transposed_modules_give_torch_sizes(dims):
+    from bsjit.nn import BlockSparseConvTranspose1d, BlockSparseConvTranspose2d, BlockSparseConvTranspose3d
+    module = {1: BlockSparseConvTranspose1d, 2: BlockSparseConvTranspose2d, 3: BlockSparseConvTranspose3d}[dims]
+    layer = module(MASK, 3, stride=2, padding=1, output_padding=1, block=B, device="meta")
+    assert (layer.in_channels, layer.out_channels) == (3 * B, 2 * B)
+    x = torch.empty(2, 3 * B, *([5] * dims), device="meta", requires_grad=True)
+    y = layer(x)
+    conv_t = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d,
+              3: torch.nn.functional.conv_transpose3d}[dims]
+    want = conv_t(torch.zeros(1, 1, *([5] * dims)), torch.zeros(1, 1, *([3] * dims)), stride=2, padding=1,
+                  output_padding=1).shape[2:]
+    assert y.shape == (2, 2 * B, *want)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and layer.weight.grad.shape == layer.weight.shape
+    with pytest.raises(ValueError, match="padding as ints"):
+        module(MASK, 3, padding="same", block=B)

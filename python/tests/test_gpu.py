@@ -492,3 +492,20 @@ def test_conv_edge_bias_matches_its_definition(channels_last):
     assert rel_err(y.grad.double(), y64.grad) < 1e-5
     assert rel_err(gain.grad.double(), g64.grad) < 1e-5
     assert rel_err(bias.grad.double(), b64.grad) < 1e-5
+
+
+def test_transposed_conv_module_matches_torch():
+    layer = bsjit.nn.BlockSparseConvTranspose2d(random_mask(2, 3, 0.6, 17), 3, stride=2, padding=1, output_padding=1,
+                                                block=16, device="cuda")
+    x = torch.randn(2, 48, 5, 6, device="cuda", requires_grad=True)
+    y = layer(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    x64 = x.detach().double().requires_grad_()
+    w64 = layer.weight.detach().double().requires_grad_()
+    ref = torch.nn.functional.conv_transpose2d(x64, layer.to_dense(w64), layer.bias.double(), stride=2, padding=1,
+                                               output_padding=1)
+    ref.backward(g.double())
+    assert rel_err(y.double(), ref) < 1e-5
+    assert rel_err(x.grad.double(), x64.grad) < 1e-5
+    assert rel_err(layer.weight.grad.double(), w64.grad) < 1e-5
