@@ -104,7 +104,7 @@ struct Attention::Impl {
     std::lock_guard lock(mutex);
     auto& bw = backwards[ctx];
     if (!bw.kernels[2]) {
-      const std::string arch = runtime::attention_arch(options, ctx);
+      const std::string arch = runtime::kernel_arch(options.arch, ctx);
       bw.g = &backward_source(arch);
       backward_kernels(*bw.g, arch, on_miss);  // compiled side by side; each loaded from memory below
       for (int i = 0; i < 3; ++i) bw.kernels[i] = runtime::load_cached(backward_request(*bw.g, arch, i), ctx, on_miss);
@@ -135,7 +135,7 @@ struct Attention::Impl {
       auto it = functions.find(ctx);
       if (it != functions.end()) return {it->second.first->function, it->second.second};
     }
-    const std::string arch = runtime::attention_arch(options, ctx);
+    const std::string arch = runtime::kernel_arch(options.arch, ctx);
     auto kernel = runtime::load_cached(forward_request(arch), ctx, on_miss);
     const generator::GeneratedAttention* g = &generated_for(arch);
     std::lock_guard lock(mutex);

@@ -42,8 +42,8 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
   return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
 }
 
-std::string attention_arch(const AttentionOptions& options, const Context& ctx) {
-  return options.arch.empty() ? default_kernel_arch(context_arch(ctx)) : options.arch;
+std::string kernel_arch(const std::string& arch, const Context& ctx) {
+  return arch.empty() ? default_kernel_arch(context_arch(ctx)) : arch;
 }
 
 cache::Request named_kernel_request(const std::string& source, const generator::DeviceTables& tables,

@@ -25,8 +25,9 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
                            std::int64_t batch, std::int64_t heads, const std::vector<Layout>& masks,
                            const AttentionOptions& options, float scale);
 
-// The arch kernels for ctx are compiled for: options.arch, else the device's default.
-std::string attention_arch(const AttentionOptions& options, const Context& ctx);
+// The arch kernels for ctx are compiled for: the options' arch where one is given, else the device's
+// default (Attention, AttentionOps, Conv and ConvEdgeBias alike).
+std::string kernel_arch(const std::string& arch, const Context& ctx);
 
 // The cache request for kernel `name` (a name expression) of source with its tables for arch: its
 // key, code key and compile (which copies what it needs). layout_hash tags the entry.

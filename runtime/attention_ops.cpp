@@ -69,7 +69,7 @@ struct AttentionOps::Impl {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
     if (!c.kernels[k]) {
-      c.kernels[k] = runtime::load_cached(request(k, runtime::attention_arch(options, ctx)), ctx, on_miss);
+      c.kernels[k] = runtime::load_cached(request(k, runtime::kernel_arch(options.arch, ctx)), ctx, on_miss);
     }
     if (k == kSoftmax && !slots.empty() && !c.masks) {
       const std::size_t slot_bytes = slots.size() * sizeof(int), bit_bytes = bits.size() * sizeof(std::uint32_t);

@@ -71,14 +71,11 @@ struct Conv::Impl {
                                  &g.gather, &g.gather_gate};
     return runtime::named_kernel_request(g.source, g.tables, *name[k], g.label + suffix[k], 0, arch, layout_hash);
   }
-  std::string arch_for(const runtime::Context& ctx) const {
-    return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
-  }
   CUfunction function(const runtime::Context& ctx, Kernel k,
                       cache::OnMiss on_miss = cache::KernelCache::global().run_time_on_miss()) {
     std::lock_guard lock(mutex);
     auto& loaded = contexts[ctx].kernels;
-    if (!loaded[k]) loaded[k] = runtime::load_cached(request(k, arch_for(ctx)), ctx, on_miss);
+    if (!loaded[k]) loaded[k] = runtime::load_cached(request(k, runtime::kernel_arch(options.arch, ctx)), ctx, on_miss);
     return loaded[k]->function;
   }
 
@@ -314,11 +311,9 @@ struct ConvEdgeBias::Impl {
     const runtime::Context ctx = runtime::current_context();
     std::lock_guard lock(mutex);
     auto& loaded = contexts[ctx];
-    if (!loaded[k]) {
-      const std::string arch =
-          options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
-      loaded[k] = runtime::load_cached(request(k, arch), ctx, cache::KernelCache::global().run_time_on_miss());
-    }
+    if (!loaded[k])
+      loaded[k] = runtime::load_cached(request(k, runtime::kernel_arch(options.arch, ctx)), ctx,
+                                       cache::KernelCache::global().run_time_on_miss());
     return loaded[k]->function;
   }
   void launch(const char* op, int k, std::int64_t work, std::int64_t n,

@@ -276,16 +276,16 @@ int cache_cmd(const std::string& action, std::string dir, const std::string& max
   return 0;
 }
 
-// Calls fn(file, mm, op) for every op of the selection, each layout × block × dtype × axis as one
-// MatMul. Returns 2 (with a message) when there is no GPU to run on.
+// Calls fn(file, mm, op) for every op of the manifest's matmul groups, each layout × block × dtype ×
+// axis as one MatMul. Returns 2 (with a message) when there is no GPU to run on.
 template <class Fn>
-int for_each_gpu_op(const KernelSelection& s, const char* command, Fn fn) {
+int for_each_gpu_op(const Manifest& m, const char* command, Fn fn) {
   std::string why;
   if (!runtime::gpu_available(&why)) {
     fmt::print(stderr, "bsjit {}: no GPU: {}\n", command, why);
     return 2;
   }
-  for (const auto& g : s.to_manifest().groups)
+  for (const auto& g : m.groups)
     for (const auto& file : g.layouts) {
       Layout layout = Layout::load(file);
       for (int block : g.blocks)
@@ -306,11 +306,12 @@ std::string describe(const std::filesystem::path& file, const MatMul& mm, Op op,
 }
 
 int tune(const KernelSelection& s, std::int64_t n) {
-  int status = for_each_gpu_op(s, "tune", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
-    TuneResult r = mm.autotune(op, n);
-    fmt::print("{}: chose {}\n", describe(file, mm, op, n), r.chosen);
-    for (const auto& [tag, ms] : r.milliseconds) fmt::print("    {:24} {:9.4f} ms\n", tag, ms);
-  });
+  int status =
+      for_each_gpu_op(s.to_manifest(), "tune", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
+        TuneResult r = mm.autotune(op, n);
+        fmt::print("{}: chose {}\n", describe(file, mm, op, n), r.chosen);
+        for (const auto& [tag, ms] : r.milliseconds) fmt::print("    {:24} {:9.4f} ms\n", tag, ms);
+      });
   if (status == 0)
     fmt::print("tuning records kept in {}\n", cache_directory().empty() ? "(memory only)" : cache_directory().string());
   return status;
@@ -348,7 +349,8 @@ int run_conv(const Manifest& m, bool gated, bool accumulate, std::uint64_t seed)
 
 int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, std::uint64_t seed) {
   int bad = 0;
-  int status = for_each_gpu_op(s, "run", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
+  const Manifest manifest = s.to_manifest();
+  int status = for_each_gpu_op(manifest, "run", [&](const std::filesystem::path& file, const MatMul& mm, Op op) {
     const double tolerance = check::tolerance(mm.options());
     auto r = check::run_and_check(mm, op, {n, accumulate, gated, seed});
     // the kernel these calls ran: kernel_label looks only at whether a gate is given, not at it
@@ -360,7 +362,7 @@ int run(const KernelSelection& s, std::int64_t n, bool gated, bool accumulate, s
                ok ? "ok" : "FAIL", describe(file, mm, op, n), r.relative_error, tolerance, r.outputs, r.unwritten,
                mm.kernel_label(op, n, call));
   });
-  if (status == 0) bad += run_conv(s.to_manifest(), gated, accumulate, seed);
+  if (status == 0) bad += run_conv(manifest, gated, accumulate, seed);
   return status ? status : (bad ? 1 : 0);
 }
 
