@@ -100,68 +100,61 @@ def _gate(gate: Optional[Tensor]) -> Optional[Tensor]:
     return gate.contiguous() if gate is not None else None
 
 
-# --- fprop: y = conv(x, F) -------------------------------------------------------------------------
+# --- fprop (y = conv(x, F)) and bprop (dx from dy): the same product in two directions ----------------
+
+
+def _check_product(op: str, name: str, reads: int, a: Tensor, f: Tensor, C: int, K: int, blocks: int,
+                   filter_elements: int, geometry: list[int], deconv: bool, gate: Optional[Tensor]):
+    """Checks a, which is side `reads` of the op (0 its input, 1 its output: fprop reads side 0,
+    bprop side 1); returns the (channels, spatial) of the side it writes."""
+    _check_filter(op, f, filter_elements, blocks, gate)
+    if a.dim() not in (3, 4, 5):
+        _fail(op, f"{name} must be [N, channels, *spatial] with 1 to 3 spatial dimensions, got {tuple(a.shape)}")
+    sides = _sides(C, K, geometry, a.dim() - 2, deconv)
+    _check(op, a, name, *sides[reads], f)
+    return sides[1 - reads]
+
+
+def _product(op: str, kernel_op: str, name: str, reads: int, a: Tensor, f: Tensor, layout: int, C: int, K: int,
+             blocks: int, filter_elements: int, geometry: list[int], channels_last: bool, deconv: bool,
+             gate: Optional[Tensor]) -> Tensor:
+    channels, spatial = _check_product(op, name, reads, a, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    out = _empty(a, [a.shape[0], channels, *spatial], channels_last)
+    if out.numel() == 0:
+        return out
+    _launch(op, kernel_op, layout, geometry, channels_last, deconv, _stored(a, channels_last), f.contiguous(), out,
+            int(a.shape[0]), _gate(gate))
+    return out
 
 
 def _conv(x: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, filter_elements: int,
           geometry: list[int], channels_last: bool, deconv: bool, gate: Optional[Tensor]) -> Tensor:
-    (ci, si), (co, so) = _check_conv("conv", x, f, C, K, blocks, filter_elements, geometry, deconv, gate)
-    out = _empty(x, [x.shape[0], co, *so], channels_last)
-    if out.numel() == 0:
-        return out
-    _launch("conv", "fprop", layout, geometry, channels_last, deconv, _stored(x, channels_last), f.contiguous(), out,
-            int(x.shape[0]), _gate(gate))
-    return out
+    return _product("conv", "fprop", "the input", 0, x, f, layout, C, K, blocks, filter_elements, geometry,
+                    channels_last, deconv, gate)
 
 
 conv = torch.library.custom_op("bsjit::conv", _conv, mutates_args=())
 
 
-def _check_conv(op, x, f, C, K, blocks, filter_elements, geometry, deconv, gate):
-    _check_filter(op, f, filter_elements, blocks, gate)
-    if x.dim() not in (3, 4, 5):
-        _fail(op, f"the input must be [N, channels, *spatial] with 1 to 3 spatial dimensions, got {tuple(x.shape)}")
-    sides = _sides(C, K, geometry, x.dim() - 2, deconv)
-    _check(op, x, "the input", *sides[0], f)
-    return sides
-
-
 @conv.register_fake
 def _(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate):
-    _, (co, so) = _check_conv("conv", x, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    co, so = _check_product("conv", "the input", 0, x, f, C, K, blocks, filter_elements, geometry, deconv, gate)
     return _empty(x, [x.shape[0], co, *so], channels_last)
-
-
-# --- bprop: dx from dy -----------------------------------------------------------------------------
 
 
 def _conv_backward_input(dy: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, filter_elements: int,
                          geometry: list[int], channels_last: bool, deconv: bool, gate: Optional[Tensor]) -> Tensor:
-    (ci, si), _ = _check_backward_input(dy, f, C, K, blocks, filter_elements, geometry, deconv, gate)
-    dx = _empty(dy, [dy.shape[0], ci, *si], channels_last)
-    if dx.numel() == 0:
-        return dx
-    _launch("conv_backward_input", "bprop", layout, geometry, channels_last, deconv, _stored(dy, channels_last),
-            f.contiguous(), dx, int(dy.shape[0]), _gate(gate))
-    return dx
+    return _product("conv_backward_input", "bprop", "the output's gradient", 1, dy, f, layout, C, K, blocks,
+                    filter_elements, geometry, channels_last, deconv, gate)
 
 
 conv_backward_input = torch.library.custom_op("bsjit::conv_backward_input", _conv_backward_input, mutates_args=())
 
 
-def _check_backward_input(dy, f, C, K, blocks, filter_elements, geometry, deconv, gate):
-    op = "conv_backward_input"
-    _check_filter(op, f, filter_elements, blocks, gate)
-    if dy.dim() not in (3, 4, 5):
-        _fail(op, f"the output's gradient must be [N, channels, *spatial], got {tuple(dy.shape)}")
-    sides = _sides(C, K, geometry, dy.dim() - 2, deconv)
-    _check(op, dy, "the output's gradient", *sides[1], f)
-    return sides
-
-
 @conv_backward_input.register_fake
 def _(dy, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate):
-    (ci, si), _ = _check_backward_input(dy, f, C, K, blocks, filter_elements, geometry, deconv, gate)
+    ci, si = _check_product("conv_backward_input", "the output's gradient", 1, dy, f, C, K, blocks, filter_elements,
+                            geometry, deconv, gate)
     return _empty(dy, [dy.shape[0], ci, *si], channels_last)
 
 
