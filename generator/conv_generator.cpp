@@ -137,30 +137,120 @@ GeneratedConv generate_conv(const ConvLayout& layout, std::int64_t taps, DType d
   return g;
 }
 
+std::optional<UniformConvLayout> uniform_conv_layout(const ConvLayout& layout, bool allow_8) {
+  const auto& blocks = layout.blocks();
+  const int b = static_cast<int>(blocks.front().c.size());
+  if (b % 16 != 0 && !(allow_8 && b == 8)) return std::nullopt;
+  if (b > 128 || layout.C() % b || layout.K() % b) return std::nullopt;
+  UniformConvLayout u{b, {}};
+  for (const auto& block : blocks) {
+    const auto& c = block.c;
+    const auto& k = block.k;
+    if (static_cast<int>(c.size()) != b || static_cast<int>(k.size()) != b || c[0] % b || k[0] % b) return std::nullopt;
+    for (int j = 1; j < b; ++j)
+      if (c[j] != c[0] + j || k[j] != k[0] + j) return std::nullopt;
+    u.coords.push_back({static_cast<int>(k[0] / b), static_cast<int>(c[0] / b)});
+  }
+  return u;
+}
+
 std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const ConvGeometry& geometry,
                                                bool channels_last) {
   if (!channels_last || geometry.taps() != 1) return std::nullopt;
   for (int d = 0; d < 3; ++d)
     if (geometry.stride[d] != 1 || geometry.pad_before[d] != 0 || geometry.pad_after[d] != 0) return std::nullopt;
-  const auto& blocks = layout.blocks();
-  const int b = static_cast<int>(blocks.front().c.size());
-  if ((b != 8 && b != 16 && b != 32 && b != 64 && b != 128) || layout.C() % b || layout.K() % b) return std::nullopt;
-  // every block b aligned, consecutive input channels → b aligned, consecutive output channels
+  const auto u = uniform_conv_layout(layout, true);
+  if (!u || (u->block != 8 && u->block != 16 && u->block != 32 && u->block != 64 && u->block != 128))
+    return std::nullopt;
   std::vector<std::pair<std::int64_t, std::int64_t>> coords;  // (output block, input block): W' [K/b, C/b]
   std::map<std::pair<std::int64_t, std::int64_t>, int> index;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const auto& c = blocks[i].c;
-    const auto& k = blocks[i].k;
-    if (static_cast<int>(c.size()) != b || static_cast<int>(k.size()) != b || c[0] % b || k[0] % b) return std::nullopt;
-    for (int j = 1; j < b; ++j)
-      if (c[j] != c[0] + j || k[j] != k[0] + j) return std::nullopt;
-    const std::pair at{k[0] / b, c[0] / b};
+  for (std::size_t i = 0; i < u->coords.size(); ++i) {
+    const std::pair<std::int64_t, std::int64_t> at = u->coords[i];
     if (!index.emplace(at, static_cast<int>(i)).second) return std::nullopt;  // two blocks at one place: they add
     coords.push_back(at);
   }
+  const int b = u->block;
   ConvMatmulPlan plan{b, Layout::from_coords(layout.K() / b, layout.C() / b, coords), {}};
   for (const auto& at : plan.layout.coords()) plan.order.push_back(index.at(at));
   return plan;
+}
+
+std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, DType dtype, bool channels_last) {
+  if (dtype == DType::f32 || !channels_last) return std::nullopt;
+  const auto u = uniform_conv_layout(layout);
+  if (!u || (u->block != 16 && u->block != 32 && u->block != 64 && u->block != 128)) return std::nullopt;
+  const int b = u->block;
+  GeneratedConvIgemm g;
+  g.block = b;
+  // Per block column of one side, the entries (the other side's block, the block).
+  auto column_entries = [&](std::int64_t columns, bool output) {
+    std::vector<std::vector<std::pair<int, int>>> per(columns);
+    for (std::size_t i = 0; i < u->coords.size(); ++i) {
+      const auto [kb, cb] = u->coords[i];
+      per[output ? kb : cb].push_back({output ? cb : kb, static_cast<int>(i)});
+    }
+    std::vector<int> start{0}, entries;
+    for (const auto& line : per) {
+      for (auto [other, block] : line) entries.insert(entries.end(), {other, block});
+      start.push_back(static_cast<int>(entries.size() / 2));
+    }
+    if (entries.empty()) entries = {0, 0};  // a table is never empty
+    return std::pair{std::move(start), std::move(entries)};
+  };
+  auto [fprop_start, fprop_entries] = column_entries(layout.K() / b, true);
+  auto [bprop_start, bprop_entries] = column_entries(layout.C() / b, false);
+  std::vector<int> coords;
+  for (auto [kb, cb] : u->coords) coords.insert(coords.end(), {kb, cb});
+  constexpr TableStorage kPointer = TableStorage::pointer;
+  std::string tables = add_table(g.tables, "kIgemmFpropStart", std::move(fprop_start), kPointer);
+  tables += add_table(g.tables, "kIgemmFpropEntries", std::move(fprop_entries), kPointer);
+  tables += add_table(g.tables, "kIgemmBpropStart", std::move(bprop_start), kPointer);
+  tables += add_table(g.tables, "kIgemmBpropEntries", std::move(bprop_entries), kPointer);
+  tables += add_table(g.tables, "kIgemmCoords", std::move(coords), kPointer);
+
+  const auto [data, updat] = conv_igemm_tiles(b);
+  g.data_threads = data.threads();
+  g.data_rows = data.bm;
+  g.updat_threads = updat.threads();
+  g.updat_rows = updat.bk;
+  auto config = [&](const char* name, const ConvIgemmTile& t) {
+    return fmt::format(
+        "struct {name} {{\n"
+        "  using T = {type};\n"
+        "  static constexpr int kB = {b}, kBM = {bm}, kBN = {b}, kBK = {bk}, kStages = {stages};\n"
+        "  static constexpr int kWarpsM = {wm}, kWarpsN = {wn}, kThreads = {threads};\n"
+        "  __device__ static bsjit::kernels::ConvIgemmTables tables() {{\n"
+        "    return {{kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries, kIgemmCoords}};\n"
+        "  }}\n"
+        "}};\n",
+        fmt::arg("name", name), fmt::arg("type", type_name(dtype)), fmt::arg("b", b), fmt::arg("bm", t.bm),
+        fmt::arg("bk", t.bk), fmt::arg("stages", t.stages), fmt::arg("wm", t.warps_m), fmt::arg("wn", t.warps_n),
+        fmt::arg("threads", t.threads()));
+  };
+  g.label = fmt::format("conv-igemm-{}-b{}", to_string(dtype), b);
+  g.source = fmt::format(
+      "// Generated by bsjit: {label}\n"
+      "// uniform layouts of {b} × {b} blocks, channels last, any geometry (tables and ConvDims)\n"
+      "#include \"bsjit/conv_igemm.cuh\"\n"
+      "\n"
+      "namespace bsjit_generated {{\n"
+      "\n"
+      "{tables}"
+      "\n"
+      "{data}"
+      "\n"
+      "{updat}"
+      "\n"
+      "}}  // namespace bsjit_generated\n",
+      fmt::arg("label", g.label), fmt::arg("b", b), fmt::arg("tables", tables),
+      fmt::arg("data", config("DataCfg", data)), fmt::arg("updat", config("UpdatCfg", updat)));
+  g.fprop = "bsjit::kernels::conv_igemm_data_kernel<bsjit_generated::DataCfg, false>";
+  g.bprop = "bsjit::kernels::conv_igemm_data_kernel<bsjit_generated::DataCfg, true>";
+  g.updat = "bsjit::kernels::conv_igemm_updat_kernel<bsjit_generated::UpdatCfg>";
+  const std::string type = type_name(dtype);
+  g.updat_store = "bsjit::kernels::conv_igemm_updat_store_kernel<" + type + ">";
+  g.pack = "bsjit::kernels::conv_igemm_pack_kernel<" + type + ">";
+  return g;
 }
 
 ConvEdges conv_edges(const ConvGeometry& geometry, bool deconv) {

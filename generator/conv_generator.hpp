@@ -1,12 +1,14 @@
 // Turns (conv layout, dtype, activation order) into the convolution kernels' source, instantiating
-// templates/bsjit/conv_direct.cuh. The layout's channel lists are pointer tables
-// (device_tables.hpp), loaded with the module, and the sizes a kernel argument, so the source holds
-// neither: one compile per dtype and order serves every layout and geometry.
+// templates/bsjit/conv_direct.cuh (every layout) and conv_igemm.cuh (the tensor cores, uniform
+// layouts). The layout's lists are pointer tables (device_tables.hpp), loaded with the module, and
+// the sizes a kernel argument, so the source holds neither: one compile per dtype and order (and
+// block size, for the tensor cores) serves every layout and geometry.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bsjit/conv_layout.hpp"
@@ -50,6 +52,48 @@ struct ConvMatmulPlan {
 // The plan where the convolution is such a matmul, else nothing.
 std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const ConvGeometry& geometry,
                                                bool channels_last);
+
+// Where every block of layout is b × b, b a multiple of 16 up to 128, and its input and output
+// channels are b-aligned and consecutive: per block its (output block, input block), else nothing.
+struct UniformConvLayout {
+  int block = 0;
+  std::vector<std::pair<int, int>> coords;
+};
+std::optional<UniformConvLayout> uniform_conv_layout(const ConvLayout& layout, bool allow_8 = false);
+
+// The tiles of the tensor-core kernels at block size b (16, 32, 64 or 128): the data kernels (fprop,
+// bprop) bm rows × b columns with 4 warps, updat b × b over bk positions a stage; stages as many as
+// the 48 KiB of static shared memory hold.
+struct ConvIgemmTile {
+  int bm, bk, stages, warps_m, warps_n;
+  constexpr int threads() const { return 32 * warps_m * warps_n; }
+};
+struct ConvIgemmTiles {
+  ConvIgemmTile data, updat;
+};
+constexpr ConvIgemmTiles conv_igemm_tiles(int b) {
+  const ConvIgemmTile data = b == 16   ? ConvIgemmTile{128, 16, 4, 4, 1}
+                             : b == 32 ? ConvIgemmTile{128, 32, 3, 4, 1}
+                             : b == 64 ? ConvIgemmTile{128, 32, 3, 2, 2}
+                                       : ConvIgemmTile{64, 32, 3, 2, 2};
+  const ConvIgemmTile updat = b == 16 ? ConvIgemmTile{16, 32, 3, 1, 1} : ConvIgemmTile{b, 32, b == 128 ? 2 : 3, 2, 2};
+  return {data, updat};
+}
+
+// The implicit-GEMM kernels of templates/bsjit/conv_igemm.cuh for a uniform layout (16-bit dtypes,
+// channels last): fprop and bprop (conv_igemm_data_kernel both ways), updat and its store, the
+// filter's packing. Launch shapes: data kernels `data_threads` threads, grid (output block
+// columns, row tiles of `data_rows`); updat `updat_threads`, grid (blocks · taps, position ranges
+// that are multiples of `updat_rows`).
+struct GeneratedConvIgemm {
+  std::string source, label;
+  std::string fprop, bprop, updat, updat_store, pack;  // name expressions
+  int block = 0, data_threads = 0, data_rows = 0, updat_threads = 0, updat_rows = 0;
+  DeviceTables tables;  // kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries,
+                        // kIgemmCoords (pointers)
+};
+// Nothing where the kernels do not apply (fp32, channels first, a layout not uniform).
+std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, DType dtype, bool channels_last);
 
 // blocksparse's ConvEdgeBias groups: the output positions (a deconvolution's: the convolution's
 // input positions) whose receptive field reaches padding, grouped by the set of filter taps that

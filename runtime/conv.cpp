@@ -25,11 +25,26 @@
 namespace bsjit {
 namespace {
 
-enum Kernel { kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad, kGather, kGatherGate, kKernels };
+enum Kernel {
+  kFprop,
+  kBprop,
+  kUpdat,
+  kNormalize,
+  kNormalizeGrad,
+  kGather,
+  kGatherGate,
+  kIgemmFprop,
+  kIgemmBprop,
+  kIgemmUpdat,
+  kIgemmStore,
+  kIgemmPack,
+  kKernels
+};
 
-// The scratch of the 1×1 convolutions run as matmuls (their filter, gate and filter gradient in the
-// matmul's block order): one per context and stream, shared by every Conv launching there.
-runtime::SplitWorkspaces& matmul_scratch() {
+// The scratch of the convolutions' staging (the filter, gate and filter gradient of a 1×1
+// convolution in the matmul's block order; the tensor-core kernels' packed filter or filter
+// gradient's fp32 sums): one per context and stream, shared by every Conv launching there.
+runtime::SplitWorkspaces& conv_scratch() {
   static runtime::SplitWorkspaces scratch;
   return scratch;
 }
@@ -48,6 +63,9 @@ struct Conv::Impl {
   // A 1×1 convolution that is a matmul runs the matmul's kernels (generator::conv_matmul_plan).
   std::optional<generator::ConvMatmulPlan> plan;
   std::optional<MatMul> matmul;
+  // 16-bit channels-last convolutions on uniform layouts run implicit GEMM on the tensor cores.
+  std::optional<generator::GeneratedConvIgemm> igemm;
+  std::string igemm_hash;
 
   struct PerContext {
     std::array<runtime::SharedKernels::Handle, kKernels> kernels;
@@ -62,11 +80,18 @@ struct Conv::Impl {
   // The kernels of this convolution: its own three, or the gathers of the matmul path; l2_normalize.
   std::vector<Kernel> kernels() const {
     if (plan) return {kNormalize, kNormalizeGrad, kGather, kGatherGate};
+    if (igemm) return {kIgemmFprop, kIgemmBprop, kIgemmUpdat, kIgemmStore, kIgemmPack, kNormalize, kNormalizeGrad};
     return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
   }
   cache::Request request(Kernel k, const std::string& arch) const {
-    static const char* suffix[] = {"-fprop",  "-bprop",      "-updat", "-l2_normalize", "-l2_normalize_grad",
-                                   "-gather", "-gather_gate"};
+    static const char* suffix[] = {"-fprop",       "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad", "-gather",
+                                   "-gather_gate", "-fprop", "-bprop", "-updat",        "-updat_store",       "-pack"};
+    if (k >= kIgemmFprop) {
+      const auto& i = *igemm;
+      const std::string* name[] = {&i.fprop, &i.bprop, &i.updat, &i.updat_store, &i.pack};
+      return runtime::named_kernel_request(i.source, i.tables, *name[k - kIgemmFprop], i.label + suffix[k], 0, arch,
+                                           igemm_hash);
+    }
     const std::string* name[] = {&g.fprop,  &g.bprop,      &g.updat, &g.l2_normalize, &g.l2_normalize_grad,
                                  &g.gather, &g.gather_gate};
     return runtime::named_kernel_request(g.source, g.tables, *name[k], g.label + suffix[k], 0, arch, layout_hash);
@@ -79,17 +104,18 @@ struct Conv::Impl {
     return loaded[k]->function;
   }
 
-  // The matmul path's block order in ctx, and the stream's scratch of at least `bytes`.
-  std::pair<const int*, CUdeviceptr> matmul_state(const runtime::Context& ctx, CUstream stream, std::size_t bytes) {
+  // The matmul path's block order in ctx (null on the other paths), and the stream's scratch of at
+  // least `bytes`.
+  std::pair<const int*, CUdeviceptr> state(const runtime::Context& ctx, CUstream stream, std::size_t bytes) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
-    if (!c.order) {
+    if (plan && !c.order) {
       c.order = std::make_unique<runtime::DeviceMemory>(plan->order.size() * sizeof(int));
       BSJIT_CU(runtime::driver().cuMemcpyHtoD(c.order->ptr, plan->order.data(), c.order->bytes));
     }
     auto& scratch = c.scratch[stream];
-    if (!scratch || scratch->bytes < bytes) scratch = matmul_scratch().get(ctx, stream, bytes);
-    return {static_cast<const int*>(c.order->get()), scratch->ptr};
+    if (!scratch || scratch->bytes < bytes) scratch = conv_scratch().get(ctx, stream, bytes);
+    return {c.order ? static_cast<const int*>(c.order->get()) : nullptr, scratch->ptr};
   }
 
   // Blocks of `elements` elements between the convolution's order and the matmul's.
@@ -110,7 +136,7 @@ struct Conv::Impl {
     const std::int64_t rows = n * product(geometry.in);
     const int bb = plan->block * plan->block;
     const std::size_t filter_bytes = (plan->order.size() * bb * dtype_size(options.dtype) + 15) / 16 * 16;
-    const auto [order, scratch] = matmul_state(ctx, stream, filter_bytes + plan->order.size() * sizeof(float));
+    const auto [order, scratch] = state(ctx, stream, filter_bytes + plan->order.size() * sizeof(float));
     void* w = reinterpret_cast<void*>(scratch);
     OpOptions o;
     o.accumulate = call.accumulate;
@@ -131,6 +157,61 @@ struct Conv::Impl {
       matmul->backward_data(a, w, out, rows, s, o);
     else
       matmul->forward(a, w, out, rows, s, o);
+  }
+
+  // Kernel k of the convolution on the tensor cores (a, b, out as launch() takes them).
+  void launch_igemm(Kernel k, const void* a, const void* b, void* out, std::int64_t n, CUstream stream,
+                    const OpOptions& call) {
+    const runtime::Context ctx = runtime::current_context();
+    const auto& i = *igemm;
+    const runtime::Driver& d = runtime::driver();
+    kernels::ConvDims dims = generator::conv_dims(layout, geometry, n);
+    int blocks = static_cast<int>(layout.blocks().size()), block = i.block, taps = static_cast<int>(geometry.taps());
+    const std::int64_t filter_elements = static_cast<std::int64_t>(blocks) * taps * block * block;
+    const float* gate = call.gate;
+    int accumulate = call.accumulate ? 1 : 0;
+    auto elementwise = [&](Kernel kernel, void** args) {  // the pack and store kernels: a thread an element
+      const auto grid = static_cast<unsigned>(std::min<std::int64_t>((filter_elements + 255) / 256, 1 << 20));
+      BSJIT_CU(d.cuLaunchKernel(function(ctx, kernel), grid, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
+    };
+    if (k == kUpdat) {  // fp32 sums of the filter gradient per block and tap, then the store
+      const std::size_t bytes = filter_elements * sizeof(float);
+      float* sums = reinterpret_cast<float*>(state(ctx, stream, bytes).second);
+      BSJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sums), 0, filter_elements, stream));
+      CUfunction f = function(ctx, kIgemmUpdat);
+      // Position ranges: enough CTAs for two waves, whole stages each, at most 65535 ranges and 2^30
+      // positions a range.
+      const std::int64_t rows = n * product(geometry.out()), units = static_cast<std::int64_t>(blocks) * taps;
+      const std::int64_t waves =
+          2 * runtime::resident_ctas(f, ctx, {1, 1, static_cast<std::uint32_t>(i.updat_threads)});
+      std::int64_t ranges =
+          std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + i.updat_rows - 1) / i.updat_rows);
+      ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
+      std::int64_t per = (rows + ranges - 1) / ranges;
+      per = (per + i.updat_rows - 1) / i.updat_rows * i.updat_rows;
+      int chunk = static_cast<int>(per);
+      void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
+      BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
+                                static_cast<unsigned>(i.updat_threads), 1, 1, 0, stream, args, nullptr));
+      void* store[] = {&sums, &out, &gate, &accumulate, &blocks, &block, &taps};
+      elementwise(kIgemmStore, store);
+      return;
+    }
+    const void* filter = b;
+    if (taps > 1) {  // packed per tap
+      void* packed = reinterpret_cast<void*>(state(ctx, stream, filter_elements * dtype_size(options.dtype)).second);
+      void* pack[] = {&filter, &packed, &blocks, &block, &taps};
+      elementwise(kIgemmPack, pack);
+      filter = packed;
+    }
+    const bool forward = k == kFprop;
+    const std::int64_t rows = n * product(forward ? geometry.out() : geometry.in);
+    const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
+    const std::int64_t tiles = (rows + i.data_rows - 1) / i.data_rows;
+    void* args[] = {&a, &filter, &out, &gate, &accumulate, &dims};
+    BSJIT_CU(d.cuLaunchKernel(function(ctx, forward ? kIgemmFprop : kIgemmBprop), static_cast<unsigned>(columns),
+                              static_cast<unsigned>(std::min<std::int64_t>(tiles, 65535)), 1,
+                              static_cast<unsigned>(i.data_threads), 1, 1, 0, stream, args, nullptr));
   }
 
   // Kernel k (l2_normalize or its gradient) over the filter's rows.
@@ -160,6 +241,7 @@ struct Conv::Impl {
       throw Error(fmt::format("bsjit: conv {}: n = {} out of range (1 .. {} for this geometry)", op, n,
                               std::min<std::int64_t>(INT_MAX, INT64_MAX / 4 / per_image)));
     if (plan) return launch_matmul(k, a, b, out, n, reinterpret_cast<CUstream>(stream), call);
+    if (igemm) return launch_igemm(k, a, b, out, n, reinterpret_cast<CUstream>(stream), call);
     const runtime::Context ctx = runtime::current_context();
     CUfunction f = function(ctx, k);
     kernels::ConvDims d = generator::conv_dims(layout, geometry, n);
@@ -203,6 +285,9 @@ Conv::Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options)
     o.dtype = m.options.dtype;
     o.arch = m.options.arch;
     m.matmul.emplace(m.plan->layout, o);
+  } else if (!m.options.direct_kernels) {
+    m.igemm = generator::generate_conv_igemm(m.layout, m.options.dtype, m.options.order == ActivationOrder::ndhwc);
+    if (m.igemm) m.igemm_hash = generator::tables_digest(m.igemm->tables);
   }
 }
 
@@ -276,7 +361,9 @@ void Conv::load(bool strict) const {
   if (impl_->matmul) impl_->matmul->prepare({Op::forward, Op::backward_data, Op::backward_weight});
 }
 
-std::string Conv::generated_source() const { return impl_->g.source; }
+std::string Conv::generated_source() const {
+  return impl_->igemm ? impl_->igemm->source + "\n" + impl_->g.source : impl_->g.source;
+}
 
 std::int64_t Conv::input_elements(std::int64_t n) const {
   const auto& m = *impl_;

@@ -40,4 +40,28 @@ inline std::vector<ConvCase> conv_cases() {
        ConvGeometry::valid({2, 3, 5}, {1, 1, 1}), 3}};
 }
 
+// Uniform layouts of 16- to 128-channel blocks: with 16-bit activations stored channels last, the
+// cases of the tensor-core kernels (templates/bsjit/conv_igemm.cuh); the direct kernels' otherwise.
+// Every block size; 1, 2 and 3 dimensions; strides, dilations, SAME and VALID; row tiles cut short;
+// an output block column with no block (mask [C / b, K / b]); taps > 1 and a strided 1 × 1; enough
+// output positions that updat splits them into several ranges.
+inline std::vector<ConvCase> tensor_core_conv_cases() {
+  const Layout column_empty = Layout::from_coords(3, 3, {{0, 0}, {1, 0}, {2, 2}, {0, 2}});
+  return {
+      {"uniform b16 3x3 SAME", ConvLayout::from_mask(column_empty, 16), ConvGeometry::same({1, 9, 11}, {1, 3, 3}), 3},
+      {"uniform b16 3x3 SAME, N 8", ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 0}, {1, 1}, {0, 1}}), 16),
+       ConvGeometry::same({1, 16, 16}, {1, 3, 3}), 8},
+      {"uniform b32 1x3x3 SAME stride 2 odd sizes", ConvLayout::from_mask(column_empty, 32),
+       ConvGeometry::same({1, 7, 9}, {1, 3, 3}, {1, 2, 2}), 2},
+      {"uniform b64 3x3x3 VALID dilation 2 in H",
+       ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 0}, {1, 0}, {1, 1}}), 64),
+       ConvGeometry::valid({4, 7, 5}, {3, 3, 3}, {1, 1, 1}, {1, 2, 1}), 2},
+      {"uniform b128 1x1x3 SAME dilation 2",
+       ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 1}, {1, 0}, {1, 1}}), 128),
+       ConvGeometry::same({1, 1, 37}, {1, 1, 3}, {1, 1, 1}, {1, 1, 2}), 2},
+      {"uniform b32 1x1 stride 2 (not a matmul)",
+       ConvLayout::from_mask(Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}}), 32),
+       ConvGeometry::valid({1, 6, 5}, {1, 1, 1}, {1, 2, 2}), 3}};
+}
+
 }  // namespace bsjit::testing

@@ -109,7 +109,7 @@ void add_attention(std::vector<Variant>& out, const std::string& arch) {
 
 // The convolution's kernels: one source per dtype and activation order serves every layout and
 // geometry, so one layout (blocksparse's overlapping one) and one geometry each; the 1×1 matmul
-// path's gathers; the edge bias.
+// path's gathers; the edge bias; the tensor-core kernels, one source per dtype and block size.
 void add_conv(std::vector<Variant>& out, const std::string& arch) {
   const ConvLayout layout = reference::blocksparse_overlapping_layout();
   const ConvGeometry geometry = ConvGeometry::same({2, 5, 6}, {3, 3, 3}, {1, 2, 1});
@@ -128,6 +128,18 @@ void add_conv(std::vector<Variant>& out, const std::string& arch) {
       const auto e = generator::generate_conv_edge_bias(geometry, false, dtype, last);
       for (const auto& [kind, name] : {std::pair{"forward", e.forward}, {"grad", e.grad}, {"sums", e.sums}})
         out.push_back({what + " edge_bias " + kind, arch, e.source, name});
+    }  // the tensor-core kernels: one source per dtype and block size
+  const Layout mask = Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}});
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int b : {16, 32, 64, 128}) {
+      const auto g = generator::generate_conv_igemm(ConvLayout::from_mask(mask, b), dtype, true);
+      const std::string what = fmt::format("conv {} ndhwc igemm b{}", to_string(dtype), b);
+      for (const auto& [kind, name] : {std::pair{"fprop", g->fprop},
+                                       {"bprop", g->bprop},
+                                       {"updat", g->updat},
+                                       {"updat_store", g->updat_store},
+                                       {"pack", g->pack}})
+        out.push_back({what + " " + kind, arch, g->source, name});
     }
 }
 

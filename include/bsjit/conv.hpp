@@ -17,11 +17,12 @@
 // context; calls are asynchronous on the given stream.
 //
 // The kernels today: a 1×1 convolution with stride 1 and no padding on a uniform layout, channels
-// last, runs the matmul's kernels (generator::conv_matmul_plan); every other one direct kernels, one
-// output element per thread in fp32 (exact for fp32 inputs; fp16 and bf16 inputs and outputs with
-// fp32 accumulation), for every layout and geometry: correct, not yet fast (the tensor-core
-// implicit-GEMM kernels are not written). The filter's l2_normalize (blocksparse's weight
-// normalization) and its gradient run the direct way.
+// last, runs the matmul's kernels (generator::conv_matmul_plan); any other fp16 or bf16 convolution
+// on a uniform layout of 16, 32, 64 or 128-channel blocks, channels last, runs implicit GEMM on the
+// tensor cores (templates/bsjit/conv_igemm.cuh); every other one direct kernels, one output element
+// per thread in fp32 (exact for fp32 inputs; fp16 and bf16 with fp32 accumulation), for every
+// layout and geometry. The filter's l2_normalize (blocksparse's weight normalization) and its
+// gradient run the direct way.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,9 @@ struct ConvOptions {
   ActivationOrder order = ActivationOrder::ndhwc;
   bool deconv = false;  // the transposed convolution (blocksparse's BlocksparseDeconv)
   std::string arch;     // "sm_80", "sm_90a"...; empty: the device's
+  // The direct kernels even where the tensor-core ones apply (a reference path; fp32 and layouts
+  // that are not uniform always run them).
+  bool direct_kernels = false;
 };
 
 class Conv {
@@ -80,7 +84,8 @@ class Conv {
   int precompile(const std::string& arch) const;
   // Loads the kernels into the current context (strict: throws when the cache lacks one).
   void load(bool strict = false) const;
-  // The generated CUDA source of the kernels (for inspection).
+  // The generated CUDA source of the kernels (for inspection): the tensor-core kernels' first where
+  // they run, then the direct ones' (l2_normalize).
   std::string generated_source() const;
 
   std::int64_t input_elements(std::int64_t n) const;   // of fprop's input (deconv: [n, K, M, P, Q])

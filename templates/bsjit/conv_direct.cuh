@@ -20,7 +20,7 @@
 // but the thread and block indices and common.cuh's conversions.
 #pragma once
 
-#ifndef BSJIT_CONV_HOST_EMULATION
+#ifndef BSJIT_HOST_EMULATION
 #include "bsjit/common.cuh"
 #endif
 #include "bsjit/conv_dims.cuh"

@@ -14,7 +14,10 @@
 // loads of a fragment (rows t, columns g) then hit 32 distinct banks.
 #pragma once
 
+// The PTX below and common.cuh's: the CPU tests give their own (tests/runtime/kernel_emulation.hpp).
+#ifndef BSJIT_HOST_EMULATION
 #include "bsjit/common.cuh"
+#endif
 
 namespace bsjit {
 namespace kernels {
@@ -27,6 +30,7 @@ struct TilePad {
   static constexpr int value = sizeof(T) == 2 || !K_MAJOR ? 8 : 4;
 };
 
+#ifndef BSJIT_HOST_EMULATION
 __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -69,6 +73,8 @@ __device__ __forceinline__ unsigned pack_pair<half_t>(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+
+#endif  // BSJIT_HOST_EMULATION
 
 // The two 16-bit values of a packed pair (pack_pair's inverse), in fp32.
 template <class T>
@@ -119,12 +125,14 @@ __device__ __forceinline__ void copy_tile_async(T* dst, Row row, Valid valid) {
   }
 }
 
+#ifndef BSJIT_HOST_EMULATION
 // An fp32 value's bits rounded to TF32 (10 bits of mantissa, to nearest, ties away from zero).
 __device__ __forceinline__ unsigned round_tf32(unsigned v) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(v)));
   return r;
 }
+#endif
 
 // A B-fragment register (two 16-bit values, or one fp32 value) scaled by s (gated matmul).
 template <class T>

@@ -61,6 +61,45 @@ TEST(ConvApi, EveryKernelCompilesForSm80AndSm90aOnceForEveryLayout) {
   fs::remove_all(dir);
 }
 
+// The tensor-core kernels: fp16 and bf16 at every block size, for sm_80 and sm_90a, one compile per
+// dtype and block size for every uniform layout and geometry; fp32, channels first, layouts not
+// uniform and ConvOptions::direct_kernels keep the direct kernels.
+TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
+  const fs::path dir = fs::temp_directory_path() / ("bsjit-conv-tc-" + std::to_string(std::random_device{}()));
+  set_cache_directory(dir);
+  const Layout mask = Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}});
+  const auto geometry = ConvGeometry::same({1, 8, 8}, {1, 3, 3});
+  for (const std::string arch : {"sm_80", "sm_90a"})
+    for (DType dtype : {DType::f16, DType::bf16})
+      for (int b : {16, 32, 64, 128}) {
+        SCOPED_TRACE(fmt::format("{} {} b{}", arch, to_string(dtype), b));
+        const Conv conv(ConvLayout::from_mask(mask, b), geometry, {dtype, ActivationOrder::ndhwc, false, ""});
+        EXPECT_NE(conv.generated_source().find("conv_igemm.cuh"), std::string::npos);
+        const auto before = cache_stats();
+        EXPECT_EQ(conv.precompile(arch), 7);  // fprop, bprop, updat, its store, the packing; l2_normalize's two
+        // l2_normalize's code is the direct kernels', one per dtype and order
+        EXPECT_EQ(cache_stats().compiles, before.compiles + (b == 16 ? 7 : 5));
+        const Conv other(ConvLayout::from_mask(Layout::from_coords(3, 1, {{2, 0}}), b),
+                         ConvGeometry::valid({3, 5, 11}, {3, 1, 5}, {1, 1, 1}, {1, 1, 2}),
+                         {dtype, ActivationOrder::ndhwc, true, ""});
+        other.precompile(arch);
+        EXPECT_EQ(cache_stats().compiles, before.compiles + (b == 16 ? 7 : 5))
+            << "one compile serves every uniform layout of a block size";
+      }
+  for (const auto& options : {ConvOptions{DType::f32, ActivationOrder::ndhwc, false, ""},
+                              ConvOptions{DType::bf16, ActivationOrder::ncdhw, false, ""},
+                              ConvOptions{DType::bf16, ActivationOrder::ndhwc, false, "", true}}) {
+    const Conv conv(ConvLayout::from_mask(mask, 32), geometry, options);
+    EXPECT_EQ(conv.generated_source().find("conv_igemm.cuh"), std::string::npos);
+  }
+  for (int b : {8, 48}) {  // block sizes the tensor-core kernels do not take
+    const Conv conv(ConvLayout::from_mask(mask, b), geometry, {DType::f16, ActivationOrder::ndhwc, false, ""});
+    EXPECT_EQ(conv.generated_source().find("conv_igemm.cuh"), std::string::npos) << b;
+  }
+  set_cache_directory({});
+  fs::remove_all(dir);
+}
+
 TEST(ConvApi, ShapesOfAConvolutionAndADeconvolution) {
   const auto layout = testing::grouped_conv_layout();                          // C = 128, K = 192
   const auto geometry = ConvGeometry::same({2, 9, 10}, {3, 3, 3}, {1, 2, 2});  // out 2 × 5 × 5

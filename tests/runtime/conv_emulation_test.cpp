@@ -1,5 +1,5 @@
-// The convolution kernels (templates/bsjit/conv_direct.cuh) run on the CPU: the template compiled
-// by the host compiler, each kernel's CTAs and threads run one after another with the tables the
+// The direct convolution kernels (templates/bsjit/conv_direct.cuh) run on the CPU
+// (kernel_emulation.hpp): each kernel's CTAs and threads one after another with the tables the
 // generator makes for the layout and the sizes argument the runtime passes, against the
 // double-precision reference. The kernels use no shared memory and no synchronization, so running
 // their threads in turn computes what the GPU computes (up to the order of fp32 rounding: the GPU
@@ -18,65 +18,18 @@
 #include "generator/conv_generator.hpp"
 #include "reference.hpp"
 
-// What a kernel template takes from CUDA, on the host.
-#define BSJIT_CONV_HOST_EMULATION
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(threads)
-struct EmulatedDim3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-inline EmulatedDim3 threadIdx, blockIdx, blockDim, gridDim;
-
-namespace bsjit::kernels {
-
-struct half_t {
-  unsigned short bits;
-};
-struct bfloat16_t {
-  unsigned short bits;
-};
-inline float to_float(float x) { return x; }
-inline float to_float(half_t x) {
-  _Float16 h;
-  std::memcpy(&h, &x.bits, 2);
-  return static_cast<float>(h);
-}
-inline float to_float(bfloat16_t x) {
-  const unsigned u = static_cast<unsigned>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-template <class T>
-T from_float(float f);
-template <>
-inline float from_float<float>(float f) {
-  return f;
-}
-template <>
-inline half_t from_float<half_t>(float f) {
-  const _Float16 h = static_cast<_Float16>(f);  // round to nearest even, as cvt.rn.f16.f32
-  half_t out;
-  std::memcpy(&out.bits, &h, 2);
-  return out;
-}
-template <>
-inline bfloat16_t from_float<bfloat16_t>(float f) {  // round to nearest even, as cvt.rn.bf16.f32
-  unsigned u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return {static_cast<unsigned short>(u >> 16)};
-}
-
-}  // namespace bsjit::kernels
-
+#include "conv_emulation.hpp"
+// (after the emulation)
 #include "bsjit/conv_direct.cuh"
 
 namespace bsjit {
 namespace {
 
+using emulation::doubles;
+using emulation::gate_of;
+using emulation::gated_filter;
+using emulation::table;
+using emulation::typed;
 using reference::ConvProblem;
 
 template <class TT, bool kLast>
@@ -89,58 +42,10 @@ struct HostConfig {
   static kernels::ConvEdgeTables edge_tables() { return edge; }
 };
 
-// Runs kernel(blockIdx, threadIdx) for every thread of a grid_x × grid_y grid of 256-thread CTAs.
+// kernel() for every thread of a grid_x × grid_y grid of the kernels' CTAs, one after another.
 template <class Kernel>
 void run_grid(unsigned grid_x, unsigned grid_y, Kernel kernel) {
-  gridDim = {grid_x, grid_y, 1};
-  blockDim = {static_cast<unsigned>(kernels::kConvThreads), 1, 1};
-  for (unsigned by = 0; by < grid_y; ++by)
-    for (unsigned bx = 0; bx < grid_x; ++bx)
-      for (unsigned tx = 0; tx < blockDim.x; ++tx) {
-        blockIdx = {bx, by, 0};
-        threadIdx = {tx, 0, 0};
-        kernel();
-      }
-}
-
-// Values as the kernels' element type T (the dtype's encoding), and back.
-template <class T>
-std::vector<T> typed(DType dtype, const std::vector<double>& v) {
-  const auto bytes = reference::encode(dtype, v);
-  std::vector<T> out(v.size());
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
-template <class T>
-std::vector<double> doubles(DType dtype, const std::vector<T>& v) {
-  std::vector<std::uint8_t> bytes(v.size() * sizeof(T));
-  std::memcpy(bytes.data(), v.data(), bytes.size());
-  return reference::decode(dtype, bytes);
-}
-
-const int* table(const generator::DeviceTables& tables, const char* name) {
-  for (const auto& t : tables)
-    if (t.name == name) return t.values.data();
-  ADD_FAILURE() << "no table " << name;
-  return nullptr;
-}
-
-std::vector<float> gate_of(std::size_t blocks) {
-  std::vector<float> gate(blocks);
-  for (std::size_t i = 0; i < blocks; ++i) gate[i] = i % 3 == 1 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 4);
-  return gate;
-}
-
-// Each block's filter scaled by its gate (the reference of a gated fprop and bprop).
-std::vector<double> gated_filter(const ConvLayout& l, std::int64_t taps, const std::vector<double>& filter,
-                                 const std::vector<float>& gate) {
-  std::vector<double> out(filter);
-  for (std::size_t i = 0; i < l.blocks().size(); ++i) {
-    const std::int64_t begin = l.filter_offset(i, taps),
-                       end = begin + static_cast<std::int64_t>(l.blocks()[i].c.size() * l.blocks()[i].k.size()) * taps;
-    for (std::int64_t e = begin; e < end; ++e) out[e] *= gate[i];
-  }
-  return out;
+  emulation::run_grid(grid_x, grid_y, kernels::kConvThreads, kernel);
 }
 
 template <class T, bool kLast>

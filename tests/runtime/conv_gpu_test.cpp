@@ -1,7 +1,8 @@
 // GPU tests (ctest label "gpu") of bsjit::Conv against the double-precision reference
 // (tools/conv_reference, through tools/op_check): blocksparse's conv cases (tests/conv_cases.hpp) in
 // every dtype and both activation orders, as a convolution and as a deconvolution, fprop, bprop and
-// updat, plain, gated and accumulating; outputs poisoned with NaN before each call.
+// updat, plain, gated and accumulating, and the uniform layouts of the tensor-core kernels; outputs
+// poisoned with NaN before each call.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +44,23 @@ TEST_P(ConvGpu, EveryCaseMatchesTheReference) {
         SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(op), gated ? ", gated" : "",
                                  accumulate ? ", accumulating" : ""));
         const auto r = check::run_and_check(conv, op, {c.n, accumulate, gated, 5601});
+        EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
+        EXPECT_EQ(r.unwritten, 0);
+      }
+  }
+}
+
+// The uniform layouts of the tensor-core kernels (16-bit, channels last; the direct ones otherwise)
+// against the reference.
+TEST_P(ConvGpu, TensorCoreCasesMatchTheReference) {
+  const Param prm = GetParam();
+  for (const auto& c : testing::tensor_core_conv_cases()) {
+    const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
+    for (check::ConvOp op : {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat})
+      for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
+        SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(op), gated ? ", gated" : "",
+                                 accumulate ? ", accumulating" : ""));
+        const auto r = check::run_and_check(conv, op, {c.n, accumulate, gated, 5606});
         EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
         EXPECT_EQ(r.unwritten, 0);
       }

@@ -1,0 +1,269 @@
+// Block-sparse convolution as implicit GEMM on the tensor cores (mma.sync, sm_80 and up), for 16-bit
+// activations stored channels last on a uniform layout: blocks of b × b channels, b a multiple of
+// 16, each block's input and output channels b-aligned and consecutive.
+//
+// fprop and bprop are one kernel, conv_igemm_data_kernel, in two directions. A CTA computes a
+// BM × b tile of the output: BM rows (output positions of the n images, channels contiguous) by
+// one block column of b channels. Its reduction runs over the block column's entries (the layout's
+// blocks in that column, from the generator's tables), each filter tap and each BK-wide slice of
+// the block's channels; every stage gathers BM rows of the source activation at the positions the
+// tap joins to the tile's rows (cp.async, zero-filled where the tap reaches padding or, backward,
+// falls between a stride's outputs) and BK × b of the packed filter.
+//   fprop:  O[row, k]  = Σ blocks (kb, cb), taps, c   I[in(row, tap), c] · F[k, c, tap]
+//   bprop:  dI[row, c] = Σ blocks (kb, cb), taps, k  dO[out(row, tap), k] · F[k, c, tap]
+// updat is conv_igemm_updat_kernel: one CTA per block, tap and range of output positions computes
+// the b × b product dOᵀ · I(tap) over its range and adds it in fp32 to a workspace (atomics: the
+// ranges split the reduction so that the grid fills the GPU); conv_igemm_updat_store_kernel then
+// writes the filter gradient in the filter's layout, gated, accumulated where asked.
+//
+// The filter arrives as the layout stores it, [K_b, C_b, T, R, S] per block; the kernels read it
+// packed per tap, [block][tap][k][c] (conv_igemm_pack_kernel), so that one tap's b × b slice is
+// rows of 16-byte copies: K-major for fprop (rows k, c contiguous), MN-major for bprop (rows k, c
+// the output's columns). With one tap the layout is already packed.
+//
+// Tile sizes and the tables come from the generator (generator/conv_generator.cpp) through the
+// configs DataCfg and UpdatCfg: kB, kBM, kBN, kBK, kStages, kWarpsM, kWarpsN, kThreads, T, and
+// tables(): per block column (fprop: output, bprop: input) entries [start[j], start[j + 1]) of
+// pairs (the other side's channel block, the block's index); per block its (output, input)
+// channel blocks.
+#pragma once
+
+#ifndef BSJIT_HOST_EMULATION  // the CPU tests run it (tests/runtime/kernel_emulation.hpp)
+#include "bsjit/common.cuh"
+#endif
+#include "bsjit/conv_dims.cuh"
+#include "bsjit/pipeline.cuh"
+
+namespace bsjit {
+namespace kernels {
+
+struct ConvIgemmTables {
+  const int* fprop_start;    // [K / b + 1]
+  const int* fprop_entries;  // pairs (input block, block)
+  const int* bprop_start;    // [C / b + 1]
+  const int* bprop_entries;  // pairs (output block, block)
+  const int* coords;         // per block: (output block, input block)
+};
+
+// Filter tap `tap` as (t, r, s).
+__device__ __forceinline__ void conv_tap_split(const ConvDims& p, int tap, int* f) {
+  f[2] = tap % p.filter[2];
+  f[1] = tap / p.filter[2] % p.filter[1];
+  f[0] = tap / (p.filter[1] * p.filter[2]);
+}
+
+// O (kBackward false) or dI (true), as the header says. act is I or dO, filter the packed filter.
+// Grid: x the output's block columns, y strides over its BM-row tiles.
+template <class Cfg, bool kBackward>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    conv_igemm_data_kernel(const typename Cfg::T* __restrict__ act, const typename Cfg::T* __restrict__ filter,
+                           typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int accumulate,
+                           ConvDims p) {
+  using T = typename Cfg::T;
+  constexpr int kB = Cfg::kB, kBM = Cfg::kBM, kBK = Cfg::kBK, kStages = Cfg::kStages;
+  constexpr int kSA = kBK + kPad;                   // As[BM][BK]: K-major
+  constexpr int kSB = kBackward ? kB + kPad : kSA;  // Bs[BK][b] (bprop) or Bs[b][BK] (fprop)
+  constexpr int kBRows = kBackward ? kBK : kB, kBCols = kBackward ? kB : kBK;
+  constexpr int kSlices = kB / kBK;
+  static_assert(kB % kBK == 0 && Cfg::kBN == kB, "a stage is a slice of one block");
+  __shared__ __align__(16) T As[kStages][kBM * kSA];
+  __shared__ __align__(16) T Bs[kStages][kBRows * kSB];
+  __shared__ int row_image[kBM], row_at[3][kBM];
+
+  const ConvIgemmTables t = Cfg::tables();
+  const int* rows_of = kBackward ? p.in : p.out;  // the output's image
+  const int* src_of = kBackward ? p.out : p.in;   // the gathered activation's image
+  const int src_channels = kBackward ? p.k : p.c, out_channels = kBackward ? p.c : p.k;
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const long long positions = static_cast<long long>(rows_of[0]) * rows_of[1] * rows_of[2];
+  const long long src_positions = static_cast<long long>(src_of[0]) * src_of[1] * src_of[2];
+  const long long rows = p.n * positions;
+  const int column = blockIdx.x;
+  const int* start = kBackward ? t.bprop_start : t.fprop_start;
+  const int* entries = kBackward ? t.bprop_entries : t.fprop_entries;
+  const int first = start[column], count = start[column + 1] - first;
+  const int total = count * taps * kSlices;
+
+  for (long long tile = blockIdx.y; tile * kBM < rows; tile += gridDim.y) {
+    const long long row0 = tile * kBM;
+    // Each row's image and its coordinates as the taps offset them: forward o · stride − pad
+    // (+ tap · dilation reaches the input), backward i + pad (− tap · dilation, / stride, the output).
+    for (int r = threadIdx.x; r < kBM; r += Cfg::kThreads) {
+      const long long row = row0 + r;
+      row_image[r] = row < rows ? static_cast<int>(row / positions) : -1;
+      const long long pos = row < rows ? row % positions : 0;
+      const int at[3] = {static_cast<int>(pos / (static_cast<long long>(rows_of[1]) * rows_of[2])),
+                         static_cast<int>(pos / rows_of[2] % rows_of[1]), static_cast<int>(pos % rows_of[2])};
+#pragma unroll
+      for (int d = 0; d < 3; ++d) row_at[d][r] = kBackward ? at[d] + p.pad[d] : at[d] * p.stride[d] - p.pad[d];
+    }
+    __syncthreads();
+
+    WarpMma<Cfg, true, !kBackward, kSA, kSB> mma;
+    mma.clear();
+    auto stage_of = [&](int step, int& entry, int& tap, int& slice) {
+      slice = step % kSlices;
+      tap = step / kSlices % taps;
+      entry = first + step / (kSlices * taps);
+    };
+    run_pipeline<kStages>(
+        total,
+        [&](int step) {
+          int entry, tap, slice;
+          stage_of(step, entry, tap, slice);
+          const int other = entries[2 * entry], block = entries[2 * entry + 1];
+          int f[3];
+          conv_tap_split(p, tap, f);
+          const T* src = act + static_cast<long long>(other) * kB + slice * kBK;
+          // the source position row r reads through this tap, or −1
+          auto source = [&](int r) -> long long {
+            if (row_image[r] < 0) return -1;
+            int c[3];
+#pragma unroll
+            for (int d = 0; d < 3; ++d) {
+              if (kBackward) {
+                const int num = row_at[d][r] - f[d] * p.dilation[d];
+                if (num < 0 || num % p.stride[d] != 0) return -1;
+                c[d] = num / p.stride[d];
+              } else {
+                c[d] = row_at[d][r] + f[d] * p.dilation[d];
+              }
+              if (c[d] < 0 || c[d] >= src_of[d]) return -1;
+            }
+            return row_image[r] * src_positions + (static_cast<long long>(c[0]) * src_of[1] + c[1]) * src_of[2] + c[2];
+          };
+          copy_tile_async<kBM, kBK, kSA, Cfg::kThreads>(
+              As[step % kStages],
+              [&](int r) {
+                const long long s = source(r);
+                return src + (s < 0 ? 0 : s) * src_channels;
+              },
+              [&](int r) { return source(r) >= 0; });
+          const T* w = filter + (static_cast<long long>(block) * taps + tap) * kB * kB;
+          copy_tile_async<kBRows, kBCols, kSB, Cfg::kThreads>(
+              Bs[step % kStages],
+              [&](int r) { return kBackward ? w + (slice * kBK + r) * kB : w + r * kB + slice * kBK; },
+              [](int) { return true; });
+        },
+        [&](int step) {
+          int entry, tap, slice;
+          stage_of(step, entry, tap, slice);
+          const float g = gate != nullptr ? gate[entries[2 * entry + 1]] : 1.0f;
+          if (g != 0.0f) mma.step(As[step % kStages], Bs[step % kStages], g);  // uniform across the CTA
+        });
+
+    T* o = out + static_cast<long long>(column) * kB;
+    mma.epilogue([&](int r, int c, float v0, float v1) {
+      const long long row = row0 + r;
+      if (row < rows) store_pair(o + row * out_channels + c, v0, v1, accumulate);
+    });
+    __syncthreads();  // the next tile rewrites the row tables and the stages
+  }
+}
+
+// The filter gradient's partial sums: CTA (x, y) adds to workspace[block][tap][k][c] (fp32) the
+// product over output positions [y · chunk, (y + 1) · chunk) of dO[pos, k]ᵀ · I[in(pos, tap), c], x
+// being block · taps + tap. Blocks gated 0 are skipped.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    conv_igemm_updat_kernel(const typename Cfg::T* __restrict__ in, const typename Cfg::T* __restrict__ grad_out,
+                            float* __restrict__ workspace, const float* __restrict__ gate, int chunk, ConvDims p) {
+  using T = typename Cfg::T;
+  constexpr int kB = Cfg::kB, kBK = Cfg::kBK, kStages = Cfg::kStages, kS = kB + kPad;
+  static_assert(Cfg::kBM == kB && Cfg::kBN == kB, "a CTA computes one block's b × b");
+  __shared__ __align__(16) T As[kStages][kBK * kS];  // dO rows: [position][k], MN-major
+  __shared__ __align__(16) T Bs[kStages][kBK * kS];  // I rows:  [position][c], MN-major
+
+  const ConvIgemmTables t = Cfg::tables();
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const int block = blockIdx.x / taps, tap = blockIdx.x % taps;
+  if (gate != nullptr && gate[block] == 0.0f) return;
+  const int out_block = t.coords[2 * block], in_block = t.coords[2 * block + 1];
+  int f[3];
+  conv_tap_split(p, tap, f);
+  const long long positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
+  const long long in_positions = static_cast<long long>(p.in[0]) * p.in[1] * p.in[2];
+  const long long rows = p.n * positions;
+  const long long begin = static_cast<long long>(blockIdx.y) * chunk;
+  const long long end = begin + chunk < rows ? begin + chunk : rows;
+  if (begin >= end) return;
+  const int total = static_cast<int>((end - begin + kBK - 1) / kBK);
+  const T* dy = grad_out + static_cast<long long>(out_block) * kB;
+  const T* x = in + static_cast<long long>(in_block) * kB;
+
+  // the input position output position `row` reads through this tap, or −1
+  auto source = [&](long long row) -> long long {
+    if (row >= end) return -1;
+    const long long image = row / positions, pos = row % positions;
+    const int o[3] = {static_cast<int>(pos / (static_cast<long long>(p.out[1]) * p.out[2])),
+                      static_cast<int>(pos / p.out[2] % p.out[1]), static_cast<int>(pos % p.out[2])};
+    int c[3];
+#pragma unroll
+    for (int d = 0; d < 3; ++d) {
+      c[d] = o[d] * p.stride[d] - p.pad[d] + f[d] * p.dilation[d];
+      if (c[d] < 0 || c[d] >= p.in[d]) return -1;
+    }
+    return image * in_positions + (static_cast<long long>(c[0]) * p.in[1] + c[1]) * p.in[2] + c[2];
+  };
+
+  WarpMma<Cfg, false, false, kS, kS> mma;
+  mma.clear();
+  run_pipeline<kStages>(
+      total,
+      [&](int step) {
+        const long long row0 = begin + static_cast<long long>(step) * kBK;
+        copy_tile_async<kBK, kB, kS, Cfg::kThreads>(
+            As[step % kStages], [&](int r) { return dy + (row0 + r < end ? row0 + r : begin) * p.k; },
+            [&](int r) { return row0 + r < end; });
+        copy_tile_async<kBK, kB, kS, Cfg::kThreads>(
+            Bs[step % kStages],
+            [&](int r) {
+              const long long s = source(row0 + r);
+              return x + (s < 0 ? 0 : s) * p.c;
+            },
+            [&](int r) { return source(row0 + r) >= 0; });
+      },
+      [&](int step) { mma.step(As[step % kStages], Bs[step % kStages], 1.0f); });
+
+  float* w = workspace + (static_cast<long long>(block) * taps + tap) * kB * kB;
+  mma.epilogue([&](int r, int c, float v0, float v1) {
+    atomicAdd(w + r * kB + c, v0);
+    atomicAdd(w + r * kB + c + 1, v1);
+  });
+}
+
+// The filter gradient from the workspace: element (block, k, c, tap) of the layout's filter
+// ([K_b, C_b, taps] per block) is gate[block] · workspace[block][tap][k][c], added to the old value
+// with accumulate.
+template <class T>
+__global__ void conv_igemm_updat_store_kernel(const float* __restrict__ workspace, T* __restrict__ grad_filter,
+                                              const float* __restrict__ gate, int accumulate, int blocks, int b,
+                                              int taps) {
+  const long long per_block = static_cast<long long>(b) * b * taps, total = blocks * per_block;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long block = e / per_block;
+    const int within = static_cast<int>(e % per_block);
+    const int tap = within % taps, c = within / taps % b, k = within / (taps * b);
+    const float g = gate != nullptr ? gate[block] : 1.0f;
+    const float v = g * workspace[((block * taps + tap) * b + k) * b + c];
+    grad_filter[e] = from_float<T>(accumulate ? to_float(grad_filter[e]) + v : v);
+  }
+}
+
+// The filter packed per tap: packed[block][tap][k][c] = filter[block][k][c][tap].
+template <class T>
+__global__ void conv_igemm_pack_kernel(const T* __restrict__ filter, T* __restrict__ packed, int blocks, int b,
+                                       int taps) {
+  const long long per_block = static_cast<long long>(b) * b * taps, total = blocks * per_block;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long block = e / per_block;
+    const int within = static_cast<int>(e % per_block);
+    const int c = within % b, k = within / b % b, tap = within / (b * b);
+    packed[e] = filter[block * per_block + (static_cast<long long>(k) * b + c) * taps + tap];
+  }
+}
+
+}  // namespace kernels
+}  // namespace bsjit
