@@ -28,7 +28,8 @@
 namespace bsjit {
 namespace kernels {
 
-constexpr int kConvThreads = 256;
+// (inline: a namespace-scope constexpr would be a module global, whose internal name differs per compile)
+inline constexpr int kConvThreads = 256;
 
 struct ConvTables {
   const int* blocks;

@@ -232,6 +232,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   });
 }
 
+// f(e, block, within) for every element e of a filter of `blocks` blocks of b × b × taps elements
+// (within: e's index in its block), over a grid-stride loop.
+template <class F>
+__device__ __forceinline__ void conv_filter_elements(int blocks, int b, int taps, F f) {
+  const long long per_block = static_cast<long long>(b) * b * taps, total = blocks * per_block;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x)
+    f(e, e / per_block, static_cast<int>(e % per_block));
+}
+
 // The filter gradient from the workspace: element (block, k, c, tap) of the layout's filter
 // ([K_b, C_b, taps] per block) is gate[block] · workspace[block][tap][k][c], added to the old value
 // with accumulate.
@@ -239,30 +249,22 @@ template <class T>
 __global__ void conv_igemm_updat_store_kernel(const float* __restrict__ workspace, T* __restrict__ grad_filter,
                                               const float* __restrict__ gate, int accumulate, int blocks, int b,
                                               int taps) {
-  const long long per_block = static_cast<long long>(b) * b * taps, total = blocks * per_block;
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long block = e / per_block;
-    const int within = static_cast<int>(e % per_block);
+  conv_filter_elements(blocks, b, taps, [&](long long e, long long block, int within) {
     const int tap = within % taps, c = within / taps % b, k = within / (taps * b);
     const float g = gate != nullptr ? gate[block] : 1.0f;
     const float v = g * workspace[((block * taps + tap) * b + k) * b + c];
     grad_filter[e] = from_float<T>(accumulate ? to_float(grad_filter[e]) + v : v);
-  }
+  });
 }
 
 // The filter packed per tap: packed[block][tap][k][c] = filter[block][k][c][tap].
 template <class T>
 __global__ void conv_igemm_pack_kernel(const T* __restrict__ filter, T* __restrict__ packed, int blocks, int b,
                                        int taps) {
-  const long long per_block = static_cast<long long>(b) * b * taps, total = blocks * per_block;
-  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long block = e / per_block;
-    const int within = static_cast<int>(e % per_block);
+  conv_filter_elements(blocks, b, taps, [&](long long e, long long block, int within) {
     const int c = within % b, k = within / b % b, tap = within / (b * b);
-    packed[e] = filter[block * per_block + (static_cast<long long>(k) * b + c) * taps + tap];
-  }
+    packed[e] = filter[block * b * b * taps + (static_cast<long long>(k) * b + c) * taps + tap];
+  });
 }
 
 }  // namespace kernels
