@@ -207,7 +207,9 @@ struct Conv::Impl {
     const bool forward = k == kFprop;
     const std::int64_t rows = n * product(forward ? geometry.out() : geometry.in);
     const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
-    const std::int64_t tiles = (rows + i.data_rows - 1) / i.data_rows;
+    // bprop's rows come in stride[0] · stride[1] · stride[2] classes (conv_igemm.cuh), each with a last tile
+    const std::int64_t classes = forward ? 1 : geometry.stride[0] * geometry.stride[1] * geometry.stride[2];
+    const std::int64_t tiles = (rows + i.data_rows - 1) / i.data_rows + classes - 1;
     void* args[] = {&a, &filter, &out, &gate, &accumulate, &dims};
     BSJIT_CU(d.cuLaunchKernel(function(ctx, forward ? kIgemmFprop : kIgemmBprop), static_cast<unsigned>(columns),
                               static_cast<unsigned>(std::min<std::int64_t>(tiles, 65535)), 1,

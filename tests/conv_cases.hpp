@@ -43,8 +43,9 @@ inline std::vector<ConvCase> conv_cases() {
 // Uniform layouts of 16- to 128-channel blocks: with 16-bit activations stored channels last, the
 // cases of the tensor-core kernels (templates/bsjit/conv_igemm.cuh); the direct kernels' otherwise.
 // Every block size; 1, 2 and 3 dimensions; strides, dilations, SAME and VALID; row tiles cut short;
-// an output block column with no block (mask [C / b, K / b]); taps > 1 and a strided 1 × 1; enough
-// output positions that updat splits them into several ranges.
+// an output block column with no block (mask [C / b, K / b]); taps > 1 and a strided 1 × 1; strides
+// with dilations and in 3 dimensions (bprop's row classes); enough output positions that updat
+// splits them into several ranges.
 inline std::vector<ConvCase> tensor_core_conv_cases() {
   const Layout column_empty = Layout::from_coords(3, 3, {{0, 0}, {1, 0}, {2, 2}, {0, 2}});
   return {
@@ -59,6 +60,11 @@ inline std::vector<ConvCase> tensor_core_conv_cases() {
       {"uniform b128 1x1x3 SAME dilation 2",
        ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 1}, {1, 0}, {1, 1}}), 128),
        ConvGeometry::same({1, 1, 37}, {1, 1, 3}, {1, 1, 1}, {1, 1, 2}), 2},
+      {"uniform b16 1x1x5 SAME stride 2 dilation 3",
+       ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 0}, {1, 0}, {0, 1}}), 16),
+       ConvGeometry::same({1, 1, 23}, {1, 1, 5}, {1, 1, 2}, {1, 1, 3}), 2},
+      {"uniform b64 3x3x3 SAME stride 2", ConvLayout::from_mask(Layout::from_coords(1, 2, {{0, 0}, {0, 1}}), 64),
+       ConvGeometry::same({3, 5, 4}, {3, 3, 3}, {2, 2, 2}), 1},
       {"uniform b32 1x1 stride 2 (not a matmul)",
        ConvLayout::from_mask(Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}}), 32),
        ConvGeometry::valid({1, 6, 5}, {1, 1, 1}, {1, 2, 2}), 3}};

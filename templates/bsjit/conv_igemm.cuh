@@ -52,8 +52,40 @@ __device__ __forceinline__ void conv_tap_split(const ConvDims& p, int tap, int* 
   f[0] = tap / (p.filter[1] * p.filter[2]);
 }
 
+// The rows of the data kernels in classes: bprop's by (i + pad) mod stride per dimension, so that
+// a class's rows reach outputs through the same taps, those with tap · dilation ≡ i + pad (mod
+// stride), and a stride's holes are never gathered (with stride 2 in H and W, three quarters of
+// the taps a row would otherwise gather as zeros); fprop's rows are one class, every tap. Class
+// rows: coordinate first[d] + j · step[d] for j < count[d]; its taps: tap0[d] + m · tap_step[d]
+// for m < taps[d].
+struct ConvRowClass {
+  int first[3], step[3], count[3], tap0[3], tap_step[3], taps[3];
+};
+
+template <bool kBackward>
+__device__ __forceinline__ ConvRowClass conv_row_class(const ConvDims& p, int index) {
+  ConvRowClass c;
+#pragma unroll
+  for (int d = 2; d >= 0; --d) {
+    const int s = kBackward ? p.stride[d] : 1, size = kBackward ? p.in[d] : p.out[d];
+    c.first[d] = index % s;
+    index /= s;
+    c.step[d] = s;
+    c.count[d] = size > c.first[d] ? (size - c.first[d] + s - 1) / s : 0;
+    const int residue = (c.first[d] + p.pad[d]) % s;
+    c.tap0[d] = 0, c.tap_step[d] = 1, c.taps[d] = 0;
+    for (int f = 0; f < p.filter[d]; ++f)
+      if (f * p.dilation[d] % s == residue) {
+        if (c.taps[d] == 0) c.tap0[d] = f;
+        if (c.taps[d] == 1) c.tap_step[d] = f - c.tap0[d];  // the solutions step evenly
+        ++c.taps[d];
+      }
+  }
+  return c;
+}
+
 // O (kBackward false) or dI (true), as the header says. act is I or dO, filter the packed filter.
-// Grid: x the output's block columns, y strides over its BM-row tiles.
+// Grid: x the output's block columns, y strides over the row classes' BM-row tiles.
 template <class Cfg, bool kBackward>
 __global__ void __launch_bounds__(Cfg::kThreads)
     conv_igemm_data_kernel(const typename Cfg::T* __restrict__ act, const typename Cfg::T* __restrict__ filter,
@@ -68,96 +100,111 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   static_assert(kB % kBK == 0 && Cfg::kBN == kB, "a stage is a slice of one block");
   __shared__ __align__(16) T As[kStages][kBM * kSA];
   __shared__ __align__(16) T Bs[kStages][kBRows * kSB];
-  __shared__ int row_image[kBM], row_at[3][kBM];
+  __shared__ int row_image[kBM], row_pos[kBM], row_at[3][kBM];
 
   const ConvIgemmTables t = Cfg::tables();
   const int* rows_of = kBackward ? p.in : p.out;  // the output's image
   const int* src_of = kBackward ? p.out : p.in;   // the gathered activation's image
   const int src_channels = kBackward ? p.k : p.c, out_channels = kBackward ? p.c : p.k;
-  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
   const long long positions = static_cast<long long>(rows_of[0]) * rows_of[1] * rows_of[2];
   const long long src_positions = static_cast<long long>(src_of[0]) * src_of[1] * src_of[2];
-  const long long rows = p.n * positions;
+  const int classes = kBackward ? p.stride[0] * p.stride[1] * p.stride[2] : 1;
   const int column = blockIdx.x;
   const int* start = kBackward ? t.bprop_start : t.fprop_start;
   const int* entries = kBackward ? t.bprop_entries : t.fprop_entries;
   const int first = start[column], count = start[column + 1] - first;
-  const int total = count * taps * kSlices;
 
-  for (long long tile = blockIdx.y; tile * kBM < rows; tile += gridDim.y) {
-    const long long row0 = tile * kBM;
-    // Each row's image and its coordinates as the taps offset them: forward o · stride − pad
-    // (+ tap · dilation reaches the input), backward i + pad (− tap · dilation, / stride, the output).
-    for (int r = threadIdx.x; r < kBM; r += Cfg::kThreads) {
-      const long long row = row0 + r;
-      row_image[r] = row < rows ? static_cast<int>(row / positions) : -1;
-      const long long pos = row < rows ? row % positions : 0;
-      const int at[3] = {static_cast<int>(pos / (static_cast<long long>(rows_of[1]) * rows_of[2])),
-                         static_cast<int>(pos / rows_of[2] % rows_of[1]), static_cast<int>(pos % rows_of[2])};
+  // item: a tile of a class, the classes' tiles one after another
+  long long item = blockIdx.y, passed = 0;
+  for (int cls = 0; cls < classes; ++cls) {
+    const ConvRowClass rc = conv_row_class<kBackward>(p, cls);
+    const long long class_positions = static_cast<long long>(rc.count[0]) * rc.count[1] * rc.count[2];
+    const long long rows = p.n * class_positions, tiles = (rows + kBM - 1) / kBM;
+    const int taps = rc.taps[0] * rc.taps[1] * rc.taps[2];
+    const int total = count * taps * kSlices;
+    for (; item - passed < tiles; item += gridDim.y) {
+      const long long row0 = (item - passed) * kBM;
+      // Each row's image, position, and coordinates as the taps offset them: forward o · stride −
+      // pad (+ tap · dilation reaches the input), backward i + pad (− tap · dilation, / stride, the
+      // output).
+      for (int r = threadIdx.x; r < kBM; r += Cfg::kThreads) {
+        const long long row = row0 + r;
+        row_image[r] = row < rows ? static_cast<int>(row / class_positions) : -1;
+        const long long j = row < rows ? row % class_positions : 0;
+        const int at[3] = {rc.first[0] + rc.step[0] * static_cast<int>(j / (rc.count[1] * rc.count[2])),
+                           rc.first[1] + rc.step[1] * static_cast<int>(j / rc.count[2] % rc.count[1]),
+                           rc.first[2] + rc.step[2] * static_cast<int>(j % rc.count[2])};
+        row_pos[r] = (at[0] * rows_of[1] + at[1]) * rows_of[2] + at[2];
 #pragma unroll
-      for (int d = 0; d < 3; ++d) row_at[d][r] = kBackward ? at[d] + p.pad[d] : at[d] * p.stride[d] - p.pad[d];
-    }
-    __syncthreads();
+        for (int d = 0; d < 3; ++d) row_at[d][r] = kBackward ? at[d] + p.pad[d] : at[d] * p.stride[d] - p.pad[d];
+      }
+      __syncthreads();
 
-    WarpMma<Cfg, true, !kBackward, kSA, kSB> mma;
-    mma.clear();
-    auto stage_of = [&](int step, int& entry, int& tap, int& slice) {
-      slice = step % kSlices;
-      tap = step / kSlices % taps;
-      entry = first + step / (kSlices * taps);
-    };
-    run_pipeline<kStages>(
-        total,
-        [&](int step) {
-          int entry, tap, slice;
-          stage_of(step, entry, tap, slice);
-          const int other = entries[2 * entry], block = entries[2 * entry + 1];
-          int f[3];
-          conv_tap_split(p, tap, f);
-          const T* src = act + static_cast<long long>(other) * kB + slice * kBK;
-          // the source position row r reads through this tap, or −1
-          auto source = [&](int r) -> long long {
-            if (row_image[r] < 0) return -1;
-            int c[3];
+      WarpMma<Cfg, true, !kBackward, kSA, kSB> mma;
+      mma.clear();
+      // stage `step`: the entry, the class's tap (t, r, s) and its index in the filter, the slice
+      auto stage_of = [&](int step, int& entry, int* f, int& tap, int& slice) {
+        slice = step % kSlices;
+        const int m = step / kSlices % taps;
+        entry = first + step / (kSlices * taps);
+        f[0] = rc.tap0[0] + rc.tap_step[0] * (m / (rc.taps[1] * rc.taps[2]));
+        f[1] = rc.tap0[1] + rc.tap_step[1] * (m / rc.taps[2] % rc.taps[1]);
+        f[2] = rc.tap0[2] + rc.tap_step[2] * (m % rc.taps[2]);
+        tap = (f[0] * p.filter[1] + f[1]) * p.filter[2] + f[2];
+      };
+      run_pipeline<kStages>(
+          total,
+          [&](int step) {
+            int entry, f[3], tap, slice;
+            stage_of(step, entry, f, tap, slice);
+            const int other = entries[2 * entry], block = entries[2 * entry + 1];
+            const T* src = act + static_cast<long long>(other) * kB + slice * kBK;
+            // the source position row r reads through this tap, or −1 (padding)
+            auto source = [&](int r) -> long long {
+              if (row_image[r] < 0) return -1;
+              int c[3];
 #pragma unroll
-            for (int d = 0; d < 3; ++d) {
-              if (kBackward) {
-                const int num = row_at[d][r] - f[d] * p.dilation[d];
-                if (num < 0 || num % p.stride[d] != 0) return -1;
-                c[d] = num / p.stride[d];
-              } else {
-                c[d] = row_at[d][r] + f[d] * p.dilation[d];
+              for (int d = 0; d < 3; ++d) {
+                if (kBackward) {
+                  const int num = row_at[d][r] - f[d] * p.dilation[d];
+                  if (num < 0) return -1;
+                  c[d] = num / p.stride[d];  // exact: a tap of the row's class
+                } else {
+                  c[d] = row_at[d][r] + f[d] * p.dilation[d];
+                }
+                if (c[d] < 0 || c[d] >= src_of[d]) return -1;
               }
-              if (c[d] < 0 || c[d] >= src_of[d]) return -1;
-            }
-            return row_image[r] * src_positions + (static_cast<long long>(c[0]) * src_of[1] + c[1]) * src_of[2] + c[2];
-          };
-          copy_tile_async<kBM, kBK, kSA, Cfg::kThreads>(
-              As[step % kStages],
-              [&](int r) {
-                const long long s = source(r);
-                return src + (s < 0 ? 0 : s) * src_channels;
-              },
-              [&](int r) { return source(r) >= 0; });
-          const T* w = filter + (static_cast<long long>(block) * taps + tap) * kB * kB;
-          copy_tile_async<kBRows, kBCols, kSB, Cfg::kThreads>(
-              Bs[step % kStages],
-              [&](int r) { return kBackward ? w + (slice * kBK + r) * kB : w + r * kB + slice * kBK; },
-              [](int) { return true; });
-        },
-        [&](int step) {
-          int entry, tap, slice;
-          stage_of(step, entry, tap, slice);
-          const float g = gate != nullptr ? gate[entries[2 * entry + 1]] : 1.0f;
-          if (g != 0.0f) mma.step(As[step % kStages], Bs[step % kStages], g);  // uniform across the CTA
-        });
+              return row_image[r] * src_positions + (static_cast<long long>(c[0]) * src_of[1] + c[1]) * src_of[2] +
+                     c[2];
+            };
+            copy_tile_async<kBM, kBK, kSA, Cfg::kThreads>(
+                As[step % kStages],
+                [&](int r) {
+                  const long long s = source(r);
+                  return src + (s < 0 ? 0 : s) * src_channels;
+                },
+                [&](int r) { return source(r) >= 0; });
+            const T* w =
+                filter + (static_cast<long long>(block) * p.filter[0] * p.filter[1] * p.filter[2] + tap) * kB * kB;
+            copy_tile_async<kBRows, kBCols, kSB, Cfg::kThreads>(
+                Bs[step % kStages],
+                [&](int r) { return kBackward ? w + (slice * kBK + r) * kB : w + r * kB + slice * kBK; },
+                [](int) { return true; });
+          },
+          [&](int step) {
+            const int entry = first + step / (kSlices * taps);
+            const float g = gate != nullptr ? gate[entries[2 * entry + 1]] : 1.0f;
+            if (g != 0.0f) mma.step(As[step % kStages], Bs[step % kStages], g);  // uniform across the CTA
+          });
 
-    T* o = out + static_cast<long long>(column) * kB;
-    mma.epilogue([&](int r, int c, float v0, float v1) {
-      const long long row = row0 + r;
-      if (row < rows) store_pair(o + row * out_channels + c, v0, v1, accumulate);
-    });
-    __syncthreads();  // the next tile rewrites the row tables and the stages
+      T* o = out + static_cast<long long>(column) * kB;
+      mma.epilogue([&](int r, int c, float v0, float v1) {
+        if (row_image[r] >= 0)
+          store_pair(o + (row_image[r] * positions + row_pos[r]) * out_channels + c, v0, v1, accumulate);
+      });
+      __syncthreads();  // the next tile rewrites the row tables and the stages
+    }
+    passed += tiles;
   }
 }
 
