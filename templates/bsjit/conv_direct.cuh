@@ -28,8 +28,9 @@
 namespace bsjit {
 namespace kernels {
 
-// (inline: a namespace-scope constexpr would be a module global, whose internal name differs per compile)
-inline constexpr int kConvThreads = 256;
+// An enumerator: a constexpr variable at namespace scope is a global in the module (an internal one
+// named afresh by each compile, or an inline one), which no kernel reads.
+enum : int { kConvThreads = 256 };
 
 struct ConvTables {
   const int* blocks;
