@@ -35,37 +35,26 @@ class ConvGpu : public ::testing::TestWithParam<Param> {
   }
 };
 
-TEST_P(ConvGpu, EveryCaseMatchesTheReference) {
-  const Param prm = GetParam();
-  for (const auto& c : testing::conv_cases()) {
+// Every op of every case, plain, gated and accumulating, against the reference.
+void check_cases(const Param& prm, const std::vector<testing::ConvCase>& cases, std::uint64_t seed) {
+  for (const auto& c : cases) {
     const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
     for (check::ConvOp op : {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat})
       for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
         SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(op), gated ? ", gated" : "",
                                  accumulate ? ", accumulating" : ""));
-        const auto r = check::run_and_check(conv, op, {c.n, accumulate, gated, 5601});
+        const auto r = check::run_and_check(conv, op, {c.n, accumulate, gated, seed});
         EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
         EXPECT_EQ(r.unwritten, 0);
       }
   }
 }
 
+TEST_P(ConvGpu, EveryCaseMatchesTheReference) { check_cases(GetParam(), testing::conv_cases(), 5601); }
+
 // The uniform layouts of the tensor-core kernels (16-bit, channels last; the direct ones otherwise)
 // against the reference.
-TEST_P(ConvGpu, TensorCoreCasesMatchTheReference) {
-  const Param prm = GetParam();
-  for (const auto& c : testing::tensor_core_conv_cases()) {
-    const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
-    for (check::ConvOp op : {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat})
-      for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
-        SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(op), gated ? ", gated" : "",
-                                 accumulate ? ", accumulating" : ""));
-        const auto r = check::run_and_check(conv, op, {c.n, accumulate, gated, 5606});
-        EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
-        EXPECT_EQ(r.unwritten, 0);
-      }
-  }
-}
+TEST_P(ConvGpu, TensorCoreCasesMatchTheReference) { check_cases(GetParam(), testing::tensor_core_conv_cases(), 5606); }
 
 // l2_normalize and its gradient against tools/conv_reference, with and without a gain, in place too.
 TEST_P(ConvGpu, L2NormalizeMatchesTheReference) {
