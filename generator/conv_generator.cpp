@@ -137,11 +137,10 @@ GeneratedConv generate_conv(const ConvLayout& layout, std::int64_t taps, DType d
   return g;
 }
 
-std::optional<UniformConvLayout> uniform_conv_layout(const ConvLayout& layout, bool allow_8) {
+std::optional<UniformConvLayout> uniform_conv_layout(const ConvLayout& layout) {
   const auto& blocks = layout.blocks();
   const int b = static_cast<int>(blocks.front().c.size());
-  if (b % 16 != 0 && !(allow_8 && b == 8)) return std::nullopt;
-  if (b > 128 || layout.C() % b || layout.K() % b) return std::nullopt;
+  if (layout.C() % b || layout.K() % b) return std::nullopt;
   UniformConvLayout u{b, {}};
   for (const auto& block : blocks) {
     const auto& c = block.c;
@@ -159,7 +158,7 @@ std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const C
   if (!channels_last || geometry.taps() != 1) return std::nullopt;
   for (int d = 0; d < 3; ++d)
     if (geometry.stride[d] != 1 || geometry.pad_before[d] != 0 || geometry.pad_after[d] != 0) return std::nullopt;
-  const auto u = uniform_conv_layout(layout, true);
+  const auto u = uniform_conv_layout(layout);
   if (!u || (u->block != 8 && u->block != 16 && u->block != 32 && u->block != 64 && u->block != 128))
     return std::nullopt;
   std::vector<std::pair<std::int64_t, std::int64_t>> coords;  // (output block, input block): W' [K/b, C/b]

@@ -53,13 +53,14 @@ struct ConvMatmulPlan {
 std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const ConvGeometry& geometry,
                                                bool channels_last);
 
-// Where every block of layout is b × b, b a multiple of 16 up to 128, and its input and output
-// channels are b-aligned and consecutive: per block its (output block, input block), else nothing.
+// Where every block of layout is b × b and its input and output channels are b-aligned and
+// consecutive: per block its (output block, input block), else nothing. (Each caller takes the
+// block sizes its kernels have.)
 struct UniformConvLayout {
   int block = 0;
   std::vector<std::pair<int, int>> coords;
 };
-std::optional<UniformConvLayout> uniform_conv_layout(const ConvLayout& layout, bool allow_8 = false);
+std::optional<UniformConvLayout> uniform_conv_layout(const ConvLayout& layout);
 
 // The tiles of the tensor-core kernels at block size b (16, 32, 64 or 128): the data kernels (fprop,
 // bprop) bm rows × b columns with 4 warps, updat b × b over bk positions a stage; stages as many as

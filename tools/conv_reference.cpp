@@ -7,28 +7,20 @@
 
 namespace bsjit::reference {
 
-ConvLayout blocksparse_grouped_layout() {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 4; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 32; ++i) b.c.push_back(g * 32 + i);
-    for (int i = 0; i < 48; ++i) b.k.push_back(g * 48 + i);
-    blocks.push_back(b);
-  }
-  return ConvLayout::from_blocks(128, 192, blocks);
-}
-
-ConvLayout blocksparse_overlapping_layout() {
-  std::vector<ConvBlock> blocks;
-  for (int g = 0; g < 8; ++g) {
-    ConvBlock b;
-    for (int i = 0; i < 16; ++i) b.c.push_back(g * 8 + i);
-    for (int i = 0; i < 32; ++i) b.k.push_back(g * 16 + i);
-    blocks.push_back(b);
-  }
-  return ConvLayout::from_blocks(8 * 8 + 8, 8 * 16 + 16, blocks);
-}
 namespace {
+
+// `groups` blocks of c_block → k_block consecutive channels, block g starting at input channel
+// g · c_step and output channel g · k_step (steps below the block sizes overlap).
+ConvLayout stepped_blocks(int groups, int c_block, int k_block, int c_step, int k_step) {
+  std::vector<ConvBlock> blocks;
+  for (int g = 0; g < groups; ++g) {
+    ConvBlock b;
+    for (int i = 0; i < c_block; ++i) b.c.push_back(g * c_step + i);
+    for (int i = 0; i < k_block; ++i) b.k.push_back(g * k_step + i);
+    blocks.push_back(b);
+  }
+  return ConvLayout::from_blocks((groups - 1) * c_step + c_block, (groups - 1) * k_step + k_block, blocks);
+}
 
 struct Index {
   const ConvProblem& p;
@@ -94,6 +86,9 @@ void expect_size(const std::vector<double>& v, std::int64_t n, const char* what)
 }
 
 }  // namespace
+
+ConvLayout blocksparse_grouped_layout() { return stepped_blocks(4, 32, 48, 32, 48); }
+ConvLayout blocksparse_overlapping_layout() { return stepped_blocks(8, 16, 32, 8, 16); }
 
 std::int64_t conv_input_elements(const ConvProblem& p) {
   const auto& i = p.geometry.in;

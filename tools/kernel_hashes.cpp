@@ -128,7 +128,8 @@ void add_conv(std::vector<Variant>& out, const std::string& arch) {
       const auto e = generator::generate_conv_edge_bias(geometry, false, dtype, last);
       for (const auto& [kind, name] : {std::pair{"forward", e.forward}, {"grad", e.grad}, {"sums", e.sums}})
         out.push_back({what + " edge_bias " + kind, arch, e.source, name});
-    }  // the tensor-core kernels: one source per dtype and block size
+    }
+  // the tensor-core kernels: one source per dtype and block size
   const Layout mask = Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}});
   for (DType dtype : {DType::f16, DType::bf16})
     for (int b : {16, 32, 64, 128}) {

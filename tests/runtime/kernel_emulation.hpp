@@ -20,7 +20,6 @@
 #include <atomic>
 #include <barrier>
 #include <cstring>
-#include <memory>
 #include <thread>
 #include <vector>
 
