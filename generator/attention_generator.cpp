@@ -21,6 +21,20 @@ void check(const std::vector<Layout>& masks, const AttentionOptions& o) {
   if (o.head_dim != 32 && o.head_dim != 64 && o.head_dim != 128)
     throw Error(fmt::format("bsjit: attention: head_dim {} is not supported; expected 32, 64 or 128", o.head_dim));
   if (o.dtype == DType::f32) throw Error("bsjit: attention: dtype f32 is not supported; expected f16 or bf16");
+  if (o.kv_group < 1 || o.kv_group > 65535)
+    throw Error(
+        fmt::format("bsjit: attention: kv_group = {} out of 1..65535 (query heads per key/value head)", o.kv_group));
+  if (masks.size() > 1 && static_cast<std::int64_t>(masks.size()) % o.kv_group != 0)
+    throw Error(fmt::format("bsjit: attention: {} per-head masks are not whole groups of kv_group = {} query heads",
+                            masks.size(), o.kv_group));
+}
+
+// The label's tail for the options past block and head dim: order, causal, the key/value group.
+// (The Configs hold the group as an enumerator: NVRTC emits every static constexpr member of a
+// Config as a device global, so a new one would change every kernel's binary, none of its code.)
+std::string label_tail(const AttentionOptions& o) {
+  return fmt::format("{}{}{}", to_string(o.order), o.causal ? "-causal" : "",
+                     o.kv_group > 1 ? fmt::format("-g{}", o.kv_group) : "");
 }
 
 // Per mask and block row (transposed: per block column), the column (row) indices, ascending:
@@ -123,8 +137,8 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   if (g.query_tiles > 65535)
     throw Error(fmt::format("bsjit: attention: {} query tiles of {} rows; at most 65535 are supported", g.query_tiles,
                             qt));
-  g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, o.head_dim,
-                        to_string(o.order), o.causal ? "-causal" : "", g.tma ? "-tma" : "");
+  g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, o.head_dim, label_tail(o),
+                        g.tma ? "-tma" : "");
 
   const std::string tables = fused_tables(g.tables, masks, false, g.query_tiles, qt, o.block);
   g.name_expression = g.tma ? "bsjit::kernels::attention_forward_tma_kernel<bsjit_generated::Config>"
@@ -145,6 +159,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       "  static constexpr int kBlock = {block}, kHeadDim = {d}, kQTile = {qt}, kKTile = {kt}, kLayouts = {masks};\n"
       "  static constexpr bool kCausal = {causal}, kHeadsFirst = {heads_first};\n"
       "  static constexpr int kSharedBytes = {smem}, kConsumers = {consumers}, kStages = {stages};\n"
+      "  enum : int {{ kKvGroup = {kv_group} }};  // query heads per key/value head\n"
       "{dims}"
       "  __device__ static const int* row_start() {{ return kRowStart; }}\n"
       "  __device__ static const int* keys() {{ return kKeys; }}\n"
@@ -153,11 +168,11 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       "\n"
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("dims", kDimsAccessors),
-      fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)),
-      fmt::arg("block", o.block), fmt::arg("d", o.head_dim), fmt::arg("qt", qt), fmt::arg("kt", kt),
+      fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block),
+      fmt::arg("d", o.head_dim), fmt::arg("qt", qt), fmt::arg("kt", kt),
       fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
-      fmt::arg("consumers", consumers), fmt::arg("stages", stages),
+      fmt::arg("consumers", consumers), fmt::arg("stages", stages), fmt::arg("kv_group", o.kv_group),
       fmt::arg("header", g.tma ? "attention_hopper.cuh" : "attention.cuh"));
   return g;
 }
@@ -196,13 +211,18 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
   if (g.key_tiles > 65535 || g.query_rows16 > 65535)
     throw Error(fmt::format("bsjit: attention: sequences of {} and {} positions are too long for the backward",
                             masks[0].rows() * o.block, masks[0].cols() * o.block));
-  g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, d, to_string(o.order),
-                        o.causal ? "-causal" : "", g.tma ? "-tma" : "");
+  g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, d, label_tail(o),
+                        g.tma ? "-tma" : "");
   const std::string tables = fused_tables(g.tables, masks, true, g.key_tiles, tile, o.block);
   g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
   g.main = g.tma ? "bsjit::kernels::attention_backward_tma_kernel<bsjit_generated::Config>"
                  : "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";
   g.dq = "bsjit::kernels::attention_backward_dq_kernel<bsjit_generated::Config>";
+  if (o.kv_group > 1) g.dkv = "bsjit::kernels::attention_backward_dkv_kernel<bsjit_generated::Config>";
+  g.key_rows16 = masks[0].cols() * o.block / 16;
+  if (g.key_rows16 > 65535)
+    throw Error(fmt::format("bsjit: attention: sequences of {} and {} positions are too long for the backward",
+                            masks[0].rows() * o.block, masks[0].cols() * o.block));
   g.source = fmt::format(
       "// Generated by bsjit: {label}\n"
       "// {masks} block mask(s); any sequence lengths (kDims)\n"
@@ -217,9 +237,11 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       "\n"
       "struct Config {{\n"
       "  using T = {type};\n"
-      "  static constexpr int kBlock = {block}, kHeadDim = {d}, kQTile = {q_tile}, kKTile = {tile}, kLayouts = {masks};\n"
+      "  static constexpr int kBlock = {block}, kHeadDim = {d}, kQTile = {q_tile}, kKTile = {tile}, kLayouts = "
+      "{masks};\n"
       "  static constexpr bool kCausal = {causal}, kHeadsFirst = {heads_first};\n"
       "  static constexpr int kBackwardSharedBytes = {smem}, kStages = {stages};\n"
+      "  enum : int {{ kKvGroup = {kv_group} }};  // query heads per key/value head\n"
       "{dims}"
       "  __device__ static bsjit::kernels::MaskTable col_start() {{ return {{kColStart}}; }}\n"
       "  __device__ static bsjit::kernels::MaskTable query_blocks() {{ return {{kQueryBlocks}}; }}\n"
@@ -228,11 +250,10 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       "\n"
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("dims", kDimsAccessors),
-      fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)),
-      fmt::arg("block", o.block), fmt::arg("d", d), fmt::arg("tile", tile),
-      fmt::arg("causal", o.causal ? "true" : "false"),
+      fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block), fmt::arg("d", d),
+      fmt::arg("tile", tile), fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
-      fmt::arg("q_tile", q_tile), fmt::arg("stages", stages),
+      fmt::arg("q_tile", q_tile), fmt::arg("stages", stages), fmt::arg("kv_group", o.kv_group),
       fmt::arg("header", g.tma ? "attention_backward_hopper.cuh" : "attention_backward.cuh"));
   return g;
 }
@@ -260,8 +281,7 @@ GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, c
   if (std::max({g.score_tiles, g.query_tiles, g.key_tiles, g.softmax_rows4}) > 65535)
     throw Error(fmt::format("bsjit: attention ops: masks of [{}, {}] blocks with {} nonzero are too large at block {}",
                             rows, cols, most, o.block));
-  g.label = fmt::format("attention_ops-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, o.head_dim, to_string(o.order),
-                        o.causal ? "-causal" : "");
+  g.label = fmt::format("attention_ops-{}-b{}-d{}-{}", to_string(o.dtype), o.block, o.head_dim, label_tail(o));
 
   // Row-major tables over every mask, one after the other (a block's table position is its index in
   // its mask's order plus the blocks of the masks before it), and per block column the positions
@@ -314,6 +334,7 @@ GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, c
       "  using T = {type};\n"
       "  static constexpr int kBlock = {block}, kHeadDim = {d}, kTile = {tile}, kLayouts = {masks};\n"
       "  static constexpr bool kCausal = {causal}, kHeadsFirst = {heads_first};\n"
+      "  enum : int {{ kKvGroup = {kv_group} }};  // query heads per key/value head\n"
       "{dims}"
       "  __device__ static int mask_blocks() {{ return kDims[2]; }}\n"
       "  __device__ static const int* row_start() {{ return kRowStart; }}\n"
@@ -329,9 +350,8 @@ GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, c
       "}}  // namespace bsjit_generated\n",
       fmt::arg("label", g.label), fmt::arg("masks", masks.size()), fmt::arg("dims", kDimsAccessors),
       fmt::arg("tables", tables), fmt::arg("type", type_name(o.dtype)), fmt::arg("block", o.block),
-      fmt::arg("d", o.head_dim), fmt::arg("tile", g.tile),
-      fmt::arg("causal", o.causal ? "true" : "false"),
-      fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"));
+      fmt::arg("d", o.head_dim), fmt::arg("tile", g.tile), fmt::arg("causal", o.causal ? "true" : "false"),
+      fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("kv_group", o.kv_group));
   return g;
 }
 

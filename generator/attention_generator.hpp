@@ -38,10 +38,13 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
 // with block ≥ 64 and head_dim ≥ 64 the main kernel is the wgmma/TMA one
 // (attention_backward_hopper.cuh): its arguments end with tensor maps of Q, K, V and dO, boxes of
 // 64 head-dim columns × q_rows (Q, dO) or kv_rows (K, V) positions.
+// With options.kv_group > 1 a fourth, dkv, runs last: dK and dV from the fp32 accumulators the main
+// kernel adds each query head's gradients to (grid batch · heads / kv_group × key_rows16, 128
+// threads).
 struct GeneratedAttentionBackward {
-  std::string source, label, prep, main, dq;  // prep, main, dq: name expressions
+  std::string source, label, prep, main, dq, dkv;  // name expressions; dkv empty without a group
   int threads = 0, shared_bytes = 0;
-  std::int64_t key_tiles = 0, query_rows16 = 0;
+  std::int64_t key_tiles = 0, query_rows16 = 0, key_rows16 = 0;
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
   DeviceTables tables;  // kColStart, kQueryBlocks, kKeyTileOrder (pointers); kDims (constant)
@@ -50,8 +53,8 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
                                                        const AttentionOptions& options, const std::string& arch);
 
 // The decomposed ops (templates/bsjit/attention_ops.cuh): one source, five kernels, each grid's x
-// being batch · heads. Products in tiles of `tile` rows (threads = 2 · tile); softmax kernels 128
-// threads, a warp per query row.
+// being batch · heads (probs_t's: batch · heads / kv_group). Products in tiles of `tile` rows (threads = 2 · tile);
+// softmax kernels 128 threads, a warp per query row.
 struct GeneratedAttentionOps {
   std::string source, label, scores, softmax, softmax_grad, probs_v, probs_t;  // name expressions
   int tile = 0, threads = 0, scores_shared = 0, product_shared = 0;

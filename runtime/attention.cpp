@@ -48,15 +48,17 @@ struct Attention::Impl {
     return cache::KernelCache::global().get(forward_request(arch), on_miss, now);
   }
 
-  // The backward: one source, three kernels (generator::GeneratedAttentionBackward), compiled
-  // and cached apart; a workspace per context (dQ accumulator and Delta, in floats).
+  // The backward: one source, three kernels (four with a key/value group;
+  // generator::GeneratedAttentionBackward), compiled and cached apart; a workspace per context (dQ
+  // accumulator and Delta, and the dK and dV accumulators of a group, in floats).
   std::map<std::string, generator::GeneratedAttentionBackward> backward_sources;  // per arch
   struct Backward {
     const generator::GeneratedAttentionBackward* g = nullptr;
-    std::array<runtime::SharedKernels::Handle, 3> kernels;  // prep, dq, main
+    std::array<runtime::SharedKernels::Handle, 4> kernels;  // prep, dq, main, dkv (kv_group > 1)
     CUfunction prep() const { return kernels[0]->function; }
     CUfunction dq() const { return kernels[1]->function; }
     CUfunction main() const { return kernels[2]->function; }
+    CUfunction dkv() const { return kernels[3]->function; }
     std::unique_ptr<runtime::DeviceMemory> workspace;
   };
   std::map<runtime::Context, Backward> backwards;
@@ -68,36 +70,35 @@ struct Attention::Impl {
     return it->second;
   }
 
-  // The cache request of the backward's kernel i: prep, dq, main.
+  // The backward's kernels: prep, dq, main, and dkv with a key/value group.
+  static int backward_count(const generator::GeneratedAttentionBackward& g) { return g.dkv.empty() ? 3 : 4; }
+
+  // The cache request of the backward's kernel i: prep, dq, main, dkv.
   cache::Request backward_request(const generator::GeneratedAttentionBackward& g, const std::string& arch,
                                   int i) const {
     if (i == 0)
       return runtime::named_kernel_request(g.source, g.tables, g.prep, g.label + "-prep", 0, arch, masks_hash);
     if (i == 1) return runtime::named_kernel_request(g.source, g.tables, g.dq, g.label + "-dq", 0, arch, masks_hash);
+    if (i == 3) return runtime::named_kernel_request(g.source, g.tables, g.dkv, g.label + "-dkv", 0, arch, masks_hash);
     return runtime::named_kernel_request(g.source, g.tables, g.main, g.label, g.shared_bytes, arch, masks_hash);
   }
 
-  // prep, dq and main of the backward for arch from the cache; *now: any compiled in this call.
-  std::array<cache::KernelCache::Compiled, 3> backward_kernels(const generator::GeneratedAttentionBackward& g,
-                                                               const std::string& arch, cache::OnMiss on_miss,
-                                                               bool* now = nullptr) {
-    // the main kernel (most of the compile time) on another thread while prep and dq compile here
-    bool compiled[3] = {};
-    auto get = [&](int i) {
-      return cache::KernelCache::global().get(backward_request(g, arch, i), on_miss, &compiled[i]);
-    };
+  // The backward's kernels for arch in the cache; *now: any compiled in this call.
+  void backward_kernels(const generator::GeneratedAttentionBackward& g, const std::string& arch, cache::OnMiss on_miss,
+                        bool* now = nullptr) {
+    // the main kernel (most of the compile time) on another thread while the others compile here
+    bool compiled[4] = {};
+    auto get = [&](int i) { cache::KernelCache::global().get(backward_request(g, arch, i), on_miss, &compiled[i]); };
     auto main = std::async(std::launch::async, get, 2);
-    std::array<cache::KernelCache::Compiled, 3> k;
     try {
-      k[0] = get(0);
-      k[1] = get(1);
+      for (int i : {0, 1, 3})
+        if (i < backward_count(g)) get(i);
     } catch (...) {
       main.wait();  // it writes compiled[2], on this frame
       throw;
     }
-    k[2] = main.get();
-    if (now) *now = compiled[0] || compiled[1] || compiled[2];
-    return k;
+    main.get();
+    if (now) *now = compiled[0] || compiled[1] || compiled[2] || compiled[3];
   }
 
   Backward& backward(const runtime::Context& ctx, std::size_t workspace_bytes, cache::OnMiss on_miss) {
@@ -107,16 +108,17 @@ struct Attention::Impl {
       const std::string arch = runtime::kernel_arch(options.arch, ctx);
       bw.g = &backward_source(arch);
       backward_kernels(*bw.g, arch, on_miss);  // compiled side by side; each loaded from memory below
-      for (int i = 0; i < 3; ++i) bw.kernels[i] = runtime::load_cached(backward_request(*bw.g, arch, i), ctx, on_miss);
+      for (int i = 0; i < backward_count(*bw.g); ++i)
+        bw.kernels[i] = runtime::load_cached(backward_request(*bw.g, arch, i), ctx, on_miss);
     }
     if (workspace_bytes > 0 && (!bw.workspace || bw.workspace->bytes < workspace_bytes))
       bw.workspace = std::make_unique<runtime::DeviceMemory>(workspace_bytes);
     return bw;
   }
 
-  // A 3-D TMA map of a Q- or K-shaped tensor, innermost first: (d, heads, batch · seq) for [batch,
-  // seq, heads, d]; (d, seq, batch · heads) for [batch, heads, seq, d]; boxes of 64 head-dim
-  // columns × `rows` positions.
+  // A 3-D TMA map of a Q- or K-shaped tensor (`heads` of its own: K's are heads / kv_group),
+  // innermost first: (d, heads, batch · seq) for [batch, seq, heads, d]; (d, seq, batch · heads) for
+  // [batch, heads, seq, d]; boxes of 64 head-dim columns × `rows` positions.
   CUtensorMap tensor_map(const void* base, std::int64_t batch, std::int64_t heads, std::int64_t seq, int rows) const {
     const auto U = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
     const std::int64_t d = options.head_dim;
@@ -177,8 +179,8 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
     return;
   }
   CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g->q_rows),
-              mk = impl_->tensor_map(k, batch, heads, seq_k(), g->kv_rows),
-              mv = impl_->tensor_map(v, batch, heads, seq_k(), g->kv_rows);
+              mk = impl_->tensor_map(k, batch, heads / impl_->options.kv_group, seq_k(), g->kv_rows),
+              mv = impl_->tensor_map(v, batch, heads / impl_->options.kv_group, seq_k(), g->kv_rows);
   void* args[] = {&out, &lse, &padding, &heads_arg, &scale_log2, &mq, &mk, &mv};
   BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
                                             static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
@@ -214,12 +216,18 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   void* prep_args[] = {&out, &dout, &delta, &dq_acc, &heads_arg};
   BSJIT_CU(drv.cuLaunchKernel(bw.prep(), bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, prep_args,
                               nullptr));
+  // a key/value group: the dK and dV accumulators after Delta (kernels::KeyGradientRows)
+  float* key_acc = delta + rows;
+  const std::int64_t kv_heads = heads / impl_->options.kv_group;
+  if (!g.dkv.empty())
+    BSJIT_CU(drv.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(key_acc), 0,
+                                  static_cast<std::size_t>(2 * batch * kv_heads * seq_k() * d), cu));
   const auto main_grid_y = static_cast<unsigned>(g.key_tiles), threads = static_cast<unsigned>(g.threads),
              shared = static_cast<unsigned>(g.shared_bytes);
   if (g.tma) {
     CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g.q_rows),
-                mk = impl_->tensor_map(k, batch, heads, seq_k(), g.kv_rows),
-                mv = impl_->tensor_map(v, batch, heads, seq_k(), g.kv_rows),
+                mk = impl_->tensor_map(k, batch, heads / impl_->options.kv_group, seq_k(), g.kv_rows),
+                mv = impl_->tensor_map(v, batch, heads / impl_->options.kv_group, seq_k(), g.kv_rows),
                 mo = impl_->tensor_map(dout, batch, heads, seq_q(), g.q_rows);
     void* main_args[] = {&lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s, &mq, &mk, &mv, &mo};
     BSJIT_CU(drv.cuLaunchKernel(bw.main(), bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
@@ -229,10 +237,18 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   }
   void* dq_args[] = {&dq_acc, &dq, &heads_arg, &s};
   BSJIT_CU(drv.cuLaunchKernel(bw.dq(), bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
+  if (!g.dkv.empty()) {
+    int kv_heads_arg = static_cast<int>(kv_heads);
+    void* dkv_args[] = {&key_acc, &dk, &dv, &kv_heads_arg};
+    BSJIT_CU(drv.cuLaunchKernel(bw.dkv(), static_cast<unsigned>(batch * kv_heads), static_cast<unsigned>(g.key_rows16),
+                                1, 128, 1, 1, 0, cu, dkv_args, nullptr));
+  }
 }
 
 std::size_t Attention::backward_workspace_size(std::int64_t batch, std::int64_t heads) const {
-  return static_cast<std::size_t>(batch * heads * seq_q()) * (impl_->options.head_dim + 1) * sizeof(float);
+  const std::int64_t d = impl_->options.head_dim, group = impl_->options.kv_group;
+  const std::int64_t key_accumulators = group > 1 ? 2 * batch * (heads / group) * seq_k() * d : 0;
+  return static_cast<std::size_t>(batch * heads * seq_q() * (d + 1) + key_accumulators) * sizeof(float);
 }
 
 bool Attention::precompile(const std::string& arch) const {

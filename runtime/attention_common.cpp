@@ -34,6 +34,9 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
     throw Error(
         fmt::format("bsjit: {}: heads = {} does not fit {} block mask(s) (1 ≤ heads ≤ 65535)", op, heads, count));
   if (batch <= 0 || batch > 65535) throw Error(fmt::format("bsjit: {}: batch = {} out of 1..65535", op, batch));
+  if (heads % options.kv_group != 0)
+    throw Error(fmt::format("bsjit: {}: heads = {} is not a multiple of kv_group = {} (query heads per key/value head)",
+                            op, heads, options.kv_group));
   const std::int64_t seq = std::max(masks[0].rows(), masks[0].cols()) * options.block, d = options.head_dim;
   // (TMA coordinates of the Hopper kernels are 32-bit: batch · seq must fit)
   if (batch * heads * seq * std::max<std::int64_t>(d, seq) > INT64_MAX / 4 || batch * heads > INT32_MAX ||

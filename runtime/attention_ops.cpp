@@ -86,8 +86,10 @@ struct AttentionOps::Impl {
     const std::int64_t ys[] = {g.score_tiles, g.softmax_rows4, g.softmax_rows4, g.query_tiles, g.key_tiles};
     const bool product = k == kScores || k == kProbsV || k == kProbsT;
     std::vector<void*> a(args);
+    // probs_t's CTAs take a key/value head each, summing over its query heads
+    const std::int64_t x = batch * (k == kProbsT ? heads / options.kv_group : heads);
     BSJIT_CU(runtime::driver().cuLaunchKernel(
-        c.kernels[k]->function, static_cast<unsigned>(batch * heads), static_cast<unsigned>(ys[k]), 1,
+        c.kernels[k]->function, static_cast<unsigned>(x), static_cast<unsigned>(ys[k]), 1,
         product ? static_cast<unsigned>(g.threads) : 128u, 1, 1, static_cast<unsigned>(kernel(k).second),
         reinterpret_cast<CUstream>(stream), a.data(), nullptr));
   }

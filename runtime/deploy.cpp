@@ -154,14 +154,16 @@ Expanded expand(const Manifest& m) {
             for (DType dt : g.dtypes)
               for (QkvOrder order : g.orders)
                 for (bool causal : g.causal)
-                  for (const auto& arch : g.archs) {
-                    AttentionItem item = base;
-                    item.options = {b, d, dt, order, causal, arch};
-                    item.decomposed = op == "decomposed";
-                    item.what = fmt::format("{} attention {} {} b{} d{} {}{} {}", names, op, to_string(dt), b, d,
-                                            to_string(order), causal ? " causal" : "", arch);
-                    e.attention.push_back(std::move(item));
-                  }
+                  for (int group : g.kv_groups)
+                    for (const auto& arch : g.archs) {
+                      AttentionItem item = base;
+                      item.options = {b, d, dt, order, causal, arch, group};
+                      item.decomposed = op == "decomposed";
+                      item.what = fmt::format("{} attention {} {} b{} d{} {}{}{} {}", names, op, to_string(dt), b, d,
+                                              to_string(order), causal ? " causal" : "",
+                                              group > 1 ? fmt::format(" kv_group {}", group) : "", arch);
+                      e.attention.push_back(std::move(item));
+                    }
     }
   for (const auto& g : m.conv)
     for (const auto& file : g.layouts) {
@@ -314,6 +316,7 @@ Manifest Manifest::load(const fs::path& json_file) {
         a.orders = list_of<QkvOrder>(g, "orders", a.orders,
                                      [](const nlohmann::json& v) { return parse_qkv_order(v.get<std::string>()); });
         a.causal = list_of<bool>(g, "causal", a.causal, [](const nlohmann::json& v) { return v.get<bool>(); });
+        a.kv_groups = list_of<int>(g, "kv_groups", a.kv_groups, integer("kv_groups"));
         a.ops = list_of<std::string>(g, "ops", a.ops, [&](const nlohmann::json& v) {
           auto op = v.get<std::string>();
           if (op != "fused" && op != "decomposed")
@@ -366,7 +369,7 @@ std::size_t Manifest::kernel_count() const {
            g.archs.size();
   for (const auto& a : attention)
     n += a.masks.size() * a.ops.size() * a.blocks.size() * a.head_dims.size() * a.dtypes.size() * a.orders.size() *
-         a.causal.size() * a.archs.size();
+         a.causal.size() * a.kv_groups.size() * a.archs.size();
   for (const auto& c : conv)
     n += c.layouts.size() * c.filters.size() * c.dtypes.size() * c.orders.size() * c.archs.size();
   return n;

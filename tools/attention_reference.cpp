@@ -20,7 +20,7 @@ double scale_of(const AttentionProblem& p) {
 
 void check(const AttentionProblem& p) {
   const bool shape_ok = p.batch > 0 && p.heads > 0 && p.head_dim > 0 && p.block > 0 && p.seq_q % p.block == 0 &&
-                        p.seq_k % p.block == 0 &&
+                        p.seq_k % p.block == 0 && p.kv_group > 0 && p.heads % p.kv_group == 0 &&
                         (p.layouts.size() == 1 || static_cast<std::int64_t>(p.layouts.size()) == p.heads);
   if (!shape_ok) throw Error("attention reference: inconsistent problem shape");
   for (const auto& l : p.layouts)
@@ -31,11 +31,12 @@ void check(const AttentionProblem& p) {
     throw Error("attention reference: key_padding must hold batch × seq_k entries");
 }
 
+// Σ_d a[i, d] · c[j, d] of head h, a shaped like Q, c like K.
 double dot(const AttentionProblem& p, const std::vector<double>& a, std::int64_t a_seq, std::int64_t b,
            std::int64_t i, const std::vector<double>& c, std::int64_t c_seq, std::int64_t j, std::int64_t h) {
   double s = 0;
   for (std::int64_t d = 0; d < p.head_dim; ++d)
-    s += a[qkv_index(p, a_seq, b, i, h, d)] * c[qkv_index(p, c_seq, b, j, h, d)];
+    s += a[qkv_index(p, a_seq, b, i, h, d)] * c[kv_index(p, c_seq, b, j, h, d)];
   return s;
 }
 
@@ -66,6 +67,13 @@ std::int64_t qkv_index(const AttentionProblem& p, std::int64_t seq, std::int64_t
                        std::int64_t d) {
   return p.order == QkvOrder::bshd ? ((b * seq + s) * p.heads + h) * p.head_dim + d
                                    : ((b * p.heads + h) * seq + s) * p.head_dim + d;
+}
+
+std::int64_t kv_index(const AttentionProblem& p, std::int64_t seq, std::int64_t b, std::int64_t s, std::int64_t h,
+                      std::int64_t d) {
+  const std::int64_t heads = p.heads / p.kv_group, kh = h / p.kv_group;
+  return p.order == QkvOrder::bshd ? ((b * seq + s) * heads + kh) * p.head_dim + d
+                                   : ((b * heads + kh) * seq + s) * p.head_dim + d;
 }
 
 bool attends(const AttentionProblem& p, std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k) {
@@ -101,7 +109,7 @@ AttentionForward attention_forward(const AttentionProblem& p, const std::vector<
           const double w = std::exp(s[j] - lse);
           if (w == 0) continue;
           for (std::int64_t d = 0; d < p.head_dim; ++d)
-            f.out[qkv_index(p, p.seq_q, b, i, h, d)] += w * v[qkv_index(p, p.seq_k, b, j, h, d)];
+            f.out[qkv_index(p, p.seq_q, b, i, h, d)] += w * v[kv_index(p, p.seq_k, b, j, h, d)];
         }
       }
   return f;
@@ -129,7 +137,7 @@ AttentionGrads attention_backward(const AttentionProblem& p, const std::vector<d
           if (prob[j] == 0) continue;
           const double ds = scale * prob[j] * (dprob[j] - row);
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
-            const std::int64_t qi = qkv_index(p, p.seq_q, b, i, h, d), kj = qkv_index(p, p.seq_k, b, j, h, d);
+            const std::int64_t qi = qkv_index(p, p.seq_q, b, i, h, d), kj = kv_index(p, p.seq_k, b, j, h, d);
             g.dv[kj] += prob[j] * dout[qi];
             g.dq[qi] += ds * k[kj];
             g.dk[kj] += ds * q[qi];
@@ -188,7 +196,7 @@ std::vector<double> probs_product(const AttentionProblem& p, const std::vector<d
   check(p);
   const auto off = head_offsets(p);
   const std::int64_t seq_in = transposed ? p.seq_q : p.seq_k, seq_out = transposed ? p.seq_k : p.seq_q;
-  std::vector<double> out(p.batch * seq_out * p.heads * p.head_dim, 0.0);
+  std::vector<double> out(p.batch * seq_out * (transposed ? p.heads / p.kv_group : p.heads) * p.head_dim, 0.0);
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t h = 0; h < p.heads; ++h)
       for (std::int64_t i = 0; i < p.seq_q; ++i)
@@ -196,7 +204,9 @@ std::vector<double> probs_product(const AttentionProblem& p, const std::vector<d
           for (std::int64_t jj = 0; jj < p.block; ++jj) {
             const std::int64_t key = c * p.block + jj, from = transposed ? i : key, to = transposed ? key : i;
             for (std::int64_t d = 0; d < p.head_dim; ++d)
-              out[qkv_index(p, seq_out, b, to, h, d)] += probs[base + jj] * x[qkv_index(p, seq_in, b, from, h, d)];
+              out[transposed ? kv_index(p, seq_out, b, to, h, d) : qkv_index(p, seq_out, b, to, h, d)] +=
+                  probs[base + jj] *
+                  x[transposed ? qkv_index(p, seq_in, b, from, h, d) : kv_index(p, seq_in, b, from, h, d)];
           }
         });
   return out;

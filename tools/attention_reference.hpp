@@ -18,6 +18,9 @@ namespace bsjit::reference {
 struct AttentionProblem {
   std::int64_t batch = 1, heads = 1, seq_q = 0, seq_k = 0, head_dim = 0;
   int block = 0;
+  // Query heads per key/value head (grouped-query attention): K, V (and dK, dV) have heads /
+  // kv_group heads, query head h reading head h / kv_group.
+  std::int64_t kv_group = 1;
   // [seq_q / block, seq_k / block] block masks: one per head, or one shared by all heads.
   std::vector<Layout> layouts;
   QkvOrder order = QkvOrder::bshd;
@@ -29,9 +32,12 @@ struct AttentionProblem {
   std::function<bool(std::int64_t head, std::int64_t query, std::int64_t key)> element_mask;
 };
 
-// Index of element (b, s, h, d) of a tensor of `seq` positions in p's order.
+// Index of element (b, s, h, d) of a Q-shaped tensor of `seq` positions in p's order.
 std::int64_t qkv_index(const AttentionProblem& p, std::int64_t seq, std::int64_t b, std::int64_t s, std::int64_t h,
                        std::int64_t d);
+// Index of the element of a K-shaped tensor (heads / kv_group heads) that query head h reads.
+std::int64_t kv_index(const AttentionProblem& p, std::int64_t seq, std::int64_t b, std::int64_t s, std::int64_t h,
+                      std::int64_t d);
 
 // Whether query q of head h, batch b attends key k: its block is in the head's layout and no mask
 // removes it.
@@ -63,7 +69,8 @@ std::vector<double> block_softmax(const AttentionProblem& p, const std::vector<d
 // nn: probs · v, shaped like q.
 std::vector<double> block_probs_v(const AttentionProblem& p, const std::vector<double>& probs,
                                   const std::vector<double>& v);
-// tn: probsᵀ · x for x shaped like q (dV = Pᵀ · dO, dK = dSᵀ · Q), shaped like k.
+// tn: probsᵀ · x for x shaped like q (dV = Pᵀ · dO, dK = dSᵀ · Q), shaped like k (summed over each
+// key/value head's query heads).
 std::vector<double> block_probs_t(const AttentionProblem& p, const std::vector<double>& probs,
                                   const std::vector<double>& x);
 // Gradient of the scores from the probabilities and their gradient dprobs (= dO · vᵀ on the

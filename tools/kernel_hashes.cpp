@@ -76,35 +76,41 @@ void add_matmul(std::vector<Variant>& out, const std::string& layout_name, const
           }
 }
 
+// Every block, head dim, dtype, order and causal with one key/value head per query head; grouped
+// queries (2 per key/value head, whose backward has a fourth kernel) at bf16 without causal.
 void add_attention(std::vector<Variant>& out, const std::string& arch) {
   for (int block : {16, 32, 64, 128})
     for (int d : {32, 64, 128})
       for (DType dtype : {DType::f16, DType::bf16})
         for (QkvOrder order : {QkvOrder::bshd, QkvOrder::bhsd})
-          for (bool causal : {false, true}) {
-            const AttentionOptions o{block, d, dtype, order, causal, arch};
-            const std::vector<Layout> masks{fixed_layout(6, 6, 7)};
-            const std::string what = fmt::format("attention b{} d{} {} {} {}", block, d, to_string(dtype),
-                                                 to_string(order), causal ? "causal" : "full");
-            try {
-              const auto f = generator::generate_attention_forward(masks, o, arch);
-              out.push_back({what + " forward", arch, f.source, f.name_expression});
-              const auto b = generator::generate_attention_backward(masks, o, arch);
-              for (const auto& [kind, name] : {std::pair{"prep", b.prep}, {"main", b.main}, {"dq", b.dq}})
-                out.push_back({what + " backward " + kind, arch, b.source, name});
-              if (arch != "sm_90a") {  // the decomposed ops: one source whatever the target
-                const auto p = generator::generate_attention_ops(masks, o);
-                for (const auto& [kind, name] : {std::pair{"scores", p.scores},
-                                                 {"softmax", p.softmax},
-                                                 {"softmax_grad", p.softmax_grad},
-                                                 {"probs_v", p.probs_v},
-                                                 {"probs_t", p.probs_t}})
-                  out.push_back({what + " ops " + kind, arch, p.source, name});
+          for (bool causal : {false, true})
+            for (int group : {1, 2}) {
+              if (group > 1 && (dtype != DType::bf16 || causal)) continue;
+              const AttentionOptions o{block, d, dtype, order, causal, arch, group};
+              const std::vector<Layout> masks{fixed_layout(6, 6, 7)};
+              const std::string what =
+                  fmt::format("attention b{} d{} {} {} {}{}", block, d, to_string(dtype), to_string(order),
+                              causal ? "causal" : "full", group > 1 ? fmt::format(" group{}", group) : "");
+              try {
+                const auto f = generator::generate_attention_forward(masks, o, arch);
+                out.push_back({what + " forward", arch, f.source, f.name_expression});
+                const auto b = generator::generate_attention_backward(masks, o, arch);
+                for (const auto& [kind, name] :
+                     {std::pair{"prep", b.prep}, {"main", b.main}, {"dq", b.dq}, {"dkv", b.dkv}})
+                  if (!name.empty()) out.push_back({what + " backward " + kind, arch, b.source, name});
+                if (arch != "sm_90a") {  // the decomposed ops: one source whatever the target
+                  const auto p = generator::generate_attention_ops(masks, o);
+                  for (const auto& [kind, name] : {std::pair{"scores", p.scores},
+                                                   {"softmax", p.softmax},
+                                                   {"softmax_grad", p.softmax_grad},
+                                                   {"probs_v", p.probs_v},
+                                                   {"probs_t", p.probs_t}})
+                    out.push_back({what + " ops " + kind, arch, p.source, name});
+                }
+              } catch (const std::exception& e) {
+                out.push_back({what, arch, "", std::string("ERROR: ") + e.what()});
               }
-            } catch (const std::exception& e) {
-              out.push_back({what, arch, "", std::string("ERROR: ") + e.what()});
             }
-          }
 }
 
 // The convolution's kernels: one source per dtype and activation order serves every layout and

@@ -62,6 +62,7 @@ struct AttentionGroup {
   std::vector<DType> dtypes{DType::bf16};
   std::vector<QkvOrder> orders{QkvOrder::bshd};
   std::vector<bool> causal{false};
+  std::vector<int> kv_groups{1};          // query heads per key/value head (AttentionOptions::kv_group)
   std::vector<std::string> ops{"fused"};  // "fused", "decomposed"
   std::vector<std::string> archs{"sm_90a"};
 };

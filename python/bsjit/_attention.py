@@ -24,12 +24,12 @@ ORDERS = ("bshd", "bhsd")  # order 0: q is [batch, seq, heads, head_dim]; 1: [ba
 _objects = ObjectCache(64)
 
 
-def attention_object(masks: int, block: int, head_dim: int, dtype: torch.dtype, order: int,
-                     causal: bool) -> _C.Attention:
+def attention_object(masks: int, block: int, head_dim: int, dtype: torch.dtype, order: int, causal: bool,
+                     kv_group: int = 1) -> _C.Attention:
     layouts = lookup(masks)
-    key = (tuple(m.hash for m in layouts), block, head_dim, dtype, order, causal)
+    key = (tuple(m.hash for m in layouts), block, head_dim, dtype, order, causal, kv_group)
     return _objects.get(key, lambda: _C.Attention([m._layout for m in layouts], block, head_dim, _DTYPES[dtype],
-                                                  ORDERS[order], causal))
+                                                  ORDERS[order], causal, kv_group=kv_group))
 
 
 def _fail(message: str):
@@ -44,7 +44,8 @@ def _dims(q: Tensor, order: int) -> tuple[int, int, int, int]:
     return (b, y, x, d) if order == 0 else (b, x, y, d)
 
 
-def _check(q, k, v, masks: int, block: int, order: int, key_padding) -> tuple[int, int, int, int]:
+def _check(q, k, v, masks: int, block: int, order: int, key_padding) -> tuple[int, int, int, int, int]:
+    """(batch, heads, seq_q, head_dim, query heads per key/value head) of a valid call."""
     if order not in (0, 1):
         _fail(f"order must be 0 (bshd) or 1 (bhsd), got {order}")
     if q.dtype not in _DTYPES:
@@ -56,8 +57,9 @@ def _check(q, k, v, masks: int, block: int, order: int, key_padding) -> tuple[in
             _fail(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     b, h, sq, d = _dims(q, order)
     kb, kh, sk, kd = _dims(k, order)
-    if (kb, kh, kd) != (b, h, d):
-        _fail(f"k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch, heads or head dim")
+    if (kb, kd) != (b, d) or kh < 1 or h % kh != 0:
+        _fail(f"k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head dim, or its heads do not "
+              f"divide q's (grouped-query attention: k and v with heads / group heads)")
     if d not in (32, 64, 128):
         _fail(f"head dim {d} is not supported; expected 32, 64 or 128")
     layouts = lookup(masks)
@@ -72,18 +74,18 @@ def _check(q, k, v, masks: int, block: int, order: int, key_padding) -> tuple[in
         _fail(f"{len(layouts)} masks for {h} heads: give one mask, or one per head")
     if key_padding is not None and (key_padding.dtype != torch.uint8 or tuple(key_padding.shape) != (b, sk)):
         _fail(f"key padding must be uint8 [{b}, {sk}], got {key_padding.dtype} {tuple(key_padding.shape)}")
-    return b, h, sq, d
+    return b, h, sq, d, h // kh
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, masks: int, block: int, causal: bool, order: int, scale: float,
                key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    b, h, sq, d = _check(q, k, v, masks, block, order, key_padding)
+    b, h, sq, d, group = _check(q, k, v, masks, block, order, key_padding)
     if q.device.type != "cuda":
         _fail(f"bsjit runs on CUDA tensors; these are on {q.device}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
-    obj = attention_object(masks, block, d, q.dtype, order, causal)
+    obj = attention_object(masks, block, d, q.dtype, order, causal, group)
     with _direct.on_device(q.device):
         obj.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), b, h,
                     _direct.stream(q.device), scale, key_padding.data_ptr() if key_padding is not None else 0)
@@ -95,19 +97,19 @@ attention = torch.library.custom_op("bsjit::attention", _attention, mutates_args
 
 @attention.register_fake
 def _(q, k, v, masks, block, causal, order, scale, key_padding):
-    b, h, sq, d = _check(q, k, v, masks, block, order, key_padding)
+    b, h, sq, d, _ = _check(q, k, v, masks, block, order, key_padding)
     return torch.empty_like(q), q.new_empty((b, h, sq), dtype=torch.float32)
 
 
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, masks: int,
                         block: int, causal: bool, order: int, scale: float,
                         key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    b, h, sq, d = _check(q, k, v, masks, block, order, key_padding)
+    b, h, sq, d, group = _check(q, k, v, masks, block, order, key_padding)
     if dout.shape != q.shape or dout.dtype != q.dtype:
         _fail(f"dout must be shaped and typed like q, got {dout.dtype} {tuple(dout.shape)}")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    obj = attention_object(masks, block, d, q.dtype, order, causal)
+    obj = attention_object(masks, block, d, q.dtype, order, causal, group)
     workspace = torch.empty(obj.backward_workspace_size(b, h), dtype=torch.uint8, device=q.device)
     with _direct.on_device(q.device):
         obj.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.contiguous().data_ptr(),

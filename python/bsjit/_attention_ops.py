@@ -7,7 +7,9 @@ matrix itself:
 Block-sparse tensors (S, P and their gradients) are [batch, sparse elements]: each head's nonzero
 blocks in its mask's row-major order, each block row-major (query, key). Every op takes the mask
 set's handle, the block, causal, the tensor order (0 bshd, 1 bhsd), heads and head_dim as ints, so
-that the fake implementations know every shape.
+that the fake implementations know every shape. The ops that read or write K-shaped tensors (scores'
+b, probs_v's v, probs_t's output) take kv_group last: query heads per key/value head (grouped-query
+attention; those tensors have heads / kv_group heads, and probs_t sums over each group's heads).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from .layout import lookup
 _objects = ObjectCache(64)
 
 
-def ops_object(masks: int, block: int, causal: bool, order: int, head_dim: int, dtype) -> _C.AttentionOps:
+def ops_object(masks: int, block: int, causal: bool, order: int, head_dim: int, dtype,
+               kv_group: int = 1) -> _C.AttentionOps:
     layouts = lookup(masks)
-    key = (tuple(m.hash for m in layouts), layouts.element_digest, block, causal, order, head_dim, dtype)
+    key = (tuple(m.hash for m in layouts), layouts.element_digest, block, causal, order, head_dim, dtype, kv_group)
     return _objects.get(key, lambda: _C.AttentionOps([m._layout for m in layouts], block, head_dim, _DTYPES[dtype],
-                                                     ORDERS[order], causal, element_bits=layouts.element_bits))
+                                                     ORDERS[order], causal, element_bits=layouts.element_bits,
+                                                     kv_group=kv_group))
 
 
 def sparse_elements(masks: int, block: int, heads: int) -> int:
@@ -42,16 +46,22 @@ def sparse_elements(masks: int, block: int, heads: int) -> int:
     return sum(m.blocks for m in layouts) * block * block
 
 
-def dense_shape(masks: int, block: int, order: int, batch: int, heads: int, head_dim: int, keys: bool) -> list:
+def dense_shape(masks: int, block: int, order: int, batch: int, heads: int, head_dim: int, keys: bool,
+                kv_group: int = 1) -> list:
+    """The shape of a Q-shaped tensor, or (keys) a K-shaped one: heads / kv_group heads."""
     rows, cols = lookup(masks)[0].shape
     seq = (cols if keys else rows) * block
+    if keys:
+        if kv_group < 1 or heads % kv_group != 0:
+            _fail(f"heads = {heads} is not a multiple of kv_group = {kv_group} (query heads per key/value head)")
+        heads //= kv_group
     return [batch, seq, heads, head_dim] if order == 0 else [batch, heads, seq, head_dim]
 
 
-def _check_dense(name, t, masks, block, order, heads, head_dim, keys) -> int:
+def _check_dense(name, t, masks, block, order, heads, head_dim, keys, kv_group=1) -> int:
     if t.dim() != 4 or t.dtype not in _DTYPES:
         _fail(f"{name} must be a 4-D float16 or bfloat16 tensor, got {t.dtype} {tuple(t.shape)}")
-    want = dense_shape(masks, block, order, t.shape[0], heads, head_dim, keys)
+    want = dense_shape(masks, block, order, t.shape[0], heads, head_dim, keys, kv_group)
     if list(t.shape) != want:
         _fail(f"{name} must be {want} ({ORDERS[order]}), got {list(t.shape)}")
     return int(t.shape[0])
@@ -65,10 +75,11 @@ def _check_sparse(name, t, masks, block, heads, batch=None) -> int:
     return int(t.shape[0])
 
 
-def _run(op, x, y, out, masks, block, causal, order, heads, head_dim, batch, scale=0.0, key_padding=None):
+def _run(op, x, y, out, masks, block, causal, order, heads, head_dim, batch, scale=0.0, key_padding=None,
+         kv_group=1):
     if out.device.type != "cuda":
         _fail(f"bsjit runs on CUDA tensors; these are on {out.device}")
-    obj = ops_object(masks, block, causal, order, head_dim, out.dtype)
+    obj = ops_object(masks, block, causal, order, head_dim, out.dtype, kv_group)
     with _direct.on_device(out.device):
         obj.run(op, x.contiguous().data_ptr(), y.contiguous().data_ptr() if y is not None else 0, out.data_ptr(),
                 batch, heads, _direct.stream(out.device), scale,
@@ -81,22 +92,22 @@ def _run(op, x, y, out, masks, block, causal, order, heads, head_dim, batch, sca
 
 @torch.library.custom_op("bsjit::attention_scores", mutates_args=())
 def scores(a: Tensor, b: Tensor, masks: int, block: int, causal: bool, order: int, heads: int,
-           head_dim: int) -> Tensor:
-    n = _scores_check(a, b, masks, block, order, heads, head_dim)
+           head_dim: int, kv_group: int = 1) -> Tensor:
+    n = _scores_check(a, b, masks, block, order, heads, head_dim, kv_group)
     out = a.new_empty(n, sparse_elements(masks, block, heads))
-    return _run("scores", a, b, out, masks, block, causal, order, heads, head_dim, n)
+    return _run("scores", a, b, out, masks, block, causal, order, heads, head_dim, n, kv_group=kv_group)
 
 
-def _scores_check(a, b, masks, block, order, heads, head_dim):
+def _scores_check(a, b, masks, block, order, heads, head_dim, kv_group):
     n = _check_dense("a", a, masks, block, order, heads, head_dim, False)
-    if _check_dense("b", b, masks, block, order, heads, head_dim, True) != n or b.dtype != a.dtype:
+    if _check_dense("b", b, masks, block, order, heads, head_dim, True, kv_group) != n or b.dtype != a.dtype:
         _fail(f"b {b.dtype} {tuple(b.shape)} does not match a {a.dtype} {tuple(a.shape)}")
     return n
 
 
 @scores.register_fake
-def _(a, b, masks, block, causal, order, heads, head_dim):
-    n = _scores_check(a, b, masks, block, order, heads, head_dim)
+def _(a, b, masks, block, causal, order, heads, head_dim, kv_group=1):
+    n = _scores_check(a, b, masks, block, order, heads, head_dim, kv_group)
     return a.new_empty(n, sparse_elements(masks, block, heads))
 
 
@@ -135,39 +146,39 @@ def _(p, dp, masks, block, causal, order, heads, head_dim, scale):
 # --- probs_v: O = P · V (O like Q); probs_t: O = Pᵀ · X (X like Q, O like K) -------------------------
 
 
-def _product_check(p, x, masks, block, order, heads, head_dim, x_keys):
+def _product_check(p, x, masks, block, order, heads, head_dim, x_keys, kv_group):
     n = _check_sparse("p", p, masks, block, heads)
-    if _check_dense("x", x, masks, block, order, heads, head_dim, x_keys) != n or x.dtype != p.dtype:
+    if _check_dense("x", x, masks, block, order, heads, head_dim, x_keys, kv_group) != n or x.dtype != p.dtype:
         _fail(f"x {x.dtype} {tuple(x.shape)} does not match p {p.dtype} {tuple(p.shape)}")
     return n
 
 
 @torch.library.custom_op("bsjit::attention_probs_v", mutates_args=())
 def probs_v(p: Tensor, v: Tensor, masks: int, block: int, causal: bool, order: int, heads: int,
-            head_dim: int) -> Tensor:
-    n = _product_check(p, v, masks, block, order, heads, head_dim, True)
+            head_dim: int, kv_group: int = 1) -> Tensor:
+    n = _product_check(p, v, masks, block, order, heads, head_dim, True, kv_group)
     out = v.new_empty(dense_shape(masks, block, order, n, heads, head_dim, False))
-    return _run("probs_v", p, v, out, masks, block, causal, order, heads, head_dim, n)
+    return _run("probs_v", p, v, out, masks, block, causal, order, heads, head_dim, n, kv_group=kv_group)
 
 
 @probs_v.register_fake
-def _(p, v, masks, block, causal, order, heads, head_dim):
-    n = _product_check(p, v, masks, block, order, heads, head_dim, True)
+def _(p, v, masks, block, causal, order, heads, head_dim, kv_group=1):
+    n = _product_check(p, v, masks, block, order, heads, head_dim, True, kv_group)
     return v.new_empty(dense_shape(masks, block, order, n, heads, head_dim, False))
 
 
 @torch.library.custom_op("bsjit::attention_probs_t", mutates_args=())
 def probs_t(p: Tensor, x: Tensor, masks: int, block: int, causal: bool, order: int, heads: int,
-            head_dim: int) -> Tensor:
-    n = _product_check(p, x, masks, block, order, heads, head_dim, False)
-    out = x.new_empty(dense_shape(masks, block, order, n, heads, head_dim, True))
-    return _run("probs_t", p, x, out, masks, block, causal, order, heads, head_dim, n)
+            head_dim: int, kv_group: int = 1) -> Tensor:
+    n = _product_check(p, x, masks, block, order, heads, head_dim, False, 1)
+    out = x.new_empty(dense_shape(masks, block, order, n, heads, head_dim, True, kv_group))
+    return _run("probs_t", p, x, out, masks, block, causal, order, heads, head_dim, n, kv_group=kv_group)
 
 
 @probs_t.register_fake
-def _(p, x, masks, block, causal, order, heads, head_dim):
-    n = _product_check(p, x, masks, block, order, heads, head_dim, False)
-    return x.new_empty(dense_shape(masks, block, order, n, heads, head_dim, True))
+def _(p, x, masks, block, causal, order, heads, head_dim, kv_group=1):
+    n = _product_check(p, x, masks, block, order, heads, head_dim, False, 1)
+    return x.new_empty(dense_shape(masks, block, order, n, heads, head_dim, True, kv_group))
 
 
 # --- autograd -------------------------------------------------------------------------------------

@@ -57,7 +57,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, block: int, *, causal: bool
               order: str = "bshd"):
     """softmax(scale · q·kᵀ + mask) · v over the key blocks the block mask gives each query block
     (fused: no score matrix in memory). q, k, v: fp16 or bf16, [batch, seq, heads, d] ("bshd") or
-    [batch, heads, seq, d] ("bhsd"), d 32, 64 or 128. mask: [seq_q / block, seq_k / block] for every
+    [batch, heads, seq, d] ("bhsd"), d 32, 64 or 128; k and v may have fewer heads than q, a divisor
+    of its count (grouped-query attention: query head h attends key/value head h // (heads / kv heads);
+    one key/value head is multi-query attention), and their gradients are summed over each group. mask: [seq_q / block, seq_k / block] for every
     head, or one per head (a list of them, or a 3-D [heads, q blocks, k blocks] array as
     openai/blocksparse took it); causal also masks the keys after each query inside the diagonal
     blocks; inside torch.compile pass the masks' handle (bsjit.layout.mask_set_handle, computed

@@ -253,10 +253,19 @@ class DecomposedAttention(nn.Module):
     def _config(self, heads: int) -> tuple:
         return (self._handle, self.block, self.causal, self._order, heads, self.head_dim)
 
+    def _heads_of_dense(self, t: Tensor) -> int:
+        return int(t.shape[2] if self._order == 0 else t.shape[1])
+
+    def _kv_group(self, heads: int, kv: Tensor) -> int:
+        """Query heads per key/value head: k and v may have fewer heads than q (grouped-query attention)."""
+        kv_heads = self._heads_of_dense(kv)
+        return heads // kv_heads if kv_heads > 0 and heads % kv_heads == 0 else 1  # else the op says what is wrong
+
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        """q · kᵀ on the masks' blocks, unscaled."""
-        heads = int(q.shape[2] if self._order == 0 else q.shape[1])
-        return _attention_ops.scores(q, k, *self._config(heads))
+        """q · kᵀ on the masks' blocks, unscaled. k (and v) may have fewer heads than q, a divisor of
+        its count (grouped-query attention)."""
+        heads = self._heads_of_dense(q)
+        return _attention_ops.scores(q, k, *self._config(heads), self._kv_group(heads, k))
 
     def softmax(self, s: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         """softmax(scale · s) over each query row's blocks (causal, key padding: True marks a padded key)."""
@@ -266,7 +275,8 @@ class DecomposedAttention(nn.Module):
 
     def probs_v(self, p: Tensor, v: Tensor) -> Tensor:
         """p · v: shaped like q."""
-        return _attention_ops.probs_v(p, v, *self._config(self._heads_of(p)))
+        heads = self._heads_of(p)
+        return _attention_ops.probs_v(p, v, *self._config(heads), self._kv_group(heads, v))
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         return self.probs_v(self.softmax(self.scores(q, k), key_padding_mask), v)

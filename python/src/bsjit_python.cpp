@@ -57,7 +57,7 @@ void run(const bsjit::MatMul& mm, const std::string& op, std::uintptr_t a, std::
 
 // AttentionOptions by field, as the Python side passes them.
 bsjit::AttentionOptions attention_options(int block, int head_dim, const std::string& dtype, const std::string& order,
-                                          bool causal, const std::string& arch) {
+                                          bool causal, const std::string& arch, int kv_group) {
   bsjit::AttentionOptions o;
   o.block = block;
   o.head_dim = head_dim;
@@ -65,25 +65,28 @@ bsjit::AttentionOptions attention_options(int block, int head_dim, const std::st
   o.order = bsjit::parse_qkv_order(order);
   o.causal = causal;
   o.arch = arch;
+  o.kv_group = kv_group;
   return o;
 }
 
 void construct_attention(bsjit::Attention* self, const std::vector<bsjit::Layout>& masks, int block, int head_dim,
-                         const std::string& dtype, const std::string& order, bool causal, const std::string& arch) {
-  new (self) bsjit::Attention(masks, attention_options(block, head_dim, dtype, order, causal, arch));
+                         const std::string& dtype, const std::string& order, bool causal, const std::string& arch,
+                         int kv_group) {
+  new (self) bsjit::Attention(masks, attention_options(block, head_dim, dtype, order, causal, arch, kv_group));
 }
 
 // element_bits: ElementMasks::bits as little-endian bytes (empty: no element masks).
 void construct_attention_ops(bsjit::AttentionOps* self, const std::vector<bsjit::Layout>& masks, int block,
                              int head_dim, const std::string& dtype, const std::string& order, bool causal,
-                             const std::string& arch, nb::bytes element_bits) {
+                             const std::string& arch, nb::bytes element_bits, int kv_group) {
   if (element_bits.size() % sizeof(std::uint32_t))
     throw bsjit::Error("bsjit: element mask bits must be whole 32-bit words, got " +
                        std::to_string(element_bits.size()) + " bytes");
   bsjit::ElementMasks em;
   em.bits.resize(element_bits.size() / sizeof(std::uint32_t));
   std::memcpy(em.bits.data(), element_bits.data(), element_bits.size());
-  new (self) bsjit::AttentionOps(masks, attention_options(block, head_dim, dtype, order, causal, arch), std::move(em));
+  new (self) bsjit::AttentionOps(masks, attention_options(block, head_dim, dtype, order, causal, arch, kv_group),
+                                 std::move(em));
 }
 
 // A ConvGeometry from 18 ints: in, filter, stride, dilation, padding before, padding after (D, H, W
@@ -196,7 +199,7 @@ NB_MODULE(_C, m) {
 
   nb::class_<bsjit::Attention>(m, "Attention")
       .def("__init__", &construct_attention, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd",
-           "causal"_a = false, "arch"_a = "")
+           "causal"_a = false, "arch"_a = "", "kv_group"_a = 1)
       .def(
           "forward",
           [](const bsjit::Attention& a, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
@@ -231,7 +234,7 @@ NB_MODULE(_C, m) {
   // The decomposed ops: block-sparse tensors [batch, sparse_elements(heads)] as pointers.
   nb::class_<bsjit::AttentionOps>(m, "AttentionOps")
       .def("__init__", &construct_attention_ops, "masks"_a, "block"_a, "head_dim"_a, "dtype"_a, "order"_a = "bshd",
-           "causal"_a = false, "arch"_a = "", "element_bits"_a = nb::bytes("", 0))
+           "causal"_a = false, "arch"_a = "", "element_bits"_a = nb::bytes("", 0), "kv_group"_a = 1)
       .def(
           "run",
           [](const bsjit::AttentionOps& a, const std::string& op, std::uintptr_t x, std::uintptr_t y,

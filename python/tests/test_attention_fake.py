@@ -46,6 +46,41 @@ def test_backward_through_meta_tensors():
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
 
 
+@pytest.mark.parametrize("order", ["bshd", "bhsd"])
+def test_grouped_query_attention_shapes_and_gradients_on_meta(order):
+    """k and v with fewer heads than q (grouped-query, multi-query attention): out like q, dk and dv like k."""
+    per_head = np.stack([CAUSAL4, np.eye(4, dtype=bool), CAUSAL4, np.ones((4, 4), bool)])
+    for kv_heads, masks in ((2, CAUSAL4), (1, CAUSAL4), (2, per_head), (1, per_head)):
+        q = qkv(order, "meta", h=4, grad=True)[0]
+        k, v = qkv(order, "meta", h=kv_heads, grad=True)[:2]
+        out, lse = F.attention(q, k, v, masks, 64, causal=True, order=order, return_lse=True)
+        assert out.shape == q.shape and lse.shape == (2, 4, 256)
+        out.sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    q = qkv(order, "meta", h=4)[0]
+    k, v = qkv(order, "meta", h=3)[:2]
+    with pytest.raises(ValueError, match="heads do not divide"):
+        F.attention(q, k, v, CAUSAL4, 64, order=order)
+
+
+def test_grouped_query_decomposed_ops_on_meta():
+    from bsjit.nn import DecomposedAttention
+
+    ops = DecomposedAttention(CAUSAL4, 64, 64, causal=True)
+    q = qkv("bshd", "meta", h=4, grad=True)[0]
+    k, v = qkv("bshd", "meta", h=2, grad=True)[:2]
+    o = ops(q, k, v)
+    assert o.shape == q.shape
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    # probs_t sums each group's query heads into its key/value head's rows
+    p = ops.softmax(ops.scores(q.detach(), k.detach()))
+    dk = torch.ops.bsjit.attention_probs_t(p, q.detach(), ops._handle, 64, True, 0, 4, 64, 2)
+    assert dk.shape == k.shape
+    with pytest.raises(ValueError, match="not a multiple of kv_group = 3"):
+        torch.ops.bsjit.attention_probs_t(p, q.detach(), ops._handle, 64, True, 0, 4, 64, 3)
+
+
 def test_wrong_inputs_raise_with_the_reason():
     q, k, v = qkv("bshd", "meta")
     with pytest.raises(ValueError, match="need 256 and 256 positions, not 256 and 128"):

@@ -87,6 +87,14 @@ struct QkvIndex {
   __device__ long long at(long long p) const { return base + p * stride; }
 };
 
+// The key/value head of query head h of `heads` (grouped-query attention: Cfg::kKvGroup query heads
+// share one key/value head, K and V having heads / kKvGroup heads; 1 is multi-head attention).
+template <class Cfg>
+struct KvHead {
+  int head, heads;
+  __device__ KvHead(int h, int query_heads) : head(h / Cfg::kKvGroup), heads(query_heads / Cfg::kKvGroup) {}
+};
+
 template <class Cfg>
 struct AttentionPlan {
   static constexpr int kS = Cfg::kHeadDim + kPad;  // row stride of the Q, K and V tiles
@@ -121,8 +129,12 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
   const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
   const long long q_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq_q * D
                                             : static_cast<long long>(b) * seq_q * heads * D + static_cast<long long>(h) * D;
-  const long long k_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq_k * D
-                                            : static_cast<long long>(b) * seq_k * heads * D + static_cast<long long>(h) * D;
+  // K and V: key/value head h / kKvGroup of heads / kKvGroup (grouped-query attention; 1: multi-head)
+  const KvHead<Cfg> kv(h, heads);
+  const long long k_stride = Cfg::kHeadsFirst ? D : static_cast<long long>(kv.heads) * D;
+  const long long k_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * kv.heads + kv.head) * seq_k * D
+                                            : static_cast<long long>(b) * seq_k * kv.heads * D +
+                                                  static_cast<long long>(kv.head) * D;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   const int row = static_cast<int>(q0 / Cfg::kBlock);
   const int begin = Cfg::row_start()[layout * Cfg::q_blocks() + row], end = Cfg::row_start()[layout * Cfg::q_blocks() + row + 1];
@@ -135,9 +147,9 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
   };
   auto load = [&](int step) {
     const long long k0 = key0(step);
-    copy_tile_async<KT, D, S, kThreads>(Ks + (step % 2) * KT * S, [&](int r) { return k + k_base + (k0 + r) * stride; },
+    copy_tile_async<KT, D, S, kThreads>(Ks + (step % 2) * KT * S, [&](int r) { return k + k_base + (k0 + r) * k_stride; },
                                         [](int) { return true; });
-    copy_tile_async<KT, D, S, kThreads>(Vs + (step % 2) * KT * S, [&](int r) { return v + k_base + (k0 + r) * stride; },
+    copy_tile_async<KT, D, S, kThreads>(Vs + (step % 2) * KT * S, [&](int r) { return v + k_base + (k0 + r) * k_stride; },
                                         [](int) { return true; });
   };
 

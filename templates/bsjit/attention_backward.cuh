@@ -10,6 +10,9 @@
 //   dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ·Q; dSᵀ goes through shared
 //   memory for dQ = dS·K, added to the fp32 accumulator with atomics (other key tiles add theirs).
 // - attention_backward_dq_kernel: the accumulator, scaled, to dQ in the tensors' order.
+// Grouped-query attention (Cfg::kKvGroup > 1 query heads per key/value head): the main kernel adds
+// each query head's dK and dV to fp32 accumulators of the group's key/value head instead of storing
+// them (zeroed before it), and attention_backward_dkv_kernel writes them out, a fourth kernel.
 #pragma once
 
 #include "bsjit/attention.cuh"
@@ -81,6 +84,41 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < kPer; i += 2) store_pair(dq + ix.at(row) + part * kPer + i, src[i] * scale, src[i + 1] * scale, 0);
 }
 
+// The fp32 dK accumulator of grouped-query attention, [batch · heads / kKvGroup, seq_k, D], with
+// dV's after it, in the workspace after the dQ accumulator and Delta: in a kernel of grid x batch ·
+// heads, the rows of (batch b, key/value head kv) from dk on, each dV element dv floats after its dK.
+template <class Cfg>
+struct KeyGradientRows {
+  float* dk;
+  long long dv;
+  __device__ KeyGradientRows(const float* delta, long long seq_q, long long seq_k, int b, const KvHead<Cfg>& kv) {
+    dk = const_cast<float*>(delta) + static_cast<long long>(gridDim.x) * seq_q +
+         (static_cast<long long>(b) * kv.heads + kv.head) * seq_k * Cfg::kHeadDim;
+    dv = static_cast<long long>(gridDim.x / Cfg::kKvGroup) * seq_k * Cfg::kHeadDim;
+  }
+};
+
+// grid (batch · heads / kKvGroup, seq_k / 16), 128 threads, for kKvGroup > 1: dK and dV from their
+// fp32 accumulators (KeyGradientRows), in K's order.
+template <class Cfg>
+__global__ void __launch_bounds__(128)
+    attention_backward_dkv_kernel(const float* __restrict__ acc, typename Cfg::T* __restrict__ dk,
+                                  typename Cfg::T* __restrict__ dv, int kv_heads) {
+  constexpr int D = Cfg::kHeadDim, kPer = D / 8;
+  const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
+  const int b = blockIdx.x / kv_heads, h = blockIdx.x % kv_heads;
+  const long long row = static_cast<long long>(blockIdx.y) * 16 + threadIdx.x / 8;
+  const int part = threadIdx.x % 8;
+  const QkvIndex<Cfg> ix(b, h, kv_heads, seq_k);
+  const float* k_src = acc + (static_cast<long long>(blockIdx.x) * seq_k + row) * D + part * kPer;
+  const float* v_src = k_src + static_cast<long long>(gridDim.x) * seq_k * D;
+#pragma unroll
+  for (int i = 0; i < kPer; i += 2) {
+    store_pair(dk + ix.at(row) + part * kPer + i, k_src[i], k_src[i + 1], 0);
+    store_pair(dv + ix.at(row) + part * kPer + i, v_src[i], v_src[i + 1], 0);
+  }
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kKTile * 2)
     attention_backward_kernel(const typename Cfg::T* __restrict__ q, const typename Cfg::T* __restrict__ k,
@@ -112,7 +150,8 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
   const int col = static_cast<int>(k0 / Cfg::kBlock);
   const int begin = Cfg::col_start()[layout * Cfg::k_blocks() + col];
   const int total = (Cfg::col_start()[layout * Cfg::k_blocks() + col + 1] - begin) * kSubTiles;
-  const QkvIndex<Cfg> qi(b, h, heads, seq_q), ki(b, h, heads, seq_k);
+  const KvHead<Cfg> kv(h, heads);
+  const QkvIndex<Cfg> qi(b, h, heads, seq_q), ki(b, kv.head, kv.heads, seq_k);
   auto query0 = [&](int step) {
     return static_cast<long long>(Cfg::query_blocks()[begin + step / kSubTiles]) * Cfg::kBlock + (step % kSubTiles) * QT;
   };
@@ -205,13 +244,27 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
       for (int e = 0; e < 4; ++e) atomicAdd(acc + (e >> 1) * 8 * D + 8 * j + 2 * t4 + (e & 1), dq[j][e]);
   });
 
+  if constexpr (Cfg::kKvGroup == 1) {
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+    for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      store_pair(dk + ki.at(my_key[i]) + 8 * j + 2 * t4, dkacc[j][2 * i] * scale, dkacc[j][2 * i + 1] * scale, 0);
-      store_pair(dv + ki.at(my_key[i]) + 8 * j + 2 * t4, dvacc[j][2 * i], dvacc[j][2 * i + 1], 0);
-    }
+      for (int i = 0; i < 2; ++i) {
+        store_pair(dk + ki.at(my_key[i]) + 8 * j + 2 * t4, dkacc[j][2 * i] * scale, dkacc[j][2 * i + 1] * scale, 0);
+        store_pair(dv + ki.at(my_key[i]) + 8 * j + 2 * t4, dvacc[j][2 * i], dvacc[j][2 * i + 1], 0);
+      }
+  } else {  // the group's query heads add into the key/value head's accumulators
+    const KeyGradientRows<Cfg> acc(delta, seq_q, seq_k, b, kv);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float* at = acc.dk + my_key[i] * D + 8 * j + 2 * t4 + e;
+          atomicAdd(at, dkacc[j][2 * i + e] * scale);
+          atomicAdd(at + acc.dv, dvacc[j][2 * i + e]);
+        }
+  }
 }
 
 }  // namespace kernels

@@ -103,10 +103,13 @@ __global__ void __launch_bounds__(384, 1)
     if (total == 0) return;
     auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int stride_rows,
                     unsigned long long* bar) { tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, stride_rows, bar); };
+    const KvHead<Cfg> kv(h, heads);  // K and V: maps over heads / kKvGroup heads
     mbarrier_arrive_expect_tx(&kv_full[st], 2 * Plan::kKVBytes / Plan::kStreams);
     const int key_row = st * kStreamKeys;
-    load(ks + key_row * kSwizzleRowBytes, map_k, seq_k, k0 + key_row, KT, &kv_full[st]);
-    load(vs + key_row * kSwizzleRowBytes, map_v, seq_k, k0 + key_row, KT, &kv_full[st]);
+    tma_load_rows<Cfg>(ks + key_row * kSwizzleRowBytes, map_k, b, kv.head, kv.heads, seq_k, k0 + key_row, KT,
+                       &kv_full[st]);
+    tma_load_rows<Cfg>(vs + key_row * kSwizzleRowBytes, map_v, b, kv.head, kv.heads, seq_k, k0 + key_row, KT,
+                       &kv_full[st]);
     for (int i = 0; i < total; ++i) {
       const int r = st * S + i % S, q0 = query0(begin, i);
       if (i >= S) mbarrier_wait(&empty[r], (i / S - 1) & 1);
@@ -229,15 +232,27 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   if (k0 + row0 >= seq_k) return;  // the pair's second block past the last column
-  const QkvIndex<Cfg> ki(b, h, heads, seq_k);
+  if constexpr (Cfg::kKvGroup == 1) {
+    const QkvIndex<Cfg> ki(b, h, heads, seq_k);
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+    for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      store_pair(dk + ki.at(my_key[e]) + 8 * j + 2 * t4, dk_acc[4 * j + 2 * e] * scale,
-                 dk_acc[4 * j + 2 * e + 1] * scale, 0);
-      store_pair(dv + ki.at(my_key[e]) + 8 * j + 2 * t4, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1], 0);
-    }
+      for (int e = 0; e < 2; ++e) {
+        store_pair(dk + ki.at(my_key[e]) + 8 * j + 2 * t4, dk_acc[4 * j + 2 * e] * scale,
+                   dk_acc[4 * j + 2 * e + 1] * scale, 0);
+        store_pair(dv + ki.at(my_key[e]) + 8 * j + 2 * t4, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1], 0);
+      }
+  } else {  // the group's query heads add into the key/value head's accumulators (attention_backward.cuh)
+    const KeyGradientRows<Cfg> acc(delta, seq_q, seq_k, b, KvHead<Cfg>(h, heads));
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float* at = acc.dk + static_cast<long long>(my_key[e]) * D + 8 * j + 2 * t4;
+        red_add_pair(at, dk_acc[4 * j + 2 * e] * scale, dk_acc[4 * j + 2 * e + 1] * scale);
+        red_add_pair(at + acc.dv, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1]);
+      }
+  }
 }
 
 }  // namespace kernels

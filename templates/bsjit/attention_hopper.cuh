@@ -85,11 +85,12 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   if (warpgroup == 0) {  // producer
     warpgroup_release_registers<24>();
     if (threadIdx.x != 0) return;
+    const KvHead<Cfg> kv(h, heads);  // K and V: maps over heads / kKvGroup heads
     auto load = [&](unsigned char* dst, const TensorMap& map, int seq, int p, int rows, unsigned long long* bar) {
-      tma_load_rows<Cfg>(dst, map, b, h, heads, seq, p, rows, bar);
+      tma_load_rows<Cfg>(dst, map, b, kv.head, kv.heads, seq, p, rows, bar);
     };
     mbarrier_arrive_expect_tx(q_full, Plan::kQBytes);
-    load(qs, map_q, seq_q, q0, QT, q_full);
+    tma_load_rows<Cfg>(qs, map_q, b, h, heads, seq_q, q0, QT, q_full);
     for (int i = 0; i < total; ++i) {
       const int s = i % S, key0 = keys[i] * KT;
       if (i >= S) mbarrier_wait(&k_empty[s], (i / S - 1) & 1);

@@ -9,7 +9,9 @@
 // A block-sparse tensor holds [batch, heads, blocks of the head's mask, block, block] values: the
 // head's nonzero blocks in its mask's row-major order, each block row-major (query, key). The
 // products take tiles of kTile = min(block, 64) rows, kTile / 16 warps of 16 rows each, mma.sync
-// with fp32 accumulation; the softmax kernels one warp per query row.
+// with fp32 accumulation; the softmax kernels one warp per query row. Grouped-query attention
+// (Cfg::kKvGroup > 1 query heads per key/value head): the K-shaped tensors have heads / kKvGroup
+// heads, and probs_t sums over each group's query heads.
 #pragma once
 
 #include "bsjit/attention.cuh"
@@ -61,7 +63,8 @@ __global__ void __launch_bounds__(Cfg::kTile * 2)
   const int pos = slice.first + i, r0 = (sub / kSub) * TL, c0 = (sub % kSub) * TL;
   const long long q0 = static_cast<long long>(Cfg::block_rows()[pos]) * Cfg::kBlock + r0;
   const long long k0 = static_cast<long long>(Cfg::keys()[pos]) * Cfg::kBlock + c0;
-  const QkvIndex<Cfg> ai(b, h, heads, seq_q), bi(b, h, heads, seq_k);
+  const KvHead<Cfg> kv(h, heads);
+  const QkvIndex<Cfg> ai(b, h, heads, seq_q), bi(b, kv.head, kv.heads, seq_k);
   copy_tile_async<TL, D, S, Plan::kThreads>(
       As, [&](int r) { return a + ai.at(q0 + r); }, [](int) { return true; });
   copy_tile_async<TL, D, S, Plan::kThreads>(
@@ -244,7 +247,8 @@ __device__ __forceinline__ void sparse_product_tile(const typename Cfg::T* __res
   const int line = static_cast<int>(o0 / Cfg::kBlock), in_block = static_cast<int>(o0 % Cfg::kBlock);
   const int* start = TRANSPOSED ? Cfg::col_start() + layout * Cfg::k_blocks() : Cfg::row_start() + layout * Cfg::q_blocks();
   const int begin = start[line], total = (start[line + 1] - begin) * kSub;
-  const QkvIndex<Cfg> qi(b, h, heads, seq_q), ki(b, h, heads, seq_k);
+  const KvHead<Cfg> kv(h, heads);  // nn: X shaped like K (tn's grouped form: grouped_probs_t_tile)
+  const QkvIndex<Cfg> qi(b, h, heads, seq_q), ki(b, kv.head, kv.heads, seq_k);
   float acc[Cfg::kHeadDim / 8][4];
   sparse_product<Cfg, TRANSPOSED>(
       acc, total,
@@ -263,6 +267,58 @@ __device__ __forceinline__ void sparse_product_tile(const typename Cfg::T* __res
   store_rows<Cfg>(out, TRANSPOSED ? ki : qi, o0, acc);
 }
 
+// tn under grouped-query attention: kTile key rows of one (batch, key/value head) = Σ over the
+// group's kKvGroup query heads and their column's blocks of Pᵀ·X, the heads one after the other.
+template <class Cfg>
+__device__ __forceinline__ void grouped_probs_t_tile(const typename Cfg::T* __restrict__ probs,
+                                                     const typename Cfg::T* __restrict__ x,
+                                                     typename Cfg::T* __restrict__ out, int heads) {
+  using Plan = OpsPlan<Cfg>;
+  constexpr int TL = Plan::kTile, kSub = Cfg::kBlock / TL, G = Cfg::kKvGroup;
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
+  const long long seq_k = static_cast<long long>(Cfg::k_blocks()) * Cfg::kBlock;
+  const int kv_heads = heads / G, b = blockIdx.x / kv_heads, hk = blockIdx.x % kv_heads;
+  const long long o0 = static_cast<long long>(Cfg::key_tile_order()[blockIdx.y]) * TL;
+  const int line = static_cast<int>(o0 / Cfg::kBlock), in_block = static_cast<int>(o0 % Cfg::kBlock);
+  // member m (query head hk · G + m): its column's entries from begin(m), steps(m) steps
+  auto begin = [&](int m) { return Cfg::col_start()[(Cfg::kLayouts == 1 ? 0 : hk * G + m) * Cfg::k_blocks() + line]; };
+  auto steps = [&](int m) {
+    return (Cfg::col_start()[(Cfg::kLayouts == 1 ? 0 : hk * G + m) * Cfg::k_blocks() + line + 1] - begin(m)) * kSub;
+  };
+  int total = 0;
+  for (int m = 0; m < G; ++m) total += steps(m);
+  struct Step {
+    int head, entry, sub;  // query head, column entry, kTile of the block
+  };
+  auto at = [&](int step) {
+    int m = 0;
+    if constexpr (Cfg::kLayouts == 1) {
+      m = step / steps(0), step %= steps(0);  // every member has the shared mask's column
+    } else {
+      for (int n = steps(0); step >= n; n = steps(m)) step -= n, ++m;
+    }
+    return Step{hk * G + m, begin(m) + step / kSub, step % kSub};
+  };
+  float acc[Cfg::kHeadDim / 8][4];
+  sparse_product<Cfg, true>(
+      acc, total,
+      [&](int step, typename Cfg::T* dst) {  // P's tile: rows of the reduction
+        const Step s = at(step);
+        const SparseSlice<Cfg> slice(b, s.head, heads);
+        const int pos = Cfg::col_positions()[s.entry];
+        copy_tile_async<TL, TL, Plan::kSp, Plan::kThreads>(
+            dst, [&](int r) { return probs + slice.row(pos, s.sub * TL + r) + in_block; }, [](int) { return true; });
+      },
+      [&](int step, typename Cfg::T* dst) {  // X's rows: the step's queries of its head
+        const Step s = at(step);
+        const QkvIndex<Cfg> qi(b, s.head, heads, seq_q);
+        const long long p0 = static_cast<long long>(Cfg::query_blocks()[s.entry]) * Cfg::kBlock + s.sub * TL;
+        copy_tile_async<TL, Cfg::kHeadDim, Plan::kS, Plan::kThreads>(
+            dst, [&](int r) { return x + qi.at(p0 + r); }, [](int) { return true; });
+      });
+  store_rows<Cfg>(out, QkvIndex<Cfg>(b, hk, kv_heads, seq_k), o0, acc);
+}
+
 // grid (batch · heads, seq_q / kTile): out's kTile query rows = Σ over the row's blocks P·V.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kTile * 2)
@@ -271,12 +327,14 @@ __global__ void __launch_bounds__(Cfg::kTile * 2)
   sparse_product_tile<Cfg, false>(probs, v, out, heads);
 }
 
-// grid (batch · heads, seq_k / kTile): out's kTile key rows = Σ over the column's blocks Pᵀ·X.
+// grid (batch · heads / kKvGroup, seq_k / kTile): out's kTile key rows = Σ over the column's blocks
+// (of every query head of the group) Pᵀ·X.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kTile * 2)
     attention_probs_t_kernel(const typename Cfg::T* __restrict__ probs, const typename Cfg::T* __restrict__ x,
                              typename Cfg::T* __restrict__ out, int heads) {
-  sparse_product_tile<Cfg, true>(probs, x, out, heads);
+  if constexpr (Cfg::kKvGroup == 1) sparse_product_tile<Cfg, true>(probs, x, out, heads);
+  else grouped_probs_t_tile<Cfg>(probs, x, out, heads);
 }
 
 }  // namespace kernels

@@ -200,6 +200,40 @@ TEST(AttentionGenerator, RefusesWhatTheKernelDoesNotTake) {
   EXPECT_THROW(generate_attention_forward(one, {64, 64, DType::f32, QkvOrder::bshd, false, ""}, "sm_90a"), Error);
 }
 
+// Grouped-query attention: the group is part of every kernel's source and label (K and V are
+// indexed by key/value head), the backward gains its fourth kernel; per-head masks come in whole
+// groups.
+TEST(AttentionGenerator, KeyValueGroupShapesTheSource) {
+  const std::vector<Layout> one = {layouts::causal(4)};
+  for (const std::string arch : {"sm_80", "sm_90a"})
+    for (int block : {32, 128}) {
+      AttentionOptions o{block, 64, DType::bf16, QkvOrder::bshd, true, arch};
+      const auto f1 = generate_attention_forward(one, o, arch);
+      const auto b1 = generate_attention_backward(one, o, arch);
+      const auto ops1 = generate_attention_ops(one, o);
+      EXPECT_TRUE(b1.dkv.empty());
+      EXPECT_NE(f1.source.find("kKvGroup = 1 }"), std::string::npos) << f1.label;
+      o.kv_group = 4;
+      const auto f4 = generate_attention_forward(one, o, arch);
+      const auto b4 = generate_attention_backward(one, o, arch);
+      const auto ops4 = generate_attention_ops(one, o);
+      EXPECT_NE(f4.source.find("kKvGroup = 4 }"), std::string::npos) << f4.label;
+      EXPECT_NE(b4.source.find("kKvGroup = 4 }"), std::string::npos) << b4.label;
+      EXPECT_NE(ops4.source.find("kKvGroup = 4 }"), std::string::npos) << ops4.label;
+      EXPECT_EQ(f4.label, f1.label.substr(0, f1.label.find("-causal")) + "-causal-g4" + (f1.tma ? "-tma" : ""));
+      EXPECT_NE(b4.label, b1.label);
+      EXPECT_NE(ops4.label, ops1.label);
+      EXPECT_EQ(b4.dkv, "bsjit::kernels::attention_backward_dkv_kernel<bsjit_generated::Config>");
+      EXPECT_EQ(b4.key_rows16, 4 * block / 16);
+      EXPECT_EQ(f4.tma, f1.tma) << "the group does not change the kernel chosen";
+    }
+  const std::vector<Layout> three = {layouts::causal(4), layouts::causal(4), layouts::causal(4)};
+  EXPECT_THROW(generate_attention_forward(three, {64, 64, DType::bf16, QkvOrder::bshd, false, "", 2}, "sm_80"), Error);
+  EXPECT_NO_THROW(generate_attention_forward(three, {64, 64, DType::bf16, QkvOrder::bshd, false, "", 3}, "sm_80"));
+  EXPECT_THROW(generate_attention_backward(one, {64, 64, DType::bf16, QkvOrder::bshd, false, "", 0}, "sm_80"), Error);
+  EXPECT_THROW(generate_attention_ops(one, {64, 64, DType::bf16, QkvOrder::bshd, false, "", -2}), Error);
+}
+
 TEST(AttentionGenerator, EveryVariantCompiles) {
   const std::vector<Layout> masks = {layouts::sliding_window(4, 2), layouts::causal(4)};
   std::vector<AttentionOptions> all;
@@ -214,6 +248,10 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
                        hopper || i % 2 == 0 ? "sm_90a" : "sm_80"});
         ++i;
       }
+  // grouped-query attention (2 query heads per key/value head) on each kind of kernel: mma.sync at
+  // blocks 32 and 64, Hopper at 64 and 128
+  for (const auto& [block, arch] : {std::pair{32, "sm_80"}, {64, "sm_80"}, {64, "sm_90a"}, {128, "sm_90a"}})
+    all.push_back({block, 128, DType::bf16, block == 64 ? QkvOrder::bshd : QkvOrder::bhsd, block == 128, arch, 2});
   // A kernel's cubin: not empty, and holding every table of its source as a symbol (the loader
   // looks each up by name, also in kernels that read none of them).
   auto check = [](const auto& g, const std::string& name, const std::string& arch) -> std::string {
@@ -229,10 +267,12 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
       std::string failure;
       const auto g = generate_attention_forward(masks, o, o.arch);
       failure += check(g, g.name_expression, o.arch);
-      // the backward's three kernels from one source
+      // the backward's three kernels from one source, four with a key/value group
       const auto bw = generate_attention_backward(masks, o, o.arch);
       if (bw.tma != g.tma) return bw.label + ": the backward's Hopper choice differs from the forward's";
-      for (const auto& name : {bw.prep, bw.main, bw.dq}) failure += check(bw, name, o.arch);
+      if (bw.dkv.empty() != (o.kv_group == 1)) return bw.label + ": a dkv kernel without a group, or none with one";
+      for (const auto& name : {bw.prep, bw.main, bw.dq, bw.dkv})
+        if (!name.empty()) failure += check(bw, name, o.arch);
       // the decomposed ops' five kernels, for every block size and head dim (bf16)
       if (o.dtype == DType::bf16) {
         const auto ops = generate_attention_ops(masks, o);
@@ -248,11 +288,10 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
   runtime::parallel_for(all.size(), 2, [&](std::size_t i) { failures[i] = run(all[i]); });  // CI machines: 2 cores
   for (const auto& f : failures)
     if (!f.empty()) ADD_FAILURE() << f;
-  EXPECT_EQ(all.size(), 24u);
-  EXPECT_EQ(std::count_if(all.begin(), all.end(), [&](const AttentionOptions& o) {
-              return generate_attention_forward(masks, o, o.arch).tma;
-            }),
-            8);
+  EXPECT_EQ(all.size(), 28u);
+  EXPECT_EQ(std::count_if(all.begin(), all.end(),
+                          [&](const AttentionOptions& o) { return generate_attention_forward(masks, o, o.arch).tma; }),
+            10);
 }
 
 }  // namespace

@@ -65,6 +65,26 @@ TEST(AttentionApi, MasksOfOneShapeCompileOnce) {
   EXPECT_EQ(cache_stats().shared_compiles, before.shared_compiles + 9);
 }
 
+// Grouped-query attention: the backward's fourth kernel (dK and dV from their fp32 accumulators)
+// compiles with the others, and a group is a configuration of its own (its own compiles); the
+// workspace holds the accumulators of heads / kv_group key/value heads.
+TEST(AttentionApi, GroupedQueriesPrecompileFiveKernels) {
+  set_cache_directory({});
+  const std::vector<Layout> masks{layouts::causal(4)};
+  for (const std::string arch : {"sm_80", "sm_90a"}) {
+    const Attention multi(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, ""});
+    const Attention grouped(masks, {64, 64, DType::bf16, QkvOrder::bshd, true, "", 4});
+    auto before = cache_stats();
+    EXPECT_TRUE(multi.precompile(arch));
+    EXPECT_EQ(cache_stats().compiles, before.compiles + 4) << arch;
+    EXPECT_TRUE(grouped.precompile(arch));
+    EXPECT_EQ(cache_stats().compiles, before.compiles + 9) << arch << ": forward, prep, main, dq and dkv";
+    EXPECT_FALSE(grouped.precompile(arch));
+    EXPECT_EQ(grouped.backward_workspace_size(2, 8) - multi.backward_workspace_size(2, 8),
+              2 * 2 * 2 * 256 * 64 * sizeof(float));
+  }
+}
+
 // A fused forward and backward compiled for one sequence length serve every other: a model served
 // at many lengths compiles its attention kernels once.
 TEST(AttentionApi, SequenceLengthsShareOneCompile) {

@@ -89,27 +89,27 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionGpu, ::testing::ValuesIn(testing::all_att
 class AttentionBackwardGpu : public AttentionGpu {};
 
 // attn's forward then backward on fresh random inputs (key padding on batch 0's last 5 keys),
-// gradients against the reference's.
+// gradients against the reference's; K, V, dK and dV with heads / kv_group heads.
 // With check_forward, the output against the reference's too.
 void expect_gradients(const Attention& attn, const Case& c, const std::vector<Layout>& masks, std::mt19937_64& rng,
                       std::int64_t batch = 2, std::int64_t heads = 3, bool check_forward = false) {
   const std::int64_t seq = masks[0].rows() * c.block;
   reference::AttentionProblem p;
   p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = seq, p.head_dim = c.head_dim, p.block = c.block;
-  p.layouts = masks, p.order = c.order, p.causal = c.causal;
+  p.layouts = masks, p.order = c.order, p.causal = c.causal, p.kv_group = attn.options().kv_group;
   p.key_padding.assign(batch * seq, 1);
   for (std::int64_t j = seq - 5; j < seq; ++j) p.key_padding[0 * seq + j] = 0;
-  const std::size_t n = batch * seq * heads * c.head_dim;
-  const auto q = reference::random_values(c.dtype, n, rng), k = reference::random_values(c.dtype, n, rng),
-             v = reference::random_values(c.dtype, n, rng), dout = reference::random_values(c.dtype, n, rng);
-  tools::DeviceBuffer dq_in(n * 2), dk_in(n * 2), dv_in(n * 2), d_out(n * 2), d_dout(n * 2),
-      dlse(batch * heads * seq * 4), dpad(batch * seq), dq(n * 2), dk(n * 2), dv(n * 2);
+  const std::size_t n = batch * seq * heads * c.head_dim, nk = n / p.kv_group;
+  const auto q = reference::random_values(c.dtype, n, rng), k = reference::random_values(c.dtype, nk, rng),
+             v = reference::random_values(c.dtype, nk, rng), dout = reference::random_values(c.dtype, n, rng);
+  tools::DeviceBuffer dq_in(n * 2), dk_in(nk * 2), dv_in(nk * 2), d_out(n * 2), d_dout(n * 2),
+      dlse(batch * heads * seq * 4), dpad(batch * seq), dq(n * 2), dk(nk * 2), dv(nk * 2);
   dq_in.upload(reference::encode(c.dtype, q));
   dk_in.upload(reference::encode(c.dtype, k));
   dv_in.upload(reference::encode(c.dtype, v));
   d_dout.upload(reference::encode(c.dtype, dout));
   dpad.upload(p.key_padding);
-  for (auto* b : {&dq, &dk, &dv}) BSJIT_CU(runtime::driver().cuMemsetD8(b->ptr, 0xff, n * 2));  // NaN poison
+  for (auto* b : {&dq, &dk, &dv}) BSJIT_CU(runtime::driver().cuMemsetD8(b->ptr, 0xff, b->bytes));  // NaN poison
   const auto* pad = static_cast<const std::uint8_t*>(dpad.get());
   attn.forward(dq_in.get(), dk_in.get(), dv_in.get(), d_out.get(), static_cast<float*>(dlse.get()), batch, heads,
                nullptr, 0, pad);
@@ -259,6 +259,33 @@ TEST_F(AttentionBackwardGpu, LongSequenceManyKeyBlocksPerRow) {
   }
 }
 
+// Grouped-query attention: 4 query heads over 4, 2 and 1 key/value heads (multi-head, grouped,
+// multi-query), forward and backward (dK, dV summed over each group), per-head masks and a shared
+// one, on the mma.sync kernels (block 32) and the Hopper ones (block 64 and 128 on sm_90a), both
+// orders; with kv_group 1 the backward runs its three kernels, else four.
+TEST_F(AttentionBackwardGpu, GroupedQueryAttentionMatchesReference) {
+  for (int block : {32, 64, 128})
+    for (int d : {64, 128})
+      for (QkvOrder order : {QkvOrder::bshd, QkvOrder::bhsd})
+        for (int group : {1, 2, 4}) {
+          const Case c{block, d, DType::bf16, order, group == 2};
+          const std::int64_t blocks = block == 64 ? 5 : std::max(2, 256 / block);
+          std::mt19937_64 rng(1100 + block + d + group);
+          std::vector<std::uint8_t> random_mask(blocks * blocks);
+          for (auto& x : random_mask) x = rng() % 3 == 0;
+          random_mask[blocks - 1] = 1;
+          const std::vector<Layout> per_head{
+              layouts::causal(blocks), layouts::sliding_window(blocks, 2, false),
+              Layout::from_dense(blocks, blocks, random_mask),
+              Layout::from_dense(blocks, blocks, std::vector<std::uint8_t>(blocks * blocks, 1))};
+          for (const auto& masks : {per_head, std::vector<Layout>{layouts::sliding_window(blocks, 2, false)}}) {
+            SCOPED_TRACE(fmt::format("kv_group {} (4 query heads), {} mask(s)", group, masks.size()));
+            const Attention attn(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, "", group});
+            expect_gradients(attn, c, masks, rng, 2, 4, true);
+          }
+        }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, AttentionBackwardGpu, ::testing::ValuesIn(testing::all_attention_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
@@ -292,6 +319,16 @@ TEST(AttentionApi, ChecksItsArguments) {
             std::string::npos);
   EXPECT_NE(message([&] { attn.backward(buf, buf, buf, buf, nullptr, buf, buf, buf, buf, 1, 2); }).find("lse is a null"),
             std::string::npos);
+  // grouped-query attention: heads a multiple of kv_group
+  Attention grouped({layouts::causal(4)}, {64, 64, DType::bf16, QkvOrder::bshd, true, "", 2});
+  EXPECT_NE(message([&] { grouped.forward(buf, buf, buf, buf, lse, 1, 3); }).find("not a multiple of kv_group = 2"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              grouped.backward(buf, buf, buf, buf, l, buf, buf, buf, buf, 1, 5);
+            }).find("not a multiple of kv_group = 2"),
+            std::string::npos);
+  EXPECT_EQ(grouped.backward_workspace_size(2, 4), (2 * 4 * 256 * (64 + 1) + 2 * 2 * 2 * 256 * 64) * sizeof(float))
+      << "dQ accumulator and Delta, then the dK and dV accumulators of 2 key/value heads";
 }
 
 }  // namespace

@@ -131,6 +131,61 @@ TEST_P(AttentionOpsGpu, EveryOpMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Some, AttentionOpsGpu, ::testing::ValuesIn(testing::every_third_attention_case(1)),
                          [](const auto& info) { return case_name(info.param); });
 
+// Grouped-query attention through the ops: 4 query heads over 2 and 1 key/value heads, per-head
+// masks (an empty block row among them) and a shared one, both orders. scores and probs_v read
+// K-shaped tensors of heads / kv_group heads; probs_t sums each group's query heads into one.
+TEST_F(AttentionOpsGpu, GroupedQueryHeadsMatchReference) {
+  for (int block : {32, 64})
+    for (QkvOrder order : {QkvOrder::bshd, QkvOrder::bhsd})
+      for (int group : {2, 4}) {
+        const Case c{block, 64, DType::bf16, order, group == 2};
+        const std::int64_t blocks = std::max(2, 256 / block), seq = blocks * block, batch = 2, heads = 4;
+        std::mt19937_64 rng(1300 + block + group);
+        std::vector<std::uint8_t> random_mask(blocks * blocks);
+        for (auto& x : random_mask) x = rng() % 3 == 0;
+        for (std::int64_t j = 0; j < blocks; ++j) random_mask[1 * blocks + j] = 0;
+        const std::vector<Layout> per_head{layouts::causal(blocks), Layout::from_dense(blocks, blocks, random_mask),
+                                           layouts::sliding_window(blocks, 2, false), layouts::causal(blocks)};
+        for (const auto& masks : {per_head, std::vector<Layout>{layouts::sliding_window(blocks, 3, false)}}) {
+          SCOPED_TRACE(fmt::format("{} kv_group {} (4 query heads), {} mask(s)", case_name(c), group, masks.size()));
+          const AttentionOps ops(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, "", group});
+          reference::AttentionProblem p;
+          p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = seq, p.head_dim = c.head_dim, p.block = c.block;
+          p.layouts = masks, p.order = c.order, p.causal = c.causal, p.kv_group = group;
+          const std::size_t n = batch * seq * heads * c.head_dim, nk = n / group, ns = reference::block_sparse_size(p);
+          const auto q = reference::random_values(c.dtype, n, rng), dout = reference::random_values(c.dtype, n, rng),
+                     k = reference::random_values(c.dtype, nk, rng), v = reference::random_values(c.dtype, nk, rng);
+          tools::DeviceBuffer dq_in(n * 2), d_dout(n * 2), dk_in(nk * 2), dv_in(nk * 2);
+          dq_in.upload(reference::encode(c.dtype, q));
+          d_dout.upload(reference::encode(c.dtype, dout));
+          dk_in.upload(reference::encode(c.dtype, k));
+          dv_in.upload(reference::encode(c.dtype, v));
+          tools::DeviceBuffer s(ns * 2), pr(ns * 2), dp(ns * 2), ds(ns * 2), o(n * 2), dq(n * 2), dk(nk * 2),
+              dv(nk * 2);
+          for (auto* b : {&s, &pr, &dp, &ds, &o, &dq, &dk, &dv})
+            BSJIT_CU(runtime::driver().cuMemsetD8(b->ptr, 0xff, b->bytes));
+          ops.scores(dq_in.get(), dk_in.get(), s.get(), batch, heads);
+          ops.softmax(s.get(), pr.get(), batch, heads);
+          ops.probs_v(pr.get(), dv_in.get(), o.get(), batch, heads);
+          ops.scores(d_dout.get(), dv_in.get(), dp.get(), batch, heads);
+          ops.softmax_grad(pr.get(), dp.get(), ds.get(), batch, heads);
+          ops.probs_t(pr.get(), d_dout.get(), dv.get(), batch, heads);
+          ops.probs_v(ds.get(), dk_in.get(), dq.get(), batch, heads);
+          ops.probs_t(ds.get(), dq_in.get(), dk.get(), batch, heads);
+          BSJIT_CU(runtime::driver().cuCtxSynchronize());
+          auto got = [&](tools::DeviceBuffer& b) { return reference::decode(c.dtype, b.download()); };
+          const auto s_g = got(s), p_g = got(pr), dp_g = got(dp), ds_g = got(ds);
+          EXPECT_LE(reference::relative_error(s_g, reference::block_scores(p, q, k)), 1e-2) << "scores";
+          EXPECT_LE(reference::relative_error(got(o), reference::block_probs_v(p, p_g, v)), 1e-2) << "probs_v";
+          EXPECT_LE(reference::relative_error(dp_g, reference::block_scores(p, dout, v)), 1e-2) << "scores(dout, v)";
+          EXPECT_LE(reference::relative_error(got(dv), reference::block_probs_t(p, p_g, dout)), 1e-2) << "probs_t (dv)";
+          EXPECT_LE(reference::relative_error(got(dq), reference::block_probs_v(p, ds_g, k)), 1e-2) << "probs_v (dq)";
+          EXPECT_LE(reference::relative_error(got(dk), reference::block_probs_t(p, ds_g, q)), 1e-2) << "probs_t (dk)";
+          EXPECT_LE(reference::relative_error(got(o), reference::attention_forward(p, q, k, v).out), 2e-2) << "forward";
+        }
+      }
+}
+
 std::string message(const std::function<void()>& call) {
   try {
     call();
@@ -164,6 +219,17 @@ TEST(AttentionOpsApi, ChecksItsArguments) {
               AttentionOps(masks, {48, 64, DType::bf16, QkvOrder::bshd, false, ""});
             }).find("block 48"),
             std::string::npos);
+  // grouped-query attention: whole groups of per-head masks, heads a multiple of kv_group
+  EXPECT_NE(message([&] {
+              AttentionOps(masks, {32, 64, DType::bf16, QkvOrder::bshd, true, "", 4});
+            }).find("not whole groups of kv_group = 4"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              AttentionOps(masks, {32, 64, DType::bf16, QkvOrder::bshd, true, "", 0});
+            }).find("kv_group = 0"),
+            std::string::npos);
+  const AttentionOps grouped(masks, {32, 64, DType::bf16, QkvOrder::bshd, true, "", 2});
+  EXPECT_NE(message([&] { grouped.probs_t(buf, buf, buf, 1, 3); }).find("heads = 3"), std::string::npos);
 }
 
 }  // namespace

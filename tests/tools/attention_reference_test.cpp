@@ -149,6 +149,61 @@ TEST(AttentionReference, BothTensorOrdersGiveTheSameAttention) {
   EXPECT_EQ(a.lse, b.lse);
 }
 
+// Grouped-query attention is multi-head attention on K and V repeated over each group's query
+// heads, with dK and dV summed over the group; the decomposed ops compose into it too. Both orders.
+TEST(AttentionReference, GroupedQueriesAreRepeatedKeysAndSummedGradients) {
+  for (QkvOrder order : {QkvOrder::bshd, QkvOrder::bhsd}) {
+    AttentionProblem grouped = masked_problem();
+    grouped.heads = 4, grouped.order = order, grouped.kv_group = 2;
+    grouped.layouts.push_back(layouts::sliding_window(4, 1));
+    grouped.element_mask = nullptr;
+    AttentionProblem multi = grouped;
+    multi.kv_group = 1;
+    std::mt19937_64 rng(6);
+    const std::size_t n = qkv_size(grouped, 64), nk = n / 2;
+    const auto q = random_vector(n, rng), dout = random_vector(n, rng), k = random_vector(nk, rng),
+               v = random_vector(nk, rng);
+    auto repeat = [&](const std::vector<double>& x) {  // heads / 2 → heads
+      std::vector<double> y(n);
+      for (std::int64_t b = 0; b < grouped.batch; ++b)
+        for (std::int64_t s = 0; s < grouped.seq_k; ++s)
+          for (std::int64_t h = 0; h < grouped.heads; ++h)
+            for (std::int64_t d = 0; d < grouped.head_dim; ++d)
+              y[qkv_index(multi, grouped.seq_k, b, s, h, d)] = x[kv_index(grouped, grouped.seq_k, b, s, h, d)];
+      return y;
+    };
+    auto sum = [&](const std::vector<double>& y) {  // heads → heads / 2
+      std::vector<double> x(nk, 0.0);
+      for (std::int64_t b = 0; b < grouped.batch; ++b)
+        for (std::int64_t s = 0; s < grouped.seq_k; ++s)
+          for (std::int64_t h = 0; h < grouped.heads; ++h)
+            for (std::int64_t d = 0; d < grouped.head_dim; ++d)
+              x[kv_index(grouped, grouped.seq_k, b, s, h, d)] += y[qkv_index(multi, grouped.seq_k, b, s, h, d)];
+      return x;
+    };
+    const auto a = attention_forward(grouped, q, k, v), b = attention_forward(multi, q, repeat(k), repeat(v));
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_EQ(a.lse, b.lse);
+    const auto ga = attention_backward(grouped, q, k, v, dout),
+               gb = attention_backward(multi, q, repeat(k), repeat(v), dout);
+    EXPECT_EQ(ga.dq, gb.dq);
+    EXPECT_LT(relative_error(ga.dk, sum(gb.dk)), 1e-14);
+    EXPECT_LT(relative_error(ga.dv, sum(gb.dv)), 1e-14);
+    EXPECT_EQ(ga.dk.size(), nk);
+    // the decomposed ops
+    const auto probs = block_softmax(grouped, block_scores(grouped, q, k));
+    EXPECT_LT(relative_error(block_probs_v(grouped, probs, v), a.out), 1e-12);
+    const auto ds = block_softmax_grad(grouped, probs, block_scores(grouped, dout, v));
+    EXPECT_LT(relative_error(block_probs_t(grouped, probs, dout), ga.dv), 1e-12);
+    EXPECT_LT(relative_error(block_probs_t(grouped, ds, q), ga.dk), 1e-12);
+    EXPECT_LT(relative_error(block_probs_v(grouped, ds, k), ga.dq), 1e-12);
+  }
+  AttentionProblem bad = masked_problem();
+  bad.kv_group = 2;  // 3 heads
+  std::vector<double> x(qkv_size(bad, 64), 0.0);
+  EXPECT_THROW(attention_forward(bad, x, x, x), Error);
+}
+
 TEST(AttentionReference, RejectsInconsistentShapes) {
   AttentionProblem p = masked_problem();
   p.layouts.pop_back();  // 2 layouts for 3 heads

@@ -283,6 +283,26 @@ TEST(Cli, ManifestPrecompilesAttention) {
   EXPECT_NE(r.output.find("9 entries"), std::string::npos) << "4 fused + 5 decomposed: " << r.output;
   EXPECT_NE(r.output.find("attention_backward-bf16-b64-d64-bshd-causal-prep"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("attention_ops-bf16-b64-d64-bshd-causal-probs_t"), std::string::npos) << r.output;
+  // grouped-query attention: "kv_groups" adds a fused set of 5 (the dK/dV conversion too) and
+  // the decomposed ops of the group; a group not dividing the masks is refused by name
+  {
+    std::ofstream(manifest) << R"({"attention": [
+      {"masks": [")" << mask << R"("], "blocks": [64], "head_dims": [64], "causal": [true], "kv_groups": [1, 4],
+       "ops": ["fused", "decomposed"], "archs": ["sm_80"]},
+      {"masks": [[")" << mask
+                            << R"(", ")" << mask << R"(", ")" << mask << R"("]], "kv_groups": [2],
+       "archs": ["sm_80"]}]})";
+  }
+  r = sh(cache + " precompile -m " + manifest.string() + " -j 2");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("2 compiled, 2 already cached"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("d64 bshd kv_group 2 sm_80: bsjit: attention: 3 per-head masks are not whole groups of "
+                          "kv_group = 2"),
+            std::string::npos)
+      << r.output;
+  r = sh(cache + " cache list");
+  EXPECT_NE(r.output.find("19 entries"), std::string::npos) << "9 before, 5 fused + 5 decomposed: " << r.output;
+  EXPECT_NE(r.output.find("attention_backward-bf16-b64-d64-bshd-causal-g4-dkv"), std::string::npos) << r.output;
   {
     std::ofstream(manifest) << R"({"attention": [{"masks": [")" << mask << R"("], "ops": ["nt"]}]})";
   }
