@@ -28,10 +28,11 @@ def _attention_dtype(model: torch.nn.Module, dtype, name: str):
                      f"({sorted(map(str, found)) or 'none'}); pass dtype=torch.bfloat16 or torch.float16")
 
 
-def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
+def _module_objects(model: torch.nn.Module, dtype, ops, head_dim, kv_group=1) -> list:
     """(kernel object, ops) of every bsjit module in model: BlockSparseLinear's MatMul with the ops
     asked (all three by default), BlockSparseAttention's Attention (forward and backward; head_dim
-    from the argument), DecomposedAttention's AttentionOps (its five kernels) and the
+    and the query heads per key/value head from the arguments), DecomposedAttention's AttentionOps
+    (its five kernels; with a key/value group also the grouped scores and products) and the
     BlockSparseConv modules' Conv (fprop, bprop and updat, channels first and last: the kernels
     depend on the layout, kernel size, dtype and storage, not on the image size)."""
     from . import _attention, _attention_ops, _conv, functional
@@ -48,10 +49,12 @@ def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
                                  f"head_dim= to compile its kernels ahead")
             dt = _attention_dtype(model, dtype, name)
             out.append((_attention.attention_object(m._handle, m.block, int(head_dim), dt,
-                                                    _attention.ORDERS.index(m.order), m.causal), None))
+                                                    _attention.ORDERS.index(m.order), m.causal, kv_group), None))
         elif isinstance(m, DecomposedAttention):
             dt = _attention_dtype(model, dtype, name)
-            out.append((_attention_ops.ops_object(m._handle, m.block, m.causal, m._order, m.head_dim, dt), None))
+            for group in sorted({1, kv_group}):  # softmax's kernels are the ungrouped object's
+                out.append((_attention_ops.ops_object(m._handle, m.block, m.causal, m._order, m.head_dim, dt, group),
+                            None))
         elif isinstance(m, _BlockSparseConvNd):
             geometry = functional.conv_geometry(m.kernel_size, m.kernel_size)
             for channels_last in (False, True):
@@ -60,9 +63,11 @@ def _module_objects(model: torch.nn.Module, dtype, ops, head_dim) -> list:
     return out
 
 
-def _objects(target, dtype=None, ops=None, head_dim=None) -> list:
+def _objects(target, dtype=None, ops=None, head_dim=None, kv_group=1) -> list:
+    if int(kv_group) < 1:
+        raise ValueError(f"bsjit: kv_group = {kv_group}: the query heads per key/value head, 1 or more")
     if isinstance(target, torch.nn.Module):
-        return _module_objects(target, dtype, ops, head_dim)
+        return _module_objects(target, dtype, ops, head_dim, int(kv_group))
     if isinstance(target, (str, bytes)) or not hasattr(target, "__iter__"):
         raise TypeError(f"bsjit: expected a torch.nn.Module or a list of (layout, block, dtype), got {type(target)}")
     out = []
@@ -75,27 +80,29 @@ def _objects(target, dtype=None, ops=None, head_dim=None) -> list:
 
 
 def precompile(target: Union[torch.nn.Module, Iterable[tuple]], arch: str = "sm_90a", *, dtype=None,
-               ops: Iterable[str] | None = None, calls: str = "all", head_dim: int | None = None) -> int:
+               ops: Iterable[str] | None = None, calls: str = "all", head_dim: int | None = None,
+               kv_group: int = 1) -> int:
     """Compiles the kernels of a model's bsjit modules (BlockSparseLinear, BlockSparseAttention,
     DecomposedAttention, BlockSparseConv1d/2d/3d), or of (layout, block, dtype[, feature_axis])
     tuples, for arch into the kernel cache; no GPU needed. ops and calls choose BlockSparseLinear's
-    products and call kinds; head_dim is BlockSparseAttention's (it is read from q at run time);
+    products and call kinds; head_dim is BlockSparseAttention's (it is read from q at run time), and
+    kv_group the attention modules' query heads per key/value head (read from k at run time);
     dtype defaults to each layer's weight and, for attention, to the model's one 16-bit parameter
     dtype. Returns how many kernel objects had a kernel compiled now (0: the cache held them all)."""
     ops = list(ops) if ops is not None else None
     done = 0
-    for obj, o in _objects(target, dtype, ops, head_dim):
+    for obj, o in _objects(target, dtype, ops, head_dim, kv_group):
         done += bool(obj.precompile(o, arch, calls) if o is not None else obj.precompile(arch))
     return done
 
 
 def warmup(target: Union[torch.nn.Module, Iterable[tuple]], *, dtype=None, ops: Iterable[str] | None = None,
-           calls: str = "all", head_dim: int | None = None) -> None:
+           calls: str = "all", head_dim: int | None = None, kv_group: int = 1) -> None:
     """Loads the kernels of a model's bsjit modules (as precompile chooses them) into the current GPU,
     compiling what the cache lacks unless strict mode forbids it, so the first training or serving
     step pays nothing."""
     ops = list(ops) if ops is not None else None
-    for obj, o in _objects(target, dtype, ops, head_dim):
+    for obj, o in _objects(target, dtype, ops, head_dim, kv_group):
         obj.prepare(o, calls) if o is not None else obj.load()
 
 

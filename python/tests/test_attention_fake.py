@@ -232,6 +232,12 @@ def test_precompile_and_warmup_cover_the_attention_modules(tmp_path):
         assert compiled >= 1 + 3 + 5  # a matmul kernel, attention forward + backward (prep, dq, main), five ops
         assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain", head_dim=32) == 0
         assert bsjit.cache_stats()["compiles"] - before == compiled
+        # grouped-query attention: the fused kernels of the group (5: the dK/dV conversion too) and
+        # the decomposed ops of the group; the ungrouped ones stay cached
+        assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain", head_dim=32, kv_group=2) == 2
+        assert bsjit.cache_stats()["compiles"] - before == compiled + 5 + 5
+        with pytest.raises(ValueError, match="kv_group = 0"):
+            bsjit.precompile(model, "sm_80", head_dim=32, kv_group=0)
         # attention's dtype comes from the model's one 16-bit dtype, or must be given
         model.proj.float()
         with pytest.raises(ValueError, match="pass dtype="):
