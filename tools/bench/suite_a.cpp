@@ -29,32 +29,40 @@ double bf16_value(std::uint16_t b) {
 // the query rows attending it, with their probabilities from the forward's lse and D = rowsum(dO ∘
 // O) from its output (both checked: lse against the sampled rows' own sums here, O by the
 // forward's check), so that no sampled row costs the whole S² · d.
-double backward_error(const Layout& mask, int block, int d, const std::vector<std::uint16_t>& q,
+// With a key/value group (group query heads per key/value head: K, V, dK and dV of kHeads / group
+// heads), dK and dV of head 5's key/value head sum over its group's query heads.
+double backward_error(const Layout& mask, int block, int d, int group, const std::vector<std::uint16_t>& q,
                       const std::vector<std::uint16_t>& k, const std::vector<std::uint16_t>& v,
                       const std::vector<std::uint16_t>& go, const std::vector<std::uint16_t>& out,
                       const std::vector<float>& lse, const std::vector<std::uint16_t>& gq,
                       const std::vector<std::uint16_t>& gk, const std::vector<std::uint16_t>& gv) {
-  const std::int64_t head = 0 * kHeads + 5, base = head * kSeq * d;
+  const std::int64_t head = 0 * kHeads + 5, kv_base = (0 * kHeads / group + 5 / group) * kSeq * d;
   const double scale = 1 / std::sqrt(static_cast<double>(d));
-  const auto at = [&](const std::vector<std::uint16_t>& x, std::int64_t row, int e) {
-    return bf16_value(x[base + row * d + e]);
+  // element e of row `row` of query head h's Q-shaped tensor x, or of the key/value head's K-shaped one
+  const auto at_q = [&](const std::vector<std::uint16_t>& x, std::int64_t h, std::int64_t row, int e) {
+    return bf16_value(x[h * kSeq * d + row * d + e]);
   };
+  const auto at_k = [&](const std::vector<std::uint16_t>& x, std::int64_t row, int e) {
+    return bf16_value(x[kv_base + row * d + e]);
+  };
+  const auto at = [&](const std::vector<std::uint16_t>& x, std::int64_t row, int e) { return at_q(x, head, row, e); };
   const auto attends = [&](std::int64_t i, std::int64_t j) { return j <= i && mask.at(i / block, j / block); };
-  const auto score = [&](std::int64_t i, std::int64_t j) {
+  const auto score = [&](std::int64_t h, std::int64_t i, std::int64_t j) {
     double dot = 0;
-    for (int e = 0; e < d; ++e) dot += at(q, i, e) * at(k, j, e);
+    for (int e = 0; e < d; ++e) dot += at_q(q, h, i, e) * at_k(k, j, e);
     return dot * scale;
   };
-  const auto dot_go = [&](std::int64_t i, const std::vector<std::uint16_t>& x, std::int64_t j) {
+  const auto dot_go = [&](std::int64_t h, std::int64_t i, const std::vector<std::uint16_t>& x, std::int64_t j) {
     double dot = 0;
-    for (int e = 0; e < d; ++e) dot += at(go, i, e) * at(x, j, e);
+    for (int e = 0; e < d; ++e) dot += at_q(go, h, i, e) * at_k(x, j, e);
     return dot;
   };
   double err = 0;
-  const auto compare = [&](const std::vector<double>& want, const std::vector<std::uint16_t>& got, std::int64_t row) {
+  const auto compare = [&](const std::vector<double>& want, const std::vector<std::uint16_t>& got, std::int64_t row,
+                           bool keys) {
     double worst = 0, norm = 0;
     for (int e = 0; e < d; ++e) {
-      const double g = at(got, row, e);
+      const double g = keys ? at_k(got, row, e) : at(got, row, e);
       worst = std::isfinite(g) ? std::max(worst, std::abs(g - want[e])) : INFINITY;
       norm = std::max(norm, std::abs(want[e]));
     }
@@ -66,7 +74,7 @@ double backward_error(const Layout& mask, int block, int d, const std::vector<st
     std::vector<double> s;
     double m = -INFINITY;
     for (std::int64_t j = 0; j <= i; ++j)
-      if (attends(i, j)) keys.push_back(j), s.push_back(score(i, j)), m = std::max(m, s.back());
+      if (attends(i, j)) keys.push_back(j), s.push_back(score(head, i, j)), m = std::max(m, s.back());
     double sum = 0;
     for (double x : s) sum += std::exp(x - m);
     err = std::max(err, std::abs(static_cast<double>(lse[head * kSeq + i]) - (m + std::log(sum))) /
@@ -74,26 +82,27 @@ double backward_error(const Layout& mask, int block, int d, const std::vector<st
     std::vector<double> p(keys.size()), dp(keys.size());
     double big_d = 0;
     for (std::size_t t = 0; t < keys.size(); ++t) {
-      p[t] = std::exp(s[t] - m) / sum, dp[t] = dot_go(i, v, keys[t]);
+      p[t] = std::exp(s[t] - m) / sum, dp[t] = dot_go(head, i, v, keys[t]);
       big_d += p[t] * dp[t];
     }
     std::vector<double> want(d, 0.0);
     for (std::size_t t = 0; t < keys.size(); ++t)
-      for (int e = 0; e < d; ++e) want[e] += scale * p[t] * (dp[t] - big_d) * at(k, keys[t], e);
-    compare(want, gq, i);
+      for (int e = 0; e < d; ++e) want[e] += scale * p[t] * (dp[t] - big_d) * at_k(k, keys[t], e);
+    compare(want, gq, i, false);
   }
-  for (std::int64_t j : rows) {  // dV_j = Σ_i P_ij dO_i, dK_j = scale Σ_i P_ij (dP_ij - D_i) q_i
+  for (std::int64_t j : rows) {  // dV_j = Σ_h Σ_i P_ij dO_i, dK_j = scale Σ_h Σ_i P_ij (dP_ij - D_i) q_i
     std::vector<double> want_v(d, 0.0), want_k(d, 0.0);
-    for (std::int64_t i = j; i < kSeq; ++i) {
-      if (!attends(i, j)) continue;
-      const double p = std::exp(score(i, j) - static_cast<double>(lse[head * kSeq + i]));
-      double big_d = 0;
-      for (int e = 0; e < d; ++e) big_d += at(go, i, e) * at(out, i, e);
-      const double ds = p * (dot_go(i, v, j) - big_d);
-      for (int e = 0; e < d; ++e) want_v[e] += p * at(go, i, e), want_k[e] += scale * ds * at(q, i, e);
-    }
-    compare(want_v, gv, j);
-    compare(want_k, gk, j);
+    for (std::int64_t h = head / group * group; h < head / group * group + group; ++h)
+      for (std::int64_t i = j; i < kSeq; ++i) {
+        if (!attends(i, j)) continue;
+        const double p = std::exp(score(h, i, j) - static_cast<double>(lse[h * kSeq + i]));
+        double big_d = 0;
+        for (int e = 0; e < d; ++e) big_d += at_q(go, h, i, e) * at_q(out, h, i, e);
+        const double ds = p * (dot_go(h, i, v, j) - big_d);
+        for (int e = 0; e < d; ++e) want_v[e] += p * at_q(go, h, i, e), want_k[e] += scale * ds * at_q(q, h, i, e);
+      }
+    compare(want_v, gv, j, true);
+    compare(want_k, gk, j, true);
   }
   return err;
 }
@@ -111,12 +120,21 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
     dq.upload(q), dk.upload(k), dv.upload(v), dgo.upload(go);
     for (int block : {128, 64}) {
       const std::int64_t blocks = kSeq / block;
-      const std::pair<std::string, Layout> masks[] = {
-          {"causal", layouts::causal(blocks)},
-          {"window1024+global256", layouts::unite(layouts::sliding_window(blocks, 1024 / block),
-                                                  layouts::global_tokens(blocks, 256 / block))}};
-      for (const auto& [name, mask] : masks) {
-        Attention attn({mask}, {block, d, DType::bf16, QkvOrder::bhsd, true, ""});
+      // the masks, and one grouped-query case: 16 query heads over 2 key/value heads (K and V the
+      // first eighth of their buffers, [batch, 2, seq, d])
+      struct Case {
+        std::string name;
+        Layout mask;
+        int group;
+      };
+      const Case cases[] = {
+          {"causal", layouts::causal(blocks), 1},
+          {"window1024+global256",
+           layouts::unite(layouts::sliding_window(blocks, 1024 / block), layouts::global_tokens(blocks, 256 / block)),
+           1},
+          {"causal, 2 kv heads", layouts::causal(blocks), kHeads / 2}};
+      for (const auto& [name, mask, group] : cases) {
+        Attention attn({mask}, {block, d, DType::bf16, QkvOrder::bhsd, true, "", group});
         auto fn = [&] {
           attn.forward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()), kBatch, kHeads,
                        stream);
@@ -128,7 +146,7 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
         double err = 0;
         const double scale = 1 / std::sqrt(static_cast<double>(d));
         for (std::int64_t i : {std::int64_t{0}, std::int64_t{777}, kSeq / 2 + 3, kSeq - 1}) {
-          const std::int64_t base = (0 * kHeads + 5) * kSeq * d;
+          const std::int64_t base = (0 * kHeads + 5) * kSeq * d, kv_base = (0 * kHeads / group + 5 / group) * kSeq * d;
           std::vector<double> s;
           double m = -INFINITY;
           for (std::int64_t j = 0; j <= i; ++j) {
@@ -137,7 +155,7 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
               continue;
             }
             double dot = 0;
-            for (int e = 0; e < d; ++e) dot += bf16_value(q[base + i * d + e]) * bf16_value(k[base + j * d + e]);
+            for (int e = 0; e < d; ++e) dot += bf16_value(q[base + i * d + e]) * bf16_value(k[kv_base + j * d + e]);
             s.push_back(dot * scale);
             m = std::max(m, s.back());
           }
@@ -146,7 +164,8 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
           double worst = 0, norm = 0;
           for (int e = 0; e < d; ++e) {
             double want = 0;
-            for (std::size_t j = 0; j < s.size(); ++j) want += std::exp(s[j] - m) / sum * bf16_value(v[base + j * d + e]);
+            for (std::size_t j = 0; j < s.size(); ++j)
+              want += std::exp(s[j] - m) / sum * bf16_value(v[kv_base + j * d + e]);
             worst = std::max(worst, std::abs(bf16_value(out[base + i * d + e]) - want));
             norm = std::max(norm, std::abs(want));
           }
@@ -163,12 +182,12 @@ std::vector<AttentionRow> run_suite_a(CUstream stream, int reps) {
         for (auto* g : {&dgq, &dgk, &dgv}) BSJIT_CU(runtime::driver().cuMemsetD8(g->ptr, 0xff, g->bytes));  // NaN
         backward();
         BSJIT_CU(runtime::driver().cuStreamSynchronize(stream));
-        err = std::max(
-            err, backward_error(mask, block, d, q, k, v, go, out, dlse.download<float>(), dgq.download<std::uint16_t>(),
-                                dgk.download<std::uint16_t>(), dgv.download<std::uint16_t>()));
+        err = std::max(err, backward_error(mask, block, d, group, q, k, v, go, out, dlse.download<float>(),
+                                           dgq.download<std::uint16_t>(), dgk.download<std::uint16_t>(),
+                                           dgv.download<std::uint16_t>()));
         const double bw_ms = time_ms(backward, stream, 3, reps);
         // the forward through the decomposed ops: S and P as block-sparse tensors in memory
-        AttentionOps ops({mask}, {block, d, DType::bf16, QkvOrder::bhsd, true, ""});
+        AttentionOps ops({mask}, {block, d, DType::bf16, QkvOrder::bhsd, true, "", group});
         const std::size_t sparse = static_cast<std::size_t>(ops.sparse_elements(kHeads) * kBatch);
         tools::DeviceBuffer ds(sparse * 2), dp(sparse * 2);
         const double decomposed_ms = time_ms(

@@ -3,7 +3,8 @@
 // keys plus the first 256 keys global (block-aligned: 8 window blocks at 128). Dense SDPA and
 // FlexAttention are measured by torch in the same device call (tools/bench/torch_attention.py).
 // Also the forward through the decomposed ops (AttentionOps: scores, softmax, probs_v), which
-// writes and reads the block-sparse score and probability tensors.
+// writes and reads the block-sparse score and probability tensors. One grouped-query case: causal
+// with 16 query heads over 2 key/value heads.
 #pragma once
 
 #include <string>

@@ -2,7 +2,8 @@
 """Suite A's baselines on the same GPU run as `bsjit-bench --suite A`: dense SDPA (causal, flash
 backend) and FlexAttention (compiled) with the block masks bsjit runs: causal, and a causal sliding
 window of 1024 keys plus the first 256 keys global, at blocks 128 and 64, element-causal inside
-the diagonal blocks. B = 4, H = 16, S = 8192, bf16, [batch, heads, seq, d]. Forward and forward +
+the diagonal blocks, and causal grouped-query attention over 2 key/value heads (enable_gqa). B = 4,
+H = 16, S = 8192, bf16, [batch, heads, seq, d]. Forward and forward +
 backward times (median ms); one line per case, JSON with --json.
 
 Timed as bsjit-bench times (tools/bench/baselines.hpp): each run after a read of a 256 MiB buffer
@@ -99,7 +100,33 @@ def main():
                     report(impl="flex", mask=name, block=block, d=d, fwd_ms=t_f, bwd_ms=t_fb - t_f)
                 except Exception as e:  # e.g. a block size the compiled kernel does not take
                     print(f"torch flex {name} b{block} d{d} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        del q, k, v, grad
+        # grouped-query attention as bsjit-bench's "causal, 2 kv heads": k and v with 2 heads
+        q_all, k_all, v_all = q, k, v
+        k, v = (t[:, :2].detach().clone().requires_grad_(True) for t in (k_all, v_all))
+        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        try:
+            t_f = ms(fwd)
+            t_fb = ms(fwd_bwd(fwd))
+            report(impl="sdpa", mask="causal(dense), 2 kv heads", block=0, d=d, fwd_ms=t_f, bwd_ms=t_fb - t_f)
+        except Exception as e:
+            print(f"torch sdpa gqa d{d} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        for block in (128, 64):
+            table = block_mask_table("causal", S // block, block).cuda()
+
+            def mask_mod(b, h, qi, ki):
+                return (qi >= ki) & table[qi // block, ki // block]
+
+            bm = create_block_mask(mask_mod, None, None, S, S, device="cuda", BLOCK_SIZE=max(block, 128))
+            torch._dynamo.reset()
+            flex = torch.compile(flex_attention)
+            fwd = lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
+            try:
+                t_f = ms(fwd)
+                t_fb = ms(fwd_bwd(fwd))
+                report(impl="flex", mask="causal, 2 kv heads", block=block, d=d, fwd_ms=t_f, bwd_ms=t_fb - t_f)
+            except Exception as e:
+                print(f"torch flex gqa b{block} d{d} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del q, k, v, grad, q_all, k_all, v_all
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
