@@ -1053,7 +1053,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 }
 
 // A consumer warp's staging in store_sdd_staged: 16 rows × 64 columns of 16-bit dW.
-inline constexpr int kSddWarpStaging = 16 * 64 * 2;
+enum : int { kSddWarpStaging = 16 * 64 * 2 };  // an enumerator: no storage in the kernel binary
 
 // The Hopper backward-weight kernels: dW on units (Cfg::counts()[0]: R × C tiles of dW), each the
 // product X[:, rows]ᵀ · dY[:, columns] over N. A stage holds 64 rows of N of both operands, copied
