@@ -1,6 +1,6 @@
 # Writes a C++ file that holds every kernel template as a string literal, plus a hash of them all.
 # Run at build time (cmake -P) with TEMPLATE_DIR, OUTPUT and TEMPLATES (list of paths relative to
-# TEMPLATE_DIR, e.g. bsjit/matmul.cuh).
+# TEMPLATE_DIR, e.g. bsjit/matmul_fma.cuh).
 set(body "")
 set(all "")
 foreach(name IN LISTS TEMPLATES)

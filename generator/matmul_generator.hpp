@@ -68,6 +68,9 @@ struct TileConfig {
   bool staged = false;
 };
 
+// SMs of an H100 / H200 (SXM), the schedules' count where the target's is not known.
+constexpr int kDefaultSms = 132;
+
 struct MatMulSpec {
   Op op = Op::forward;
   int block = 32;
@@ -88,6 +91,10 @@ struct MatMulSpec {
   // A pipelined tile shape to use instead of the heuristic (tuning): bm, bk, warps_m, warps_n and
   // stages are taken, the rest derived. Only for specs whose heuristic choice is pipelined.
   std::optional<TileConfig> tiles;
+  // SMs the persistent Hopper kernels' schedules are planned for: the target GPU's (H100 and H200
+  // SXM 132, H100 PCIe 114, H20 78). A kernel runs correctly on any count, its last wave less even
+  // where the count differs. Without wgmma it plays no part and stays kDefaultSms.
+  int sms = kDefaultSms;
 };
 
 TileConfig choose_tiles(const MatMulSpec& spec);
@@ -160,9 +167,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
 std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas);
 
 // The partial planes a Hopper backward-weight kernel over `units` units, per_sm CTAs to an SM, is
-// built with: sdd_planes(units, 144 · per_sm) where SddSchedule splits the last wave's units on the
-// H100 / H200's 132 SMs, else 0. Its Config's kSplit says which: without planes the kernel has no
-// split path, and takes every unit whole on any GPU.
-std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm);
+// built with: sdd_planes(units, 144 · per_sm) (any Hopper GPU's grid) where SddSchedule splits the
+// last wave's units on `sms` SMs, else 0. Its Config's kSplit says which: without planes the kernel
+// has no split path, and takes every unit whole on any GPU.
+std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm, std::int64_t sms = kDefaultSms);
 
 }  // namespace bsjit::generator

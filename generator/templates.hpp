@@ -8,7 +8,7 @@
 namespace bsjit::generator {
 
 struct EmbeddedTemplate {
-  std::string include_name;  // as written in #include, e.g. "bsjit/matmul.cuh"
+  std::string include_name;  // as written in #include, e.g. "bsjit/matmul_fma.cuh"
   std::string contents;
 };
 

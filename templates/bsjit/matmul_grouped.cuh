@@ -31,7 +31,7 @@
 // + c] is the output block column of column c (-1 past the last column).
 #pragma once
 
-#include "bsjit/matmul.cuh"
+#include "bsjit/matmul_hopper.cuh"
 
 namespace bsjit {
 namespace kernels {

@@ -25,7 +25,7 @@
 // column of column c of pair p (-1: none, after an odd last column).
 #pragma once
 
-#include "bsjit/matmul.cuh"
+#include "bsjit/matmul_hopper.cuh"
 
 namespace bsjit {
 namespace kernels {

@@ -245,7 +245,7 @@ TEST(Compiler, EveryTileCandidateCompiles) {
 
 TEST(Compiler, CompileErrorCarriesLogOptionsAndSourcePath) {
   try {
-    runtime::compile("#include \"bsjit/matmul.cuh\"\nthis is not cuda;\n", "bsjit::kernels::zero<float>", "broken",
+    runtime::compile("#include \"bsjit/matmul_fma.cuh\"\nthis is not cuda;\n", "bsjit::kernels::zero<float>", "broken",
                      "sm_90");
     FAIL() << "expected an Error";
   } catch (const Error& e) {
