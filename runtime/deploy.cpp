@@ -135,9 +135,10 @@ Expanded expand(const Manifest& m) {
               for (const auto& arch : g.archs)
                 for (bool tf32 : tf32_settings(g, dt))
                   e.items.push_back(
-                      {index, op, MatMulOptions{b, dt, ax, arch, tf32}, g.calls,
-                       fmt::format("{} {} {}{} b{} {} {}{}", file.filename().string(), to_string(op), to_string(dt),
+                      {index, op, MatMulOptions{b, dt, ax, arch, tf32, g.sms}, g.calls,
+                       fmt::format("{} {} {}{} b{} {} {}{}{}", file.filename().string(), to_string(op), to_string(dt),
                                    tf32 ? " tf32" : "", b, to_string(ax), arch,
+                                   g.sms > 0 ? fmt::format(" ({} SMs)", g.sms) : "",
                                    g.calls == Calls::all ? "" : fmt::format(" ({} calls)", to_string(g.calls)))});
     }
   for (const auto& g : m.attention)
@@ -286,6 +287,9 @@ Manifest Manifest::load(const fs::path& json_file) {
                                             [](const nlohmann::json& v) { return parse_feature_axis(v.get<std::string>()); });
       k.archs = list_of<std::string>(g, "archs", k.archs, text);
       k.tf32 = list_of<bool>(g, "tf32", k.tf32, [](const nlohmann::json& v) { return v.get<bool>(); });
+      if (g.contains("sms"))
+        k.sms = static_cast<int>(
+            json_integer(g.at("sms"), 1, 144, fmt::format("manifest '{}': 'sms'", json_file.string())));
       if (g.contains("calls")) {
         if (!g.at("calls").is_string())
           throw Error(

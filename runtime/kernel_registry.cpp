@@ -113,13 +113,15 @@ std::vector<std::shared_ptr<const PreparedKernel>> KernelRegistry::prepare_all(
 std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& options) {
   generator::MatMulSpec spec{op, options.block, options.dtype, options.feature_axis};
   spec.tf32 = options.tf32;
+  if (options.sms > 0) spec.sms = options.sms;
   return generator::variants(spec);
 }
 
 generator::MatMulSpec call_spec(const std::string& layout_hash, const std::vector<generator::MatMulSpec>& variants,
-                                int v, bool plain, const std::string& arch) {
+                                int v, bool plain, const std::string& arch, int sms) {
   generator::MatMulSpec spec = variants[v];
   spec.plain = plain;
+  if (sms > 0) spec.sms = sms;
   return resolve_spec(layout_hash, spec, arch, v);
 }
 
@@ -150,6 +152,7 @@ std::string tuning_stem(const generator::MatMulSpec& spec, const std::string& ar
 generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::MatMulSpec spec, const std::string& arch,
                                    int variant) {
   spec.wgmma = generator::has_wgmma(arch) && !spec.tf32;  // TF32 runs the mma.sync kernels
+  if (!spec.wgmma) spec.sms = generator::kDefaultSms;     // only the Hopper schedules read it
   const std::string record = cache::KernelCache::global().find_tuning(tuning_key(layout_hash, spec, arch, variant));
   if (record.empty()) return spec;
   try {

@@ -29,7 +29,7 @@ struct KernelId {
   std::string arch;
   auto key() const {
     return std::make_tuple(layout_hash, spec.op, spec.block, spec.dtype, spec.feature_axis, spec.wgmma,
-                           spec.small_batch, spec.tf32, spec.plain, arch,
+                           spec.small_batch, spec.tf32, spec.plain, spec.sms, arch,
                            spec.tiles ? generator::tiles_tag(*spec.tiles) : std::string());
   }
   bool operator<(const KernelId& o) const { return key() < o.key(); }
@@ -68,10 +68,10 @@ void store_tuning(const std::string& layout_hash, const generator::MatMulSpec& s
 
 // The specs of op's batch variants (generator::variants) for a MatMul of these options.
 std::vector<generator::MatMulSpec> op_variants(Op op, const MatMulOptions& options);
-// The spec of a call's kernel: variants[v] (op_variants), plain or general, for arch, with its
-// tuned tile shape (resolve_spec).
+// The spec of a call's kernel: variants[v] (op_variants), plain or general, for arch (and sms SMs
+// where sms > 0, else the variant's count), with its tuned tile shape (resolve_spec).
 generator::MatMulSpec call_spec(const std::string& layout_hash, const std::vector<generator::MatMulSpec>& variants,
-                                int v, bool plain, const std::string& arch);
+                                int v, bool plain, const std::string& arch, int sms = 0);
 // Whether a call with these options runs the plain kernel (MatMulSpec::plain).
 inline bool plain_call(const OpOptions& call) { return !call.accumulate && call.gate == nullptr; }
 // The kernels `calls` names, as MatMulSpec::plain values: the plain one first.

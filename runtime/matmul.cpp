@@ -82,9 +82,12 @@ struct MatMul::Impl {
   }
   // The spec of op's variant v for arch, plain or general: the tuned tile shape where a tuning
   // record exists.
-  generator::MatMulSpec spec_for(Op op, int v, bool plain, const std::string& arch) const {
-    return runtime::call_spec(layout_hash, specs(op), v, plain, arch);
+  generator::MatMulSpec spec_for(Op op, int v, bool plain, const std::string& arch, int sms = 0) const {
+    return runtime::call_spec(layout_hash, specs(op), v, plain, arch, sms);
   }
+  // The SMs of ctx's GPU, which its kernels' schedules are planned for, unless the options fix them
+  // (0: the specs' count stands).
+  int sms_for(const runtime::Context& ctx) const { return options.sms > 0 ? 0 : runtime::context_sms(ctx); }
   std::string arch_for(const runtime::Context& ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
   }
@@ -96,7 +99,7 @@ struct MatMul::Impl {
     bool plain;
     runtime::KernelId id;
   };
-  std::vector<OpKernel> kernels(const std::vector<Op>& ops, const std::string& arch, Calls calls) const {
+  std::vector<OpKernel> kernels(const std::vector<Op>& ops, const std::string& arch, Calls calls, int sms = 0) const {
     std::vector<OpKernel> out;
     for (Op op : ops) {
       bool seen = false;
@@ -104,7 +107,7 @@ struct MatMul::Impl {
       if (seen) continue;
       for (int v = 0; v < static_cast<int>(specs(op).size()); ++v)
         for (bool plain : runtime::plain_kinds(calls))
-          out.push_back({op, v, plain, id(spec_for(op, v, plain, arch), arch)});
+          out.push_back({op, v, plain, id(spec_for(op, v, plain, arch, sms), arch)});
     }
     return out;
   }
@@ -135,7 +138,7 @@ struct MatMul::Impl {
     const std::string arch = arch_for(ctx);
     auto on_miss = cache::KernelCache::global().run_time_on_miss();
     Launchable l;
-    const runtime::KernelId kernel = id(spec_for(op, v, plain, arch), arch);
+    const runtime::KernelId kernel = id(spec_for(op, v, plain, arch, sms_for(ctx)), arch);
     l.prepared = runtime::KernelRegistry::global().prepare(layout, kernel, on_miss);  // unlocked
     l.loaded = runtime::KernelRegistry::global().load(kernel, &l.prepared, ctx, on_miss);
     std::lock_guard lock(mutex);
@@ -176,6 +179,8 @@ MatMul::MatMul(Layout layout, MatMulOptions options) {
   if (!generator::supported_block(options.block))
     throw Error(fmt::format("bsjit: block size {} is not supported; expected 8, 16, 32, 64 or 128", options.block));
   if (!options.arch.empty()) runtime::check_arch(options.arch);
+  if (options.sms < 0 || options.sms > 144)
+    throw Error(fmt::format("bsjit: sms {} is not an SM count of a Hopper GPU (1-144; 0: the device's)", options.sms));
   if (layout.rows() * options.block > INT_MAX || layout.cols() * options.block > INT_MAX)
     throw Error(fmt::format("bsjit: layout [{}, {}] at block {} gives matrix dimensions over 2^31", layout.rows(),
                             layout.cols(), options.block));
@@ -283,7 +288,7 @@ void MatMul::prepare(Op op, Calls calls) const { prepare(std::vector<Op>{op}, ca
 void MatMul::prepare(const std::vector<Op>& ops, Calls calls) const {
   const runtime::Context ctx = runtime::current_context();
   std::vector<Impl::OpKernel> kernels;  // those not loaded in ctx yet: a repeated prepare starts no thread
-  for (auto& k : impl_->kernels(ops, impl_->arch_for(ctx), calls))
+  for (auto& k : impl_->kernels(ops, impl_->arch_for(ctx), calls, impl_->sms_for(ctx)))
     if (!impl_->loaded(k.op, k.variant, k.plain, ctx).loaded) kernels.push_back(std::move(k));
   // compiled (or read from the cache) on every core, held here while each is loaded in turn:
   // launchable then finds them in the registry
@@ -297,9 +302,10 @@ std::string MatMul::generated_source(Op op, const OpOptions& call) const {
   return generator::generate_matmul(impl_->layout, spec).source;
 }
 std::string MatMul::kernel_label(Op op, std::int64_t n, const OpOptions& call) const {
-  const std::string arch = impl_->arch_for(runtime::current_context());
+  const runtime::Context ctx = runtime::current_context();
   // generated, not just chosen: the generator may pick another kernel for this layout
-  const auto spec = impl_->spec_for(op, impl_->variant(op, n), runtime::plain_call(call), arch);
+  const auto spec =
+      impl_->spec_for(op, impl_->variant(op, n), runtime::plain_call(call), impl_->arch_for(ctx), impl_->sms_for(ctx));
   return generator::generate_matmul(impl_->layout, spec).label;
 }
 

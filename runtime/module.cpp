@@ -95,6 +95,18 @@ std::string context_arch(const Context& ctx) {
   return fmt::format("sm_{}{}", major, minor);
 }
 
+int context_sms(const Context& ctx) {
+  const Driver& d = driver();
+  CUdevice dev;
+  {
+    const ScopedCurrent current(ctx.handle, true);
+    BSJIT_CU(d.cuCtxGetDevice(&dev));
+  }
+  int sms = 0;
+  BSJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  return sms;
+}
+
 namespace {
 
 // Copies kernel's tables into the module's arrays, on a stream of its own that does not wait for

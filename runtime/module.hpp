@@ -46,6 +46,8 @@ bool alive(const Context& ctx);
 
 // "sm_90" for a compute capability 9.0 device (kernels for it: default_kernel_arch).
 std::string context_arch(const Context& ctx);
+// The SM count of ctx's device.
+int context_sms(const Context& ctx);
 
 // One compiled kernel loaded into one context: module, function, and the device memory that holds
 // the values of its pointer tables (0: none; generator/device_tables.hpp).

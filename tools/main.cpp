@@ -46,6 +46,7 @@ struct KernelSelection {
   std::vector<std::string> archs{"sm_90a"};
   bool tf32 = false;
   std::string calls = "all";
+  int sms = 0;
 
   Manifest to_manifest() const {
     if (!manifest.empty()) return Manifest::load(manifest);
@@ -62,6 +63,7 @@ struct KernelSelection {
     g.archs = archs;
     g.tf32 = {tf32};
     g.calls = parse_calls(calls);
+    g.sms = sms;
     return Manifest{{g}};
   }
 };
@@ -84,6 +86,9 @@ void add_selection(CLI::App* cmd, KernelSelection& s, bool with_arch) {
     cmd->add_option("--calls", s.calls,
                     "kernels for which calls: all (default), plain (no accumulate or gate) or with_options")
         ->check(CLI::IsMember({"all", "plain", "with_options"}));
+    cmd->add_option("--sms", s.sms,
+                    "SMs the Hopper kernels' schedules are planned for (default: 132, H100/H200 SXM; 114: H100 PCIe)")
+        ->check(CLI::Range(1, 144));
   }
 }
 

@@ -10,7 +10,9 @@
 // and names every combination of its lists. Missing lists take the defaults below. "tf32" applies to
 // the fp32 kernels (MatMulOptions::tf32: [true], or [false, true] for both); other dtypes ignore it.
 // "calls" (Calls: "all", "plain" or "with_options") says which of each op's two kernels its calls
-// need: "plain" when the service never passes OpOptions halves the build.
+// need: "plain" when the service never passes OpOptions halves the build. "sms" (an integer,
+// MatMulOptions::sms) plans the Hopper kernels' schedules for GPUs of that many SMs (114: H100 PCIe)
+// instead of 132: a fleet of such GPUs loads them from the cache as they are.
 //
 // Attention kernels (bsjit::Attention, bsjit::AttentionOps) go in a list "attention" of groups
 //   {"masks": ["causal.npy", ["head0.npy", "head1.npy"]],  one file shared by every head, or one per head
@@ -50,6 +52,7 @@ struct KernelGroup {
   std::vector<std::string> archs{"sm_90a"};
   std::vector<bool> tf32{false};  // fp32 only (see above)
   Calls calls = Calls::all;
+  int sms = 0;  // SMs the Hopper kernels' schedules are planned for (MatMulOptions::sms); 0: 132
 };
 
 // The tf32 settings a group's kernels of dtype dt take: its list for fp32, {false} for the others.

@@ -34,6 +34,11 @@ struct MatMulOptions {
   // cuBLAS's TF32 GEMM does; fp32 accumulation; relative errors of 2-3e-4 instead of 1e-6). Needs
   // block ≥ 16 and the feature axis last; the default keeps exact fp32.
   bool tf32 = false;
+  // SMs the persistent Hopper kernels' schedules are planned for (1-144): 0, the GPU's at run time,
+  // and 132 (H100 / H200 SXM) where none is known, as in precompile. Set it to precompile for GPUs of
+  // another count (H100 PCIe 114, H20 78): the kernels differ only in their work order, and run
+  // correctly on any GPU.
+  int sms = 0;
 };
 
 // A call with neither option runs the op's plain kernel, one with either its general kernel (Calls).

@@ -154,16 +154,17 @@ NB_MODULE(_C, m) {
       .def(
           "__init__",
           [](bsjit::MatMul* self, const bsjit::Layout& layout, int block, const std::string& dtype,
-             const std::string& feature_axis, bool tf32, const std::string& arch) {
+             const std::string& feature_axis, bool tf32, const std::string& arch, int sms) {
             bsjit::MatMulOptions o;
             o.block = block;
             o.dtype = bsjit::parse_dtype(dtype);
             o.feature_axis = bsjit::parse_feature_axis(feature_axis);
             o.tf32 = tf32;
             o.arch = arch;
+            o.sms = sms;
             new (self) bsjit::MatMul(layout, o);
           },
-          "layout"_a, "block"_a, "dtype"_a, "feature_axis"_a = "last", "tf32"_a = false, "arch"_a = "")
+          "layout"_a, "block"_a, "dtype"_a, "feature_axis"_a = "last", "tf32"_a = false, "arch"_a = "", "sms"_a = 0)
       .def("run", &run, "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0,
            "workspace"_a = 0, "workspace_bytes"_a = 0, nb::call_guard<nb::gil_scoped_release>())
       .def(

@@ -153,5 +153,11 @@ def test_precompile_a_model_without_a_gpu(tmp_path):
         assert bsjit.precompile(model, "sm_80", ops=["forward"], calls="plain") == 0
         with pytest.raises(bsjit.Error, match="sm_99"):
             bsjit.precompile(model, "sm_99", ops=["forward"])
+        # Hopper kernels planned for another SM count (H100 PCIe): their own cache entries
+        assert bsjit.precompile(model, "sm_90a", ops=["forward"], calls="plain", sms=114) == 1
+        assert bsjit.precompile(model, "sm_90a", ops=["forward"], calls="plain", sms=114) == 0
+        assert any("-sm114-" in p.name for p in tmp_path.iterdir())
+        with pytest.raises(bsjit.Error, match="sms 300"):
+            bsjit.precompile(model, "sm_90a", ops=["forward"], sms=300)
     finally:
         bsjit.set_cache_directory(previous)

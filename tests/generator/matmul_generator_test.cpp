@@ -502,6 +502,56 @@ TEST(Generator, PersistentColumnsBalancedOverTheCtas) {
   }
 }
 
+// The schedules follow the SM count they are planned for (MatMulSpec::sms): on 114 SMs the
+// persistent order balances the classes CTA p mod gcd(114, columns) meets, the label says the
+// count, and backward-weight splits where 114 SMs leave a last wave (130 blocks of 128: one wave on
+// 132, 1 and 16 on 114). A kernel planned for any count covers every step once on any grid.
+TEST(Generator, SchedulesFollowTheSmCount) {
+  const auto is_long = [](std::int64_t c) { return c % 8 == 0 || c % 8 == 3 || c % 8 == 5; };
+  std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+  const int units = 96;
+  for (std::int64_t c = 0; c < units; ++c)
+    for (std::int64_t r = 0; r < (is_long(c) ? 8 : 1); ++r) blocks.push_back({(c + 3 * r) % 32, c});
+  const Layout layout = Layout::from_coords(32, units, blocks);
+  MatMulSpec spec{Op::forward, 128, DType::bf16, FeatureAxis::last};
+  spec.wgmma = true;
+  const auto h200 = generate_matmul(layout, spec);
+  spec.sms = 114;
+  const auto pcie = generate_matmul(layout, spec);
+  ASSERT_TRUE(pcie.tiles.persistent);
+  EXPECT_NE(pcie.source, h200.source);
+  EXPECT_EQ(pcie.label, h200.label + "-sm114");
+  const auto offsets = table(pcie, "kLutOffsets");
+  const int classes = std::gcd(114, units);
+  std::vector<int> per_class(classes, 0);
+  for (int j = 0; j < units; ++j) per_class[j % classes] += offsets[j + 1] - offsets[j];
+  EXPECT_EQ(per_class, (std::vector<int>(classes, (36 * 8 + 60) / classes)));
+
+  EXPECT_EQ(sdd_kernel_planes(130, 1), 0);
+  const auto planes = sdd_kernel_planes(130, 1, 114);
+  EXPECT_GT(planes, 0);
+  for (int ctas : {78, 114, 132, 144}) {
+    const kernels::SddSchedule s(130, ctas, static_cast<int>(planes), 128);
+    std::vector<int> runs(130 * 128, 0);
+    for (int p = 0; p < ctas; ++p)
+      for (int i = 0; i < s.items(p); ++i) {
+        const kernels::SddItem item = s.item(p, i);
+        for (int k = item.first; k < item.last; ++k) ++runs[item.unit * 128 + k];
+        if (item.piece >= 0) {
+          EXPECT_LT(s.leftover(item) * s.q + item.piece, planes) << ctas << " CTAs";
+        }
+      }
+    EXPECT_EQ(std::count(runs.begin(), runs.end(), 1), 130 * 128) << ctas << " CTAs";
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+  for (int i = 0; i < 130; ++i) coords.push_back({i / 20, i % 20});
+  MatMulSpec dw{Op::backward_weight, 128, DType::bf16, FeatureAxis::last};
+  dw.wgmma = true;
+  EXPECT_NE(generate_matmul(Layout::from_coords(20, 20, coords), dw).source.find("kSplit = false"), std::string::npos);
+  dw.sms = 114;
+  EXPECT_NE(generate_matmul(Layout::from_coords(20, 20, coords), dw).source.find("kSplit = true"), std::string::npos);
+}
+
 // The grouped kernel's tables (templates/bsjit/matmul_grouped.cuh): each group's steps are the
 // chunks of 64 reduction indices holding a block of its columns, in three classes (blocks of both
 // consumers' columns, of the first consumer's only, of the second's only), chunks ascending within

@@ -133,6 +133,31 @@ TEST(MatMulApi, LayoutsOfOneShapeCompileOnce) {
 
 // A tuning record (what MatMul::autotune stores on a GPU machine) changes the kernel that
 // precompile builds and that later calls use; a record that does not fit is ignored.
+// MatMulOptions::sms plans the Hopper kernels for another SM count: precompiled beside the 132-SM
+// ones; without wgmma (sm_80) the count plays no part; a count no Hopper GPU has is refused.
+TEST(MatMulApi, SmCountOfTheSchedules) {
+  auto dir = std::filesystem::temp_directory_path() / ("bsjit-sms-test-" + std::to_string(std::random_device{}()));
+  set_cache_directory(dir);
+  const Layout layout = Layout::from_coords(4, 4, {{0, 0}, {1, 1}, {2, 3}, {3, 3}});
+  MatMulOptions pcie{64, DType::bf16, FeatureAxis::last, ""};
+  pcie.sms = 114;
+  EXPECT_TRUE(MatMul(layout, pcie).precompile(Op::forward, "sm_90a", Calls::plain));
+  EXPECT_TRUE(MatMul(layout, {64, DType::bf16, FeatureAxis::last, ""}).precompile(Op::forward, "sm_90a", Calls::plain));
+  EXPECT_FALSE(MatMul(layout, pcie).precompile(Op::forward, "sm_90a", Calls::plain));
+  int labelled = 0, entries = 0;
+  for (const auto& e : list_cache(dir)) labelled += e.label.find("-sm114") != std::string::npos, ++entries;
+  EXPECT_GT(labelled, 0);
+  EXPECT_EQ(2 * labelled, entries) << "each variant twice: planned for 114 and for 132 SMs";
+  const auto specs = runtime::op_variants(Op::forward, pcie);
+  EXPECT_EQ(runtime::call_spec(layout.hash().hex(), specs, 0, true, "sm_90a").sms, 114);
+  EXPECT_EQ(runtime::call_spec(layout.hash().hex(), specs, 0, true, "sm_90a", 78).sms, 78);
+  EXPECT_EQ(runtime::call_spec(layout.hash().hex(), specs, 0, true, "sm_80").sms, generator::kDefaultSms);
+  pcie.sms = 200;
+  EXPECT_THROW(MatMul(layout, pcie), Error);
+  set_cache_directory({});
+  std::filesystem::remove_all(dir);
+}
+
 TEST(MatMulApi, TuningRecordsChooseTheTileShape) {
   auto dir = std::filesystem::temp_directory_path() / ("bsjit-tune-test-" + std::to_string(std::random_device{}()));
   set_cache_directory(dir);

@@ -527,3 +527,30 @@ TEST(Cli, ManifestNumbersMustBeIntegers) {
   }
 }
 }  // namespace
+
+// Kernels planned for another SM count (H100 PCIe's 114): --sms on the command line and "sms" in a
+// manifest build them beside the 132-SM ones, their cache label saying so; a count no Hopper GPU has
+// is refused.
+TEST(Cli, PrecompilesForAnotherSmCount) {
+  TempDir dir;
+  const std::string cache = "--cache-dir " + (dir.path / "c").string();
+  const std::string layout = " -l " + kExamples + "/layouts/banded.json -o forward -b 64 -t bf16 -a sm_90a";
+  auto r = sh(cache + " precompile -v" + layout + " --sms 114");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("1 compiled"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(114 SMs)"), std::string::npos) << r.output;
+  const std::string listed = sh(cache + " cache list").output;
+  EXPECT_NE(listed.find("-sm114"), std::string::npos) << listed;
+  auto manifest = dir.path / "kernels.json";
+  std::ofstream(manifest) << R"({"layouts": [")" << kExamples << R"(/layouts/banded.json"], "ops": ["forward"],
+      "blocks": [64], "dtypes": ["bf16"], "archs": ["sm_90a"], "sms": 114})";
+  r = sh(cache + " precompile -m " + manifest.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("0 compiled, 1 already cached"), std::string::npos) << r.output;
+  r = sh(cache + " precompile" + layout + " --sms 300");
+  EXPECT_NE(r.status, 0) << r.output;
+  std::ofstream(manifest) << R"({"layouts": [")" << kExamples << R"(/layouts/banded.json"], "sms": 0})";
+  r = sh(cache + " precompile -m " + manifest.string());
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("'sms'"), std::string::npos) << r.output;
+}
