@@ -235,7 +235,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     // The Hopper kernels (t.tma) instead run one wave of CTAs over their units (SddSchedule in
     // templates/bsjit/sdd_schedule.cuh): whole units in waves, those left over from the last full wave
     // split along N among the CTAs that would idle. The runtime launches as many CTAs as the GPU holds;
-    // the workspace holds the partials the schedule needs on an H100 / H200 (144 SMs at most).
+    // the workspace holds the partials the schedule needs on any Hopper GPU (kMaxSms SMs at most).
     // Either kind's workspace: kernels::kSplitCounters arrival counters (one per leftover unit, or
     // per split block), then the partials (templates/bsjit/sdd_schedule.cuh).
     const std::int64_t per_sm = t.pipelined ? ctas_per_sm(t) : 1;
@@ -243,7 +243,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     if (t.tma) {
       g.persistent = true;
       planes = sdd_kernel_planes(units, per_sm, spec.sms);
-      counters = 144 * per_sm;  // leftover units: fewer than the CTAs
+      counters = kMaxSms * per_sm;  // leftover units: fewer than the CTAs
       partials = planes * t.bm * t.bn;
     } else if (t.pipelined && units > 0 && per_sm >= 4) {
       g.splits = static_cast<int>(std::clamp<std::int64_t>(spec.sms * per_sm / units, 1, 8));

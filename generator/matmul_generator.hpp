@@ -70,6 +70,9 @@ struct TileConfig {
 
 // SMs of an H100 / H200 (SXM), the schedules' count where the target's is not known.
 constexpr int kDefaultSms = 132;
+// The most SMs a Hopper GPU has: the backward-weight workspace holds the partials any grid up to
+// this many SMs needs, and MatMulOptions::sms is at most this.
+constexpr int kMaxSms = 144;
 
 struct MatMulSpec {
   Op op = Op::forward;
@@ -167,7 +170,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
 std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas);
 
 // The partial planes a Hopper backward-weight kernel over `units` units, per_sm CTAs to an SM, is
-// built with: sdd_planes(units, 144 · per_sm) (any Hopper GPU's grid) where SddSchedule splits the
+// built with: sdd_planes(units, kMaxSms · per_sm) (any Hopper GPU's grid) where SddSchedule splits the
 // last wave's units on `sms` SMs, else 0. Its Config's kSplit says which: without planes the kernel
 // has no split path, and takes every unit whole on any GPU.
 std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm, std::int64_t sms = kDefaultSms);

@@ -269,7 +269,7 @@ std::int64_t sdd_kernel_planes(std::int64_t units, std::int64_t per_sm, std::int
   const bool splits =
       units > 0 &&
       kernels::SddSchedule(static_cast<int>(units), static_cast<int>(sms * per_sm), INT_MAX, INT_MAX).q > 1;
-  return splits ? sdd_planes(units, 144 * per_sm) : 0;
+  return splits ? sdd_planes(units, kMaxSms * per_sm) : 0;
 }
 
 std::int64_t sdd_planes(std::int64_t units, std::int64_t max_ctas) {

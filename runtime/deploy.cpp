@@ -289,7 +289,7 @@ Manifest Manifest::load(const fs::path& json_file) {
       k.tf32 = list_of<bool>(g, "tf32", k.tf32, [](const nlohmann::json& v) { return v.get<bool>(); });
       if (g.contains("sms"))
         k.sms = static_cast<int>(
-            json_integer(g.at("sms"), 1, 144, fmt::format("manifest '{}': 'sms'", json_file.string())));
+            json_integer(g.at("sms"), 1, generator::kMaxSms, fmt::format("manifest '{}': 'sms'", json_file.string())));
       if (g.contains("calls")) {
         if (!g.at("calls").is_string())
           throw Error(

@@ -85,9 +85,8 @@ struct MatMul::Impl {
   generator::MatMulSpec spec_for(Op op, int v, bool plain, const std::string& arch, int sms = 0) const {
     return runtime::call_spec(layout_hash, specs(op), v, plain, arch, sms);
   }
-  // The SMs of ctx's GPU, which its kernels' schedules are planned for, unless the options fix them
-  // (0: the specs' count stands).
-  int sms_for(const runtime::Context& ctx) const { return options.sms > 0 ? 0 : runtime::context_sms(ctx); }
+  // The SMs ctx's kernels' schedules are planned for: the options' count, else its GPU's.
+  int sms_for(const runtime::Context& ctx) const { return options.sms > 0 ? options.sms : runtime::context_sms(ctx); }
   std::string arch_for(const runtime::Context& ctx) const {
     return options.arch.empty() ? runtime::default_kernel_arch(runtime::context_arch(ctx)) : options.arch;
   }
@@ -179,8 +178,9 @@ MatMul::MatMul(Layout layout, MatMulOptions options) {
   if (!generator::supported_block(options.block))
     throw Error(fmt::format("bsjit: block size {} is not supported; expected 8, 16, 32, 64 or 128", options.block));
   if (!options.arch.empty()) runtime::check_arch(options.arch);
-  if (options.sms < 0 || options.sms > 144)
-    throw Error(fmt::format("bsjit: sms {} is not an SM count of a Hopper GPU (1-144; 0: the device's)", options.sms));
+  if (options.sms < 0 || options.sms > generator::kMaxSms)
+    throw Error(fmt::format("bsjit: sms {} is not an SM count of a Hopper GPU (1-{}; 0: the device's)", options.sms,
+                            generator::kMaxSms));
   if (layout.rows() * options.block > INT_MAX || layout.cols() * options.block > INT_MAX)
     throw Error(fmt::format("bsjit: layout [{}, {}] at block {} gives matrix dimensions over 2^31", layout.rows(),
                             layout.cols(), options.block));

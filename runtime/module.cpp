@@ -82,13 +82,20 @@ bool alive(const Context& ctx) {
   return ctx.handle != nullptr && driver().cuCtxGetId(ctx.handle, &id) == CUDA_SUCCESS && id == ctx.id;
 }
 
+namespace {
+
+CUdevice context_device(const Context& ctx) {
+  CUdevice dev;
+  const ScopedCurrent current(ctx.handle, true);
+  BSJIT_CU(driver().cuCtxGetDevice(&dev));
+  return dev;
+}
+
+}  // namespace
+
 std::string context_arch(const Context& ctx) {
   const Driver& d = driver();
-  CUdevice dev;
-  {
-    const ScopedCurrent current(ctx.handle, true);
-    BSJIT_CU(d.cuCtxGetDevice(&dev));
-  }
+  const CUdevice dev = context_device(ctx);
   int major = 0, minor = 0;
   BSJIT_CU(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   BSJIT_CU(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
@@ -96,14 +103,8 @@ std::string context_arch(const Context& ctx) {
 }
 
 int context_sms(const Context& ctx) {
-  const Driver& d = driver();
-  CUdevice dev;
-  {
-    const ScopedCurrent current(ctx.handle, true);
-    BSJIT_CU(d.cuCtxGetDevice(&dev));
-  }
   int sms = 0;
-  BSJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  BSJIT_CU(driver().cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, context_device(ctx)));
   return sms;
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bsjit/bsjit.hpp"
+#include "generator/matmul_generator.hpp"
 #include "kernel_hashes.hpp"
 #include "layout_image.hpp"
 #include "op_check.hpp"
@@ -88,7 +89,7 @@ void add_selection(CLI::App* cmd, KernelSelection& s, bool with_arch) {
         ->check(CLI::IsMember({"all", "plain", "with_options"}));
     cmd->add_option("--sms", s.sms,
                     "SMs the Hopper kernels' schedules are planned for (default: 132, H100/H200 SXM; 114: H100 PCIe)")
-        ->check(CLI::Range(1, 144));
+        ->check(CLI::Range(1, generator::kMaxSms));
   }
 }
 

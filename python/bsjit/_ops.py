@@ -24,16 +24,18 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _BLOCKS = (8, 16, 32, 64, 128)
 FEATURE_AXES = ("last", "first")  # feature_axis 0: x is [..., C]; 1: x is [C, N]
 
-# One bsjit.MatMul per (layout, block, dtype, feature axis, tf32).
+# One bsjit.MatMul per (layout, block, dtype, feature axis, tf32, SM count).
 _objects = ObjectCache(256)
 
 
-def matmul_object(handle: int, block: int, dtype: torch.dtype, feature_axis: int) -> _C.MatMul:
+def matmul_object(handle: int, block: int, dtype: torch.dtype, feature_axis: int, sms: int = 0) -> _C.MatMul:
+    """The MatMul of a layout's kernels; sms > 0 plans its Hopper schedules for that many SMs (precompile
+    for other GPUs), 0 for the GPU it runs on."""
     layout = lookup(handle)
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    key = (layout.hash, layout.shape, block, dtype, feature_axis, tf32)
+    key = (layout.hash, layout.shape, block, dtype, feature_axis, tf32, sms)
     return _objects.get(
-        key, lambda: _C.MatMul(layout._layout, block, _DTYPES[dtype], FEATURE_AXES[feature_axis], tf32))
+        key, lambda: _C.MatMul(layout._layout, block, _DTYPES[dtype], FEATURE_AXES[feature_axis], tf32, sms=sms))
 
 
 def _fail(op: str, message: str):

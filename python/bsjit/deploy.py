@@ -8,7 +8,7 @@ from typing import Iterable, Union
 import torch
 
 from . import _C, _ops
-from .layout import Layout, lookup
+from .layout import Layout
 
 _ALL_OPS = ["forward", "backward_data", "backward_weight"]
 _ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
@@ -28,14 +28,6 @@ def _attention_dtype(model: torch.nn.Module, dtype, name: str):
                      f"({sorted(map(str, found)) or 'none'}); pass dtype=torch.bfloat16 or torch.float16")
 
 
-def _matmul(handle: int, block: int, dtype, axis: int, sms):
-    """The MatMul of a layer's kernels: the ops' own, or one planning the Hopper schedules for sms SMs."""
-    if not sms:
-        return _ops.matmul_object(handle, block, dtype, axis)
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return _C.MatMul(lookup(handle)._layout, block, _ops._DTYPES[dtype], _ops.FEATURE_AXES[axis], tf32, sms=int(sms))
-
-
 def _module_objects(model: torch.nn.Module, dtype, ops, head_dim, sms, kv_group=1) -> list:
     """(kernel object, ops) of every bsjit module in model: BlockSparseLinear's MatMul with the ops
     asked (all three by default), BlockSparseAttention's Attention (forward and backward; head_dim
@@ -50,7 +42,7 @@ def _module_objects(model: torch.nn.Module, dtype, ops, head_dim, sms, kv_group=
     for name, m in model.named_modules():
         name = name or type(m).__name__
         if isinstance(m, BlockSparseLinear):
-            out.append((_matmul(m._handle, m.block, dtype or m.weight.dtype, m._axis, sms), ops or _ALL_OPS))
+            out.append((_ops.matmul_object(m._handle, m.block, dtype or m.weight.dtype, m._axis, sms), ops or _ALL_OPS))
         elif isinstance(m, BlockSparseAttention):
             if head_dim is None:
                 raise ValueError(f"bsjit: attention module '{name}' takes its head dim from q at run time; pass "
@@ -71,7 +63,7 @@ def _module_objects(model: torch.nn.Module, dtype, ops, head_dim, sms, kv_group=
     return out
 
 
-def _objects(target, dtype=None, ops=None, head_dim=None, sms=None, kv_group=1) -> list:
+def _objects(target, dtype=None, ops=None, head_dim=None, sms=0, kv_group=1) -> list:
     if int(kv_group) < 1:
         raise ValueError(f"bsjit: kv_group = {kv_group}: the query heads per key/value head, 1 or more")
     if isinstance(target, torch.nn.Module):
@@ -83,13 +75,13 @@ def _objects(target, dtype=None, ops=None, head_dim=None, sms=None, kv_group=1) 
         layout, block, dt, *axis = item
         layout = layout if isinstance(layout, Layout) else Layout(layout)
         fa = _ops.FEATURE_AXES.index(axis[0]) if axis else 0
-        out.append((_matmul(layout.handle, int(block), dt, fa, sms), ops or _ALL_OPS))
+        out.append((_ops.matmul_object(layout.handle, int(block), dt, fa, sms), ops or _ALL_OPS))
     return out
 
 
 def precompile(target: Union[torch.nn.Module, Iterable[tuple]], arch: str = "sm_90a", *, dtype=None,
                ops: Iterable[str] | None = None, calls: str = "all", head_dim: int | None = None,
-               sms: int | None = None, kv_group: int = 1) -> int:
+               sms: int = 0, kv_group: int = 1) -> int:
     """Compiles the kernels of a model's bsjit modules (BlockSparseLinear, BlockSparseAttention,
     DecomposedAttention, BlockSparseConv1d/2d/3d), or of (layout, block, dtype[, feature_axis])
     tuples, for arch into the kernel cache; no GPU needed. ops and calls choose BlockSparseLinear's
