@@ -53,8 +53,8 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 //   and b = 8 is below the m16 tile.
 //
 // Pipelined kernels (16-bit, feature axis last, b ≥ 16): cp.async tiles 3 or 4 stages deep (50-282
-// TFLOP/s on suite W against 20-58 with scalar loads and one stage). Shapes below are the winners of `bsjit-bench
-// --suite sweep` on the H200 (docs/PERFORMANCE.md, 2026-11-29), N = 8192, C = K = 4096, d = 0.5 and 0.1:
+// TFLOP/s on suite W against 20-58 with scalar loads and one stage). Shapes below are the winners
+// of `bsjit-bench --suite sweep` (H200, 2026-11-29, N = 8192, C = K = 4096, d = 0.5 and 0.1):
 // - dsd, b ≥ 64: BM = 128, BK = 64, 2×2 warps, 3 stages: 268 TFLOP/s at b = 128 against 242 with
 //   BK = 32 and 4 stages (half the barriers per FLOP); 8 warps or BM = 256 were slower (186-248).
 // - dsd, b ≤ 32: BM = 256 on 8 warps (8×1), 3 stages: each W tile feeds twice the rows; 131 against
@@ -63,26 +63,16 @@ bool supported_block(int block) { return block == 8 || block == 16 || block == 3
 // - dsd on sm_90a, b ≥ 64: the warp-specialized wgmma kernel, persistent (one wave of CTAs looping
 //   over output tiles, so the producer loads the next tile while the consumers store the last),
 //   swapped (Yᵀ = Wᵀ·Xᵀ: 2 consumers of 64 features × 256 rows at b = 128, of 64 features × 128
-//   rows at b = 64), BM = 256, 4 stages. Sweep on the H200 once the epilogue stored by TMA
-//   (TFLOP/s, balanced, d = 0.5 / 0.1, forward and backward-data): b = 128: 720 / 479 and 678 / 426
-//   against 714 / 460 and 666 / 413 unswapped with 2 consumers of 128 rows, 683 / 468 and
-//   647 / 408 with 4 of 64 rows (the default before); b = 64: 489 / 390 and 462 / 361 against
-//   490 / 366 and 442 / 358 and 479 / 350 and 445 / 336. The swapped kernel reads less shared
-//   memory per FLOP (m64n256k16 or m64n128k16 against m64n128k16 or m64n64k16) but the gain is small:
-//   per step the CTA takes 40-48 KB from L2 for 2.1-4.2 MFLOP, 8-9 TB/s over the GPU at these
-//   rates, near the L2-to-SM ceiling the probes measured (9 TB/s).
-//   Earlier, with 4 consumer warpgroups of 64 rows and stores from registers: persistent against
-//   one tile per CTA (same shape otherwise; forward, ms, b = 128, d = 0.5 / 0.1 / 0.05):
-//   0.227 / 0.087 / 0.075 against 0.232 / 0.098 / 0.090 (2 consumers of 128 rows, one tile per
-//   CTA); 2 consumers persistent: 0.224 / 0.091 / 0.080. b = 64, d = 0.05: 0.069 against 0.092.
-//   Before that, one tile per CTA, 2 consumers of 128 rows (TFLOP/s at d = 0.5 / 0.1):
-//   b = 128: 590 / 265 (mma.sync best: 264 / 187; wgmma fed by cp.async with a CTA barrier per
-//   stage, best shape: 345 / 220; TMA with 128 rows: 504-510 / 255);
-//   b = 64: 445 / 238 (mma.sync: 190 / 152; cp.async wgmma: 270 / 203; TMA with one consumer of
-//   128 rows: 398 / 257, the better choice at low density, which the autotuner finds).
-//   The cp.async wgmma kernel stays a tuning candidate: there 2-3 CTAs share an SM to hide each
-//   one's per-stage barrier, and its best shape (one warpgroup of 128 rows, 3 stages) beat deeper
-//   pipelines and bigger tiles.
+//   rows at b = 64), BM = 256, 4 stages. Sweep on the H200 (TFLOP/s, balanced, d = 0.5 / 0.1,
+//   forward and backward-data): b = 128: 720 / 479 and 678 / 426 against 714 / 460 and 666 / 413
+//   unswapped with 2 consumers of 128 rows, 683 / 468 and 647 / 408 with 4 of 64 rows; b = 64:
+//   489 / 390 and 462 / 361 against 490 / 366 and 442 / 358 unswapped. The swapped kernel reads
+//   less shared memory per FLOP, but per step the CTA takes 40-48 KB from L2 for 2.1-4.2 MFLOP,
+//   8-9 TB/s over the GPU, near the L2-to-SM ceiling (9 TB/s), so the gain is small. Persistent
+//   against one tile per CTA: b = 64 d = 0.05 0.069 against 0.092 ms, b = 128 2-17% faster
+//   (docs/PERFORMANCE.md, versions v5, v7, v12). The cp.async-fed wgmma kernel (a CTA barrier per
+//   stage, 2-3 CTAs an SM to hide it; 345 / 220 TFLOP/s at b = 128 against the TMA kernel's 590 /
+//   265) stays a tuning candidate.
 // - sdd on sm_90a, b ≥ 64: the warp-specialized kernel with one consumer warpgroup holding the
 //   whole block (two m64 tiles at b = 128), 4 stages: b = 128, balanced, d = 0.5 / 0.1 / 0.05:
 //   0.217 / 0.059 / 0.085 ms against 0.470 / 0.159 / 0.157 for the best mma.sync shape; two
