@@ -876,10 +876,14 @@ int main(int argc, char** argv) {
                  "sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
   auto* block_option =
-      app.add_option("-b,--block", blocks,
-                     "block sizes of suite W, suite small and the sweeps (small, sweep-small: 32, 64 unless given)")
+      app.add_option(
+             "-b,--block", blocks,
+             "block sizes of suite W, suite small, suite C and the sweeps (small, sweep-small, C: 32, 64 unless given)")
           ->delimiter(',');
-  auto* density_option = app.add_option("-d,--density", densities, "suite W densities")->delimiter(',');
+  auto* density_option =
+      app.add_option("-d,--density", densities,
+                     "suite W densities; suite C: its balanced masks' (block-diagonal ones always run)")
+          ->delimiter(',');
   auto* kinds_option =
       app.add_option("-k,--layouts", kinds,
                      "balanced, bernoulli, skewP (columns of two lengths, the longer 1 + P/100 times the mean: skew20; "
@@ -951,7 +955,9 @@ int main(int argc, char** argv) {
         run_tf32(env, blocks, densities, tf32_rows);
       else if (s == "A") attention_rows = run_suite_a(env.stream, env.reps);
       else if (s == "C")
-        conv_rows = run_suite_c(env.stream, env.reps, env.copy_bw);
+        conv_rows =
+            run_suite_c(env.stream, env.reps, env.copy_bw, block_option->count() > 0 ? blocks : std::vector<int>{},
+                        density_option->count() > 0 ? densities : std::vector<double>{});
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;

@@ -177,7 +177,13 @@ Layout block_diagonal(std::int64_t rows, std::int64_t cols, int groups) {
 
 }  // namespace
 
-std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth) {
+std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks,
+                                 const std::vector<double>& densities) {
+  // the cells asked for (an empty list asks for all); every mask is still drawn, so that a cell's
+  // layout is the same whichever others run
+  const auto chosen = [](const auto& list, auto v) {
+    return list.empty() || std::count(list.begin(), list.end(), v) > 0;
+  };
   std::string why;
   const auto dnn = Cudnn::open(&why);
   if (!dnn) fmt::print("suite C: cuDNN not loaded ({}): bsjit's times alone\n", why);
@@ -192,14 +198,16 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
         std::string name;
         Layout layout;
         int groups;
+        double d;  // balanced masks' density
       };
       std::vector<Mask> masks;
       for (double d : {0.5, 0.25, 0.1})
-        masks.push_back({fmt::format("balanced d={}", d), balanced_layout(s.c / b, s.k / b, d, rng), 0});
+        masks.push_back({fmt::format("balanced d={}", d), balanced_layout(s.c / b, s.k / b, d, rng), 0, d});
       for (int g : {4, 16})
         if ((s.c / b) % g == 0 && (s.k / b) % g == 0)
-          masks.push_back({fmt::format("{} groups", g), block_diagonal(s.c / b, s.k / b, g), g});
+          masks.push_back({fmt::format("{} groups", g), block_diagonal(s.c / b, s.k / b, g), g, 0});
       for (const Mask& m : masks) {
+        if (!chosen(blocks, b) || (m.groups == 0 && !chosen(densities, m.d))) continue;
         const ConvLayout layout = ConvLayout::from_mask(m.layout, b);
         const Conv conv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, false, ""});
         conv.load();

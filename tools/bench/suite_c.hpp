@@ -25,6 +25,8 @@ struct ConvRow {
   double error = 0;  // the op's relative error on a small image of the same layout
 };
 
-std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth);
+// blocks, densities: the cells to run (b, and d of the balanced masks; empty: all of suite C)
+std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks = {},
+                                 const std::vector<double>& densities = {});
 
 }  // namespace bsjit::bench
