@@ -162,6 +162,12 @@ struct Conv::Impl {
   // Kernel k of the convolution on the tensor cores (a, b, out as launch() takes them).
   void launch_igemm(Kernel k, const void* a, const void* b, void* out, std::int64_t n, CUstream stream,
                     const OpOptions& call) {
+    // The kernels split positions with 32-bit arithmetic (ConvFastDiv in conv_igemm.cuh).
+    if (std::max(product(geometry.in), product(geometry.out())) >= (std::int64_t{1} << 30))
+      throw Error(
+          fmt::format("bsjit: conv: {} input or {} output positions per image exceed the tensor-core "
+                      "kernels' 2^30; ConvOptions::direct_kernels runs the direct ones",
+                      product(geometry.in), product(geometry.out())));
     const runtime::Context ctx = runtime::current_context();
     const auto& i = *igemm;
     const runtime::Driver& d = runtime::driver();

@@ -52,14 +52,44 @@ __device__ __forceinline__ void conv_tap_split(const ConvDims& p, int tap, int* 
   f[0] = tap / (p.filter[1] * p.filter[2]);
 }
 
+// Division by a divisor fixed for the whole kernel, by a multiply and a shift (Granlund and
+// Montgomery): n / d for 0 ≤ n < 2^31 and 1 ≤ d < 2^31, exactly, for a few instructions where the
+// hardware's integer division takes some twenty.
+struct ConvFastDiv {
+  unsigned d, magic, shift;
+  __device__ __forceinline__ explicit ConvFastDiv(int divisor) : d(static_cast<unsigned>(divisor)), shift(0) {
+    while ((1u << shift) < d) ++shift;
+    magic = static_cast<unsigned>(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ int operator()(int n) const {
+    return static_cast<int>((__umulhi(static_cast<unsigned>(n), magic) + static_cast<unsigned>(n)) >> shift);
+  }
+};
+
+// The stage copies of a ROWS × COLS gathered tile that this thread issues, 16 bytes each, as
+// copy_tile_async assigns them: the same rows at every stage (and one column of chunks), so that the
+// kernels work out a row's source coordinates once per tile and each stage only adds its tap's shift.
+template <class T, int ROWS, int COLS, int THREADS>
+struct ConvGatherRows {
+  static constexpr int kPer = 16 / sizeof(T), kChunksPerRow = COLS / kPer;
+  static constexpr int kCount = ROWS * kChunksPerRow / THREADS;  // rows per thread
+  static_assert(COLS % kPer == 0 && THREADS % kChunksPerRow == 0 && ROWS * kChunksPerRow % THREADS == 0,
+                "every thread copies whole chunks of the same column, kCount rows");
+  __device__ __forceinline__ static int row(int j) { return (threadIdx.x + j * THREADS) / kChunksPerRow; }
+  __device__ __forceinline__ static int column() { return threadIdx.x % kChunksPerRow * kPer; }
+};
+
 // The rows of the data kernels in classes: bprop's by (i + pad) mod stride per dimension, so that
 // a class's rows reach outputs through the same taps, those with tap · dilation ≡ i + pad (mod
 // stride), and a stride's holes are never gathered (with stride 2 in H and W, three quarters of
 // the taps a row would otherwise gather as zeros); fprop's rows are one class, every tap. Class
 // rows: coordinate first[d] + j · step[d] for j < count[d]; its taps: tap0[d] + m · tap_step[d]
-// for m < taps[d].
+// for m < taps[d]. A row at coordinate i reads the source at at(i) + shift(m) per dimension:
+// forward at = i · stride − pad and shift = tap · dilation; backward at = ⌊(i + pad) / stride⌋ and
+// shift = −⌊tap · dilation / stride⌋ (exact, i + pad and tap · dilation sharing their residue), so
+// that shift(m) = shift0[d] + m · shift_step[d] needs no division.
 struct ConvRowClass {
-  int first[3], step[3], count[3], tap0[3], tap_step[3], taps[3];
+  int first[3], step[3], count[3], tap0[3], tap_step[3], taps[3], shift0[3], shift_step[3];
 };
 
 template <bool kBackward>
@@ -80,6 +110,9 @@ __device__ __forceinline__ ConvRowClass conv_row_class(const ConvDims& p, int in
         if (c.taps[d] == 1) c.tap_step[d] = f - c.tap0[d];  // the solutions step evenly
         ++c.taps[d];
       }
+    const int sign = kBackward ? -1 : 1;
+    c.shift0[d] = sign * (c.tap0[d] * p.dilation[d] / s);
+    c.shift_step[d] = sign * (c.tap_step[d] * p.dilation[d] / s);
   }
   return c;
 }
@@ -98,9 +131,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int kBRows = kBackward ? kBK : kB, kBCols = kBackward ? kB : kBK;
   constexpr int kSlices = kB / kBK;
   static_assert(kB % kBK == 0 && Cfg::kBN == kB, "a stage is a slice of one block");
+  using Gather = ConvGatherRows<T, kBM, kBK, Cfg::kThreads>;
   __shared__ __align__(16) T As[kStages][kBM * kSA];
   __shared__ __align__(16) T Bs[kStages][kBRows * kSB];
-  __shared__ int row_image[kBM], row_pos[kBM], row_at[3][kBM];
+  __shared__ int row_image[kBM], row_pos[kBM];
 
   const ConvIgemmTables t = Cfg::tables();
   const int* rows_of = kBackward ? p.in : p.out;  // the output's image
@@ -121,79 +155,97 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const long long class_positions = static_cast<long long>(rc.count[0]) * rc.count[1] * rc.count[2];
     const long long rows = p.n * class_positions, tiles = (rows + kBM - 1) / kBM;
     const int taps = rc.taps[0] * rc.taps[1] * rc.taps[2];
-    const int total = count * taps * kSlices;
+    const int per_entry = kSlices * taps, total = count * per_entry;
     for (; item - passed < tiles; item += gridDim.y) {
       const long long row0 = (item - passed) * kBM;
-      // Each row's image, position, and coordinates as the taps offset them: forward o · stride −
-      // pad (+ tap · dilation reaches the input), backward i + pad (− tap · dilation, / stride, the
-      // output).
-      for (int r = threadIdx.x; r < kBM; r += Cfg::kThreads) {
+      // row r's output position (for the epilogue) and, for the rows this thread gathers, the source
+      // coordinates at the tap before its shift and their position index (out of range: no row)
+      auto coordinates = [&](int r, int* at) -> long long {
         const long long row = row0 + r;
-        row_image[r] = row < rows ? static_cast<int>(row / class_positions) : -1;
-        const long long j = row < rows ? row % class_positions : 0;
-        const int at[3] = {rc.first[0] + rc.step[0] * static_cast<int>(j / (rc.count[1] * rc.count[2])),
-                           rc.first[1] + rc.step[1] * static_cast<int>(j / rc.count[2] % rc.count[1]),
-                           rc.first[2] + rc.step[2] * static_cast<int>(j % rc.count[2])};
-        row_pos[r] = (at[0] * rows_of[1] + at[1]) * rows_of[2] + at[2];
+        if (row >= rows) {
+          at[0] = at[1] = at[2] = -(1 << 30);
+          return -1;
+        }
+        const long long j = row % class_positions;
+        at[0] = rc.first[0] + rc.step[0] * static_cast<int>(j / (rc.count[1] * rc.count[2]));
+        at[1] = rc.first[1] + rc.step[1] * static_cast<int>(j / rc.count[2] % rc.count[1]);
+        at[2] = rc.first[2] + rc.step[2] * static_cast<int>(j % rc.count[2]);
+        return row / class_positions;
+      };
+      for (int r = threadIdx.x; r < kBM; r += Cfg::kThreads) {
+        int at[3];
+        const long long image = coordinates(r, at);
+        row_image[r] = static_cast<int>(image);
+        row_pos[r] = image < 0 ? 0 : (at[0] * rows_of[1] + at[1]) * rows_of[2] + at[2];
+      }
+      int at[Gather::kCount][3];
+      long long base[Gather::kCount];
 #pragma unroll
-        for (int d = 0; d < 3; ++d) row_at[d][r] = kBackward ? at[d] + p.pad[d] : at[d] * p.stride[d] - p.pad[d];
+      for (int j = 0; j < Gather::kCount; ++j) {
+        const long long image = coordinates(Gather::row(j), at[j]);
+        if (image >= 0) {
+#pragma unroll
+          for (int d = 0; d < 3; ++d)
+            at[j][d] = kBackward ? (at[j][d] + p.pad[d]) / p.stride[d] : at[j][d] * p.stride[d] - p.pad[d];
+        }
+        base[j] = image * src_positions + (static_cast<long long>(at[j][0]) * src_of[1] + at[j][1]) * src_of[2] +
+                  at[j][2];
       }
       __syncthreads();
 
       WarpMma<Cfg, true, !kBackward, kSA, kSB> mma;
       mma.clear();
-      // stage `step`: the entry, the class's tap (t, r, s) and its index in the filter, the slice
-      auto stage_of = [&](int step, int& entry, int* f, int& tap, int& slice) {
-        slice = step % kSlices;
-        const int m = step / kSlices % taps;
-        entry = first + step / (kSlices * taps);
-        f[0] = rc.tap0[0] + rc.tap_step[0] * (m / (rc.taps[1] * rc.taps[2]));
-        f[1] = rc.tap0[1] + rc.tap_step[1] * (m / rc.taps[2] % rc.taps[1]);
-        f[2] = rc.tap0[2] + rc.tap_step[2] * (m % rc.taps[2]);
-        tap = (f[0] * p.filter[1] + f[1]) * p.filter[2] + f[2];
-      };
+      // The stages in order: slices of a block fastest, then the class's taps, then the column's
+      // entries; load(step) and compute(step) each come once per step, in order, so each keeps a
+      // cursor instead of dividing the step.
+      int slice = 0, m[3] = {0, 0, 0}, load_entry = first;
+      int compute_entry = first, compute_left = per_entry;
       run_pipeline<kStages>(
           total,
           [&](int step) {
-            int entry, f[3], tap, slice;
-            stage_of(step, entry, f, tap, slice);
-            const int other = entries[2 * entry], block = entries[2 * entry + 1];
-            const T* src = act + static_cast<long long>(other) * kB + slice * kBK;
-            // the source position row r reads through this tap, or −1 (padding)
-            auto source = [&](int r) -> long long {
-              if (row_image[r] < 0) return -1;
-              int c[3];
+            int shift[3], f[3];
 #pragma unroll
-              for (int d = 0; d < 3; ++d) {
-                if (kBackward) {
-                  const int num = row_at[d][r] - f[d] * p.dilation[d];
-                  if (num < 0) return -1;
-                  c[d] = num / p.stride[d];  // exact: a tap of the row's class
-                } else {
-                  c[d] = row_at[d][r] + f[d] * p.dilation[d];
-                }
-                if (c[d] < 0 || c[d] >= src_of[d]) return -1;
-              }
-              return row_image[r] * src_positions + (static_cast<long long>(c[0]) * src_of[1] + c[1]) * src_of[2] +
-                     c[2];
-            };
-            copy_tile_async<kBM, kBK, kSA, Cfg::kThreads>(
-                As[step % kStages],
-                [&](int r) {
-                  const long long s = source(r);
-                  return src + (s < 0 ? 0 : s) * src_channels;
-                },
-                [&](int r) { return source(r) >= 0; });
+            for (int d = 0; d < 3; ++d) {
+              shift[d] = rc.shift0[d] + m[d] * rc.shift_step[d];
+              f[d] = rc.tap0[d] + m[d] * rc.tap_step[d];
+            }
+            const long long shift_at =
+                (static_cast<long long>(shift[0]) * src_of[1] + shift[1]) * src_of[2] + shift[2];
+            const int other = entries[2 * load_entry], block = entries[2 * load_entry + 1];
+            const T* src = act + static_cast<long long>(other) * kB + slice * kBK + Gather::column();
+#pragma unroll
+            for (int j = 0; j < Gather::kCount; ++j) {
+              bool ok = true;
+#pragma unroll
+              for (int d = 0; d < 3; ++d)
+                ok = ok && static_cast<unsigned>(at[j][d] + shift[d]) < static_cast<unsigned>(src_of[d]);
+              cp_async_16(As[step % kStages] + Gather::row(j) * kSA + Gather::column(),
+                          src + (ok ? base[j] + shift_at : 0) * src_channels, ok);
+            }
+            const int tap = (f[0] * p.filter[1] + f[1]) * p.filter[2] + f[2];
             const T* w =
                 filter + (static_cast<long long>(block) * p.filter[0] * p.filter[1] * p.filter[2] + tap) * kB * kB;
             copy_tile_async<kBRows, kBCols, kSB, Cfg::kThreads>(
                 Bs[step % kStages],
                 [&](int r) { return kBackward ? w + (slice * kBK + r) * kB : w + r * kB + slice * kBK; },
                 [](int) { return true; });
+            if (++slice == kSlices) {  // the next stage's slice, tap and entry
+              slice = 0;
+              if (++m[2] == rc.taps[2]) {
+                m[2] = 0;
+                if (++m[1] == rc.taps[1]) {
+                  m[1] = 0;
+                  if (++m[0] == rc.taps[0]) m[0] = 0, ++load_entry;
+                }
+              }
+            }
           },
           [&](int step) {
-            const int entry = first + step / (kSlices * taps);
-            const float g = gate != nullptr ? gate[entries[2 * entry + 1]] : 1.0f;
+            float g = 1.0f;
+            if (gate != nullptr) {
+              g = gate[entries[2 * compute_entry + 1]];
+              if (--compute_left == 0) compute_left = per_entry, ++compute_entry;
+            }
             if (g != 0.0f) mma.step(As[step % kStages], Bs[step % kStages], g);  // uniform across the CTA
           });
 
@@ -210,7 +262,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
 // The filter gradient's partial sums: CTA (x, y) adds to workspace[block][tap][k][c] (fp32) the
 // product over output positions [y · chunk, (y + 1) · chunk) of dO[pos, k]ᵀ · I[in(pos, tap), c], x
-// being block · taps + tap. Blocks gated 0 are skipped.
+// being block · taps + tap. Blocks gated 0 are skipped. A CTA's positions lie in at most
+// 2^30 + positions per image < 2^31 of one another (the runtime's bound), so that ConvFastDiv splits
+// them into image and coordinates.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     conv_igemm_updat_kernel(const typename Cfg::T* __restrict__ in, const typename Cfg::T* __restrict__ grad_out,
@@ -218,6 +272,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   using T = typename Cfg::T;
   constexpr int kB = Cfg::kB, kBK = Cfg::kBK, kStages = Cfg::kStages, kS = kB + kPad;
   static_assert(Cfg::kBM == kB && Cfg::kBN == kB, "a CTA computes one block's b × b");
+  using Gather = ConvGatherRows<T, kBK, kB, Cfg::kThreads>;
   __shared__ __align__(16) T As[kStages][kBK * kS];  // dO rows: [position][k], MN-major
   __shared__ __align__(16) T Bs[kStages][kBK * kS];  // I rows:  [position][c], MN-major
 
@@ -228,47 +283,49 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int out_block = t.coords[2 * block], in_block = t.coords[2 * block + 1];
   int f[3];
   conv_tap_split(p, tap, f);
-  const long long positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
+  const int positions = p.out[0] * p.out[1] * p.out[2];
   const long long in_positions = static_cast<long long>(p.in[0]) * p.in[1] * p.in[2];
-  const long long rows = p.n * positions;
+  const long long rows = static_cast<long long>(p.n) * positions;
   const long long begin = static_cast<long long>(blockIdx.y) * chunk;
   const long long end = begin + chunk < rows ? begin + chunk : rows;
   if (begin >= end) return;
-  const int total = static_cast<int>((end - begin + kBK - 1) / kBK);
+  const int total = static_cast<int>((end - begin + kBK - 1) / kBK), length = static_cast<int>(end - begin);
   const T* dy = grad_out + static_cast<long long>(out_block) * kB;
-  const T* x = in + static_cast<long long>(in_block) * kB;
-
-  // the input position output position `row` reads through this tap, or −1
-  auto source = [&](long long row) -> long long {
-    if (row >= end) return -1;
-    const long long image = row / positions, pos = row % positions;
-    const int o[3] = {static_cast<int>(pos / (static_cast<long long>(p.out[1]) * p.out[2])),
-                      static_cast<int>(pos / p.out[2] % p.out[1]), static_cast<int>(pos % p.out[2])};
-    int c[3];
+  const T* x = in + static_cast<long long>(in_block) * kB + Gather::column();
+  // Position begin + i is position i + first of image image0.
+  const long long image0 = begin / positions;
+  const int first = static_cast<int>(begin % positions);
+  const ConvFastDiv per_image(positions), per_line(p.out[2]), per_plane(p.out[1]);
+  int reach[3];  // the tap's offset from o · stride
 #pragma unroll
-    for (int d = 0; d < 3; ++d) {
-      c[d] = o[d] * p.stride[d] - p.pad[d] + f[d] * p.dilation[d];
-      if (c[d] < 0 || c[d] >= p.in[d]) return -1;
-    }
-    return image * in_positions + (static_cast<long long>(c[0]) * p.in[1] + c[1]) * p.in[2] + c[2];
-  };
+  for (int d = 0; d < 3; ++d) reach[d] = f[d] * p.dilation[d] - p.pad[d];
 
   WarpMma<Cfg, false, false, kS, kS> mma;
   mma.clear();
   run_pipeline<kStages>(
       total,
       [&](int step) {
-        const long long row0 = begin + static_cast<long long>(step) * kBK;
+        const int i0 = step * kBK;
         copy_tile_async<kBK, kB, kS, Cfg::kThreads>(
-            As[step % kStages], [&](int r) { return dy + (row0 + r < end ? row0 + r : begin) * p.k; },
-            [&](int r) { return row0 + r < end; });
-        copy_tile_async<kBK, kB, kS, Cfg::kThreads>(
-            Bs[step % kStages],
-            [&](int r) {
-              const long long s = source(row0 + r);
-              return x + (s < 0 ? 0 : s) * p.c;
-            },
-            [&](int r) { return source(row0 + r) >= 0; });
+            As[step % kStages], [&](int r) { return dy + (begin + (i0 + r < length ? i0 + r : 0)) * p.k; },
+            [&](int r) { return i0 + r < length; });
+#pragma unroll
+        for (int j = 0; j < Gather::kCount; ++j) {
+          const int r = Gather::row(j), i = i0 + r + first;
+          const int image = per_image(i), pos = i - image * positions;
+          const int line = per_line(pos), plane = per_plane(line);
+          const int o[3] = {plane, line - plane * p.out[1], pos - line * p.out[2]};
+          bool ok = i0 + r < length;
+          int c[3];
+#pragma unroll
+          for (int d = 0; d < 3; ++d) {
+            c[d] = o[d] * p.stride[d] + reach[d];
+            ok = ok && static_cast<unsigned>(c[d]) < static_cast<unsigned>(p.in[d]);
+          }
+          const long long s =
+              (image0 + image) * in_positions + (static_cast<long long>(c[0]) * p.in[1] + c[1]) * p.in[2] + c[2];
+          cp_async_16(Bs[step % kStages] + r * kS + Gather::column(), x + (ok ? s : 0) * p.c, ok);
+        }
       },
       [&](int step) { mma.step(As[step % kStages], Bs[step % kStages], 1.0f); });
 

@@ -50,6 +50,7 @@ inline float __uint_as_float(unsigned u) {
 struct float2 {
   float x, y;
 };
+inline unsigned __umulhi(unsigned a, unsigned b) { return static_cast<unsigned>((1ull * a * b) >> 32); }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 
