@@ -117,6 +117,159 @@ __device__ __forceinline__ ConvRowClass conv_row_class(const ConvDims& p, int in
   return c;
 }
 
+// The data kernels' walk: over this CTA's BM-row tiles of the row classes (grid y strides over
+// them, the classes' tiles one after another), and within a tile over its stages in order (BK-wide
+// slices of a block fastest, then the class's taps, then the column's entries), with the rows this
+// thread gathers (Gather) held in registers: their source coordinates before the tap's shift and
+// their position index.
+template <class T, bool kBackward, int kB, int kBM, int kBK, int kThreads>
+struct ConvDataWalk {
+  using Gather = ConvGatherRows<T, kBM, kBK, kThreads>;
+  static constexpr int kSlices = kB / kBK;
+  static_assert(kB % kBK == 0, "a stage is a slice of one block");
+
+  const ConvDims& p;
+  int rows_of[3];  // the output's image
+  int src_of[3];   // the gathered activation's image
+  int src_channels, out_channels;
+  long long positions, src_positions;
+  const int* entries;  // the column's: pairs (the other side's channel block, the block)
+  int first, count;
+  ConvRowClass rc;  // the tile's class
+  int per_entry, total;
+  int at[Gather::kCount][3];
+  long long base[Gather::kCount];
+  int slice, m[3], entry;  // the next stage to load
+
+  __device__ __forceinline__ ConvDataWalk(const ConvDims& dims, const ConvIgemmTables& t, int column) : p(dims) {
+#pragma unroll
+    for (int d = 0; d < 3; ++d) rows_of[d] = kBackward ? p.in[d] : p.out[d], src_of[d] = kBackward ? p.out[d] : p.in[d];
+    src_channels = kBackward ? p.k : p.c, out_channels = kBackward ? p.c : p.k;
+    positions = static_cast<long long>(rows_of[0]) * rows_of[1] * rows_of[2];
+    src_positions = static_cast<long long>(src_of[0]) * src_of[1] * src_of[2];
+    const int* start = kBackward ? t.bprop_start : t.fprop_start;
+    entries = kBackward ? t.bprop_entries : t.fprop_entries;
+    first = start[column], count = start[column + 1] - first;
+  }
+
+  // tile() for each of this CTA's tiles, once row_image[r] and row_pos[r] (BM each, shared) hold
+  // row r's image (−1: no row) and output position, and the walk stands at the tile's first stage.
+  // tile() ends with the CTA synchronised (the next tile rewrites the tables).
+  template <class Tile>
+  __device__ __forceinline__ void for_each_tile(int* row_image, int* row_pos, Tile tile) {
+    const int classes = kBackward ? p.stride[0] * p.stride[1] * p.stride[2] : 1;
+    long long item = blockIdx.y, passed = 0;
+    for (int cls = 0; cls < classes; ++cls) {
+      rc = conv_row_class<kBackward>(p, cls);
+      const long long class_positions = static_cast<long long>(rc.count[0]) * rc.count[1] * rc.count[2];
+      const long long rows = p.n * class_positions, tiles = (rows + kBM - 1) / kBM;
+      per_entry = kSlices * rc.taps[0] * rc.taps[1] * rc.taps[2], total = count * per_entry;
+      for (; item - passed < tiles; item += gridDim.y) {
+        const long long row0 = (item - passed) * kBM;
+        // row r's image (−1: none) and coordinates in the output
+        auto coordinates = [&](int r, int* c) -> long long {
+          const long long row = row0 + r;
+          if (row >= rows) {
+            c[0] = c[1] = c[2] = -(1 << 30);  // out of every range, shifted or not
+            return -1;
+          }
+          const long long j = row % class_positions;
+          c[0] = rc.first[0] + rc.step[0] * static_cast<int>(j / (rc.count[1] * rc.count[2]));
+          c[1] = rc.first[1] + rc.step[1] * static_cast<int>(j / rc.count[2] % rc.count[1]);
+          c[2] = rc.first[2] + rc.step[2] * static_cast<int>(j % rc.count[2]);
+          return row / class_positions;
+        };
+        for (int r = threadIdx.x; r < kBM; r += kThreads) {
+          int c[3];
+          const long long image = coordinates(r, c);
+          row_image[r] = static_cast<int>(image);
+          row_pos[r] = image < 0 ? 0 : (c[0] * rows_of[1] + c[1]) * rows_of[2] + c[2];
+        }
+#pragma unroll
+        for (int j = 0; j < Gather::kCount; ++j) {
+          const long long image = coordinates(Gather::row(j), at[j]);
+          if (image >= 0) {
+#pragma unroll
+            for (int d = 0; d < 3; ++d)
+              at[j][d] = kBackward ? (at[j][d] + p.pad[d]) / p.stride[d] : at[j][d] * p.stride[d] - p.pad[d];
+          }
+          base[j] = image * src_positions +
+                    (static_cast<long long>(at[j][0]) * src_of[1] + at[j][1]) * src_of[2] + at[j][2];
+        }
+        slice = 0, m[0] = m[1] = m[2] = 0, entry = first;
+        __syncthreads();
+        tile();
+      }
+      passed += tiles;
+    }
+  }
+
+  // The next stage's gather: this thread's rows of BK channels of the source at the stage's tap,
+  // 16 bytes each to dst(row) (zero-filled where the tap reaches padding or a stride's hole).
+  template <class Dst>
+  __device__ __forceinline__ void gather(const T* act, Dst dst) const {
+    int shift[3];
+#pragma unroll
+    for (int d = 0; d < 3; ++d) shift[d] = rc.shift0[d] + m[d] * rc.shift_step[d];
+    const long long shift_at = (static_cast<long long>(shift[0]) * src_of[1] + shift[1]) * src_of[2] + shift[2];
+    const T* src = act + static_cast<long long>(entries[2 * entry]) * kB + slice * kBK + Gather::column();
+#pragma unroll
+    for (int j = 0; j < Gather::kCount; ++j) {
+      bool ok = true;
+#pragma unroll
+      for (int d = 0; d < 3; ++d) ok = ok && static_cast<unsigned>(at[j][d] + shift[d]) < static_cast<unsigned>(src_of[d]);
+      cp_async_16(dst(Gather::row(j)), src + (ok ? base[j] + shift_at : 0) * src_channels, ok);
+    }
+  }
+
+  // The next stage's b × b slice of the packed filter ([block][tap][k][c]) and its first reduction
+  // index in it (the slice's).
+  __device__ __forceinline__ const T* filter_tap(const T* filter) const {
+    int f[3];
+#pragma unroll
+    for (int d = 0; d < 3; ++d) f[d] = rc.tap0[d] + m[d] * rc.tap_step[d];
+    const int tap = (f[0] * p.filter[1] + f[1]) * p.filter[2] + f[2];
+    return filter +
+           (static_cast<long long>(entries[2 * entry + 1]) * p.filter[0] * p.filter[1] * p.filter[2] + tap) * kB * kB;
+  }
+
+  __device__ __forceinline__ void next() {
+    if (++slice == kSlices) {
+      slice = 0;
+      if (++m[2] == rc.taps[2]) {
+        m[2] = 0;
+        if (++m[1] == rc.taps[1]) {
+          m[1] = 0;
+          if (++m[0] == rc.taps[0]) m[0] = 0, ++entry;
+        }
+      }
+    }
+  }
+
+  // The gate of the block stage `step` (counted from the tile's first) multiplies, by a cursor of
+  // its own: gate(step) comes once per step, in order.
+  struct Gates {
+    const float* gate;
+    const int* block;  // the column's entries' second halves, stride 2
+    int per_entry, left;
+    __device__ __forceinline__ float operator()() {
+      if (gate == nullptr) return 1.0f;
+      const float g = gate[*block];
+      if (--left == 0) left = per_entry, block += 2;
+      return g;
+    }
+  };
+  __device__ __forceinline__ Gates gates(const float* gate) const {
+    return {gate, entries + 2 * first + 1, per_entry, per_entry};
+  }
+
+  // The output element (r, c) of the tile (c: the block column's channel).
+  __device__ __forceinline__ long long output_index(const int* row_image, const int* row_pos, int column, int r,
+                                                    int c) const {
+    return (row_image[r] * positions + row_pos[r]) * out_channels + static_cast<long long>(column) * kB + c;
+  }
+};
+
 // O (kBackward false) or dI (true), as the header says. act is I or dO, filter the packed filter.
 // Grid: x the output's block columns, y strides over the row classes' BM-row tiles.
 template <class Cfg, bool kBackward>
@@ -129,135 +282,37 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int kSA = kBK + kPad;                   // As[BM][BK]: K-major
   constexpr int kSB = kBackward ? kB + kPad : kSA;  // Bs[BK][b] (bprop) or Bs[b][BK] (fprop)
   constexpr int kBRows = kBackward ? kBK : kB, kBCols = kBackward ? kB : kBK;
-  constexpr int kSlices = kB / kBK;
-  static_assert(kB % kBK == 0 && Cfg::kBN == kB, "a stage is a slice of one block");
-  using Gather = ConvGatherRows<T, kBM, kBK, Cfg::kThreads>;
+  static_assert(Cfg::kBN == kB, "a CTA's columns are one block column");
   __shared__ __align__(16) T As[kStages][kBM * kSA];
   __shared__ __align__(16) T Bs[kStages][kBRows * kSB];
   __shared__ int row_image[kBM], row_pos[kBM];
 
-  const ConvIgemmTables t = Cfg::tables();
-  const int* rows_of = kBackward ? p.in : p.out;  // the output's image
-  const int* src_of = kBackward ? p.out : p.in;   // the gathered activation's image
-  const int src_channels = kBackward ? p.k : p.c, out_channels = kBackward ? p.c : p.k;
-  const long long positions = static_cast<long long>(rows_of[0]) * rows_of[1] * rows_of[2];
-  const long long src_positions = static_cast<long long>(src_of[0]) * src_of[1] * src_of[2];
-  const int classes = kBackward ? p.stride[0] * p.stride[1] * p.stride[2] : 1;
-  const int column = blockIdx.x;
-  const int* start = kBackward ? t.bprop_start : t.fprop_start;
-  const int* entries = kBackward ? t.bprop_entries : t.fprop_entries;
-  const int first = start[column], count = start[column + 1] - first;
-
-  // item: a tile of a class, the classes' tiles one after another
-  long long item = blockIdx.y, passed = 0;
-  for (int cls = 0; cls < classes; ++cls) {
-    const ConvRowClass rc = conv_row_class<kBackward>(p, cls);
-    const long long class_positions = static_cast<long long>(rc.count[0]) * rc.count[1] * rc.count[2];
-    const long long rows = p.n * class_positions, tiles = (rows + kBM - 1) / kBM;
-    const int taps = rc.taps[0] * rc.taps[1] * rc.taps[2];
-    const int per_entry = kSlices * taps, total = count * per_entry;
-    for (; item - passed < tiles; item += gridDim.y) {
-      const long long row0 = (item - passed) * kBM;
-      // row r's output position (for the epilogue) and, for the rows this thread gathers, the source
-      // coordinates at the tap before its shift and their position index (out of range: no row)
-      auto coordinates = [&](int r, int* at) -> long long {
-        const long long row = row0 + r;
-        if (row >= rows) {
-          at[0] = at[1] = at[2] = -(1 << 30);
-          return -1;
-        }
-        const long long j = row % class_positions;
-        at[0] = rc.first[0] + rc.step[0] * static_cast<int>(j / (rc.count[1] * rc.count[2]));
-        at[1] = rc.first[1] + rc.step[1] * static_cast<int>(j / rc.count[2] % rc.count[1]);
-        at[2] = rc.first[2] + rc.step[2] * static_cast<int>(j % rc.count[2]);
-        return row / class_positions;
-      };
-      for (int r = threadIdx.x; r < kBM; r += Cfg::kThreads) {
-        int at[3];
-        const long long image = coordinates(r, at);
-        row_image[r] = static_cast<int>(image);
-        row_pos[r] = image < 0 ? 0 : (at[0] * rows_of[1] + at[1]) * rows_of[2] + at[2];
-      }
-      int at[Gather::kCount][3];
-      long long base[Gather::kCount];
-#pragma unroll
-      for (int j = 0; j < Gather::kCount; ++j) {
-        const long long image = coordinates(Gather::row(j), at[j]);
-        if (image >= 0) {
-#pragma unroll
-          for (int d = 0; d < 3; ++d)
-            at[j][d] = kBackward ? (at[j][d] + p.pad[d]) / p.stride[d] : at[j][d] * p.stride[d] - p.pad[d];
-        }
-        base[j] = image * src_positions + (static_cast<long long>(at[j][0]) * src_of[1] + at[j][1]) * src_of[2] +
-                  at[j][2];
-      }
-      __syncthreads();
-
-      WarpMma<Cfg, true, !kBackward, kSA, kSB> mma;
-      mma.clear();
-      // The stages in order: slices of a block fastest, then the class's taps, then the column's
-      // entries; load(step) and compute(step) each come once per step, in order, so each keeps a
-      // cursor instead of dividing the step.
-      int slice = 0, m[3] = {0, 0, 0}, load_entry = first;
-      int compute_entry = first, compute_left = per_entry;
-      run_pipeline<kStages>(
-          total,
-          [&](int step) {
-            int shift[3], f[3];
-#pragma unroll
-            for (int d = 0; d < 3; ++d) {
-              shift[d] = rc.shift0[d] + m[d] * rc.shift_step[d];
-              f[d] = rc.tap0[d] + m[d] * rc.tap_step[d];
-            }
-            const long long shift_at =
-                (static_cast<long long>(shift[0]) * src_of[1] + shift[1]) * src_of[2] + shift[2];
-            const int other = entries[2 * load_entry], block = entries[2 * load_entry + 1];
-            const T* src = act + static_cast<long long>(other) * kB + slice * kBK + Gather::column();
-#pragma unroll
-            for (int j = 0; j < Gather::kCount; ++j) {
-              bool ok = true;
-#pragma unroll
-              for (int d = 0; d < 3; ++d)
-                ok = ok && static_cast<unsigned>(at[j][d] + shift[d]) < static_cast<unsigned>(src_of[d]);
-              cp_async_16(As[step % kStages] + Gather::row(j) * kSA + Gather::column(),
-                          src + (ok ? base[j] + shift_at : 0) * src_channels, ok);
-            }
-            const int tap = (f[0] * p.filter[1] + f[1]) * p.filter[2] + f[2];
-            const T* w =
-                filter + (static_cast<long long>(block) * p.filter[0] * p.filter[1] * p.filter[2] + tap) * kB * kB;
-            copy_tile_async<kBRows, kBCols, kSB, Cfg::kThreads>(
-                Bs[step % kStages],
-                [&](int r) { return kBackward ? w + (slice * kBK + r) * kB : w + r * kB + slice * kBK; },
-                [](int) { return true; });
-            if (++slice == kSlices) {  // the next stage's slice, tap and entry
-              slice = 0;
-              if (++m[2] == rc.taps[2]) {
-                m[2] = 0;
-                if (++m[1] == rc.taps[1]) {
-                  m[1] = 0;
-                  if (++m[0] == rc.taps[0]) m[0] = 0, ++load_entry;
-                }
-              }
-            }
-          },
-          [&](int step) {
-            float g = 1.0f;
-            if (gate != nullptr) {
-              g = gate[entries[2 * compute_entry + 1]];
-              if (--compute_left == 0) compute_left = per_entry, ++compute_entry;
-            }
-            if (g != 0.0f) mma.step(As[step % kStages], Bs[step % kStages], g);  // uniform across the CTA
-          });
-
-      T* o = out + static_cast<long long>(column) * kB;
-      mma.epilogue([&](int r, int c, float v0, float v1) {
-        if (row_image[r] >= 0)
-          store_pair(o + (row_image[r] * positions + row_pos[r]) * out_channels + c, v0, v1, accumulate);
-      });
-      __syncthreads();  // the next tile rewrites the row tables and the stages
-    }
-    passed += tiles;
-  }
+  ConvDataWalk<T, kBackward, kB, kBM, kBK, Cfg::kThreads> walk(p, Cfg::tables(), blockIdx.x);
+  walk.for_each_tile(row_image, row_pos, [&] {
+    WarpMma<Cfg, true, !kBackward, kSA, kSB> mma;
+    mma.clear();
+    auto gates = walk.gates(gate);
+    run_pipeline<kStages>(
+        walk.total,
+        [&](int step) {
+          walk.gather(act, [&](int r) { return As[step % kStages] + r * kSA + decltype(walk)::Gather::column(); });
+          const T* w = walk.filter_tap(filter);
+          const int k0 = walk.slice * kBK;
+          copy_tile_async<kBRows, kBCols, kSB, Cfg::kThreads>(
+              Bs[step % kStages], [&](int r) { return kBackward ? w + (k0 + r) * kB : w + r * kB + k0; },
+              [](int) { return true; });
+          walk.next();
+        },
+        [&](int step) {
+          const float g = gates();
+          if (g != 0.0f) mma.step(As[step % kStages], Bs[step % kStages], g);  // uniform across the CTA
+        });
+    mma.epilogue([&](int r, int c, float v0, float v1) {
+      if (row_image[r] >= 0)
+        store_pair(out + walk.output_index(row_image, row_pos, blockIdx.x, r, c), v0, v1, accumulate);
+    });
+    __syncthreads();  // the next tile rewrites the row tables and the stages
+  });
 }
 
 // The filter gradient's partial sums: CTA (x, y) adds to workspace[block][tap][k][c] (fp32) the
