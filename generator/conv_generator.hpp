@@ -81,6 +81,16 @@ constexpr ConvIgemmTiles conv_igemm_tiles(int b) {
   return {data, updat};
 }
 
+// The data kernels on Hopper's warpgroup tensor cores (templates/bsjit/conv_wgmma.cuh, sm_90a) at
+// b = 64 and 128: bm rows over `warpgroups` warpgroups of 128 threads, 64 channels a stage,
+// `stages` stages in dynamic shared memory (shared_bytes(b), DsdWgmmaPlan's).
+struct ConvWgmmaTile {
+  int bm, stages, warpgroups;
+  constexpr int threads() const { return 128 * warpgroups; }
+  constexpr int shared_bytes(int b) const { return stages * (bm * 128 + 64 * b * 2) + 1024; }
+};
+std::optional<ConvWgmmaTile> conv_wgmma_tile(int b);
+
 // The implicit-GEMM kernels of templates/bsjit/conv_igemm.cuh for a uniform layout (16-bit dtypes,
 // channels last): fprop and bprop (conv_igemm_data_kernel both ways), updat and its store, the
 // filter's packing. Launch shapes: data kernels `data_threads` threads, grid (output block
@@ -90,9 +100,16 @@ struct GeneratedConvIgemm {
   std::string source, label;
   std::string fprop, bprop, updat, updat_store, pack;  // name expressions
   int block = 0, data_threads = 0, data_rows = 0, updat_threads = 0, updat_rows = 0;
+  struct Hopper {
+    std::string fprop, bprop;  // name expressions
+    int threads = 0, rows = 0, shared_bytes = 0;
+  };
+  std::optional<Hopper> hopper;
   DeviceTables tables;  // kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries,
                         // kIgemmCoords (pointers)
 };
+// hopper: the data kernels of conv_wgmma.cuh, where conv_wgmma_tile(b) has a tile; the runtime
+// takes them on sm_90a.
 // Nothing where the kernels do not apply (fp32, channels first, a layout not uniform).
 std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, DType dtype, bool channels_last);
 

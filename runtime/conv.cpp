@@ -83,11 +83,18 @@ struct Conv::Impl {
     if (igemm) return {kIgemmFprop, kIgemmBprop, kIgemmUpdat, kIgemmStore, kIgemmPack, kNormalize, kNormalizeGrad};
     return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
   }
+  // The tensor-core path's Hopper data kernels, where arch runs them.
+  const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch) const {
+    return igemm && igemm->hopper && arch == "sm_90a" ? &*igemm->hopper : nullptr;
+  }
   cache::Request request(Kernel k, const std::string& arch) const {
     static const char* suffix[] = {"-fprop",       "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad", "-gather",
                                    "-gather_gate", "-fprop", "-bprop", "-updat",        "-updat_store",       "-pack"};
     if (k >= kIgemmFprop) {
       const auto& i = *igemm;
+      if (const auto* h = hopper(arch); h && (k == kIgemmFprop || k == kIgemmBprop))
+        return runtime::named_kernel_request(i.source, i.tables, k == kIgemmFprop ? h->fprop : h->bprop,
+                                             i.label + "-wgmma" + suffix[k], h->shared_bytes, arch, igemm_hash);
       const std::string* name[] = {&i.fprop, &i.bprop, &i.updat, &i.updat_store, &i.pack};
       return runtime::named_kernel_request(i.source, i.tables, *name[k - kIgemmFprop], i.label + suffix[k], 0, arch,
                                            igemm_hash);
@@ -215,11 +222,14 @@ struct Conv::Impl {
     const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
     // bprop's rows come in stride[0] · stride[1] · stride[2] classes (conv_igemm.cuh), each with a last tile
     const std::int64_t classes = forward ? 1 : geometry.stride[0] * geometry.stride[1] * geometry.stride[2];
-    const std::int64_t tiles = (rows + i.data_rows - 1) / i.data_rows + classes - 1;
+    const auto* h = hopper(runtime::kernel_arch(options.arch, ctx));
+    const int tile_rows = h ? h->rows : i.data_rows, threads = h ? h->threads : i.data_threads;
+    const std::int64_t tiles = (rows + tile_rows - 1) / tile_rows + classes - 1;
     void* args[] = {&a, &filter, &out, &gate, &accumulate, &dims};
     BSJIT_CU(d.cuLaunchKernel(function(ctx, forward ? kIgemmFprop : kIgemmBprop), static_cast<unsigned>(columns),
                               static_cast<unsigned>(std::min<std::int64_t>(tiles, 65535)), 1,
-                              static_cast<unsigned>(i.data_threads), 1, 1, 0, stream, args, nullptr));
+                              static_cast<unsigned>(threads), 1, 1, h ? static_cast<unsigned>(h->shared_bytes) : 0,
+                              stream, args, nullptr));
   }
 
   // Kernel k (l2_normalize or its gradient) over the filter's rows.

@@ -147,6 +147,9 @@ void add_conv(std::vector<Variant>& out, const std::string& arch) {
                                        {"updat_store", g->updat_store},
                                        {"pack", g->pack}})
         out.push_back({what + " " + kind, arch, g->source, name});
+      if (g->hopper && arch == "sm_90a")
+        for (const auto& [kind, name] : {std::pair{"fprop", g->hopper->fprop}, {"bprop", g->hopper->bprop}})
+          out.push_back({what + " wgmma " + kind, arch, g->source, name});
     }
 }
 

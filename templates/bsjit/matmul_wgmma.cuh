@@ -57,6 +57,28 @@ __device__ __forceinline__ void dsd_wgmma_stage(float (&d)[TILES][Cfg::kBlock / 
   wgmma_commit();
 }
 
+// Copies the W slice of a stage (DsdWgmmaPlan) into bs: reduction indices k0 .. k0 + 63 of the
+// b × b block at wb, by cp.async over the CTA's threads.
+template <class Cfg>
+__device__ __forceinline__ void dsd_wgmma_load_w(unsigned char* bs, const typename Cfg::T* wb, int k0) {
+  constexpr int b = Cfg::kBlock, kSlice = DsdWgmmaPlan<Cfg>::kSlice;
+  if (!Cfg::kTransW) {
+    constexpr int kChunksPerRow = b / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < kSlice * kChunksPerRow; i += Cfg::kThreads) {
+      const int r = i / kChunksPerRow, c = i % kChunksPerRow;
+      cp_async_16(bs + (c / 8) * (kSlice * kSwizzleRowBytes) + swizzled_offset(r, c % 8), wb + (k0 + r) * b + c * 8,
+                  true);
+    }
+  } else {
+#pragma unroll
+    for (int i = threadIdx.x; i < b * 8; i += Cfg::kThreads) {
+      const int r = i / 8, c = i % 8;
+      cp_async_16(bs + swizzled_offset(r, c), wb + r * b + k0 + c * 8, true);
+    }
+  }
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dsd_wgmma_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
@@ -94,23 +116,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool ok = m0 + r < n;  // rows past N are zero-filled
       cp_async_16(as + swizzled_offset(r, c), x + (ok ? r : 0) * Cfg::kInDim + c * 8, ok);
     }
-    unsigned char* bs = stage_b(step);
-    const T* wb = w + static_cast<long long>(Cfg::lut()[2 * e + 1]) * b * b;
-    if (!Cfg::kTransW) {
-      constexpr int kChunksPerRow = b / 8;
-#pragma unroll
-      for (int i = threadIdx.x; i < kSlice * kChunksPerRow; i += Cfg::kThreads) {
-        const int r = i / kChunksPerRow, c = i % kChunksPerRow;
-        cp_async_16(bs + (c / 8) * (kSlice * kSwizzleRowBytes) + swizzled_offset(r, c % 8), wb + (k0 + r) * b + c * 8,
-                    true);
-      }
-    } else {
-#pragma unroll
-      for (int i = threadIdx.x; i < b * 8; i += Cfg::kThreads) {
-        const int r = i / 8, c = i % 8;
-        cp_async_16(bs + swizzled_offset(r, c), wb + r * b + k0 + c * 8, true);
-      }
-    }
+    dsd_wgmma_load_w<Cfg>(stage_b(step), w + static_cast<long long>(Cfg::lut()[2 * e + 1]) * b * b, k0);
   };
 
   float d[kTiles][b / 2];

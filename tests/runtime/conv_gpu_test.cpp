@@ -15,7 +15,9 @@
 #include "device_buffer.hpp"
 #include "op_check.hpp"
 #include "reference.hpp"
+#include "runtime/attention_common.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/module.hpp"
 
 namespace bsjit {
 namespace {
@@ -35,10 +37,12 @@ class ConvGpu : public ::testing::TestWithParam<Param> {
   }
 };
 
-// Every op of every case, plain, gated and accumulating, against the reference.
-void check_cases(const Param& prm, const std::vector<testing::ConvCase>& cases, std::uint64_t seed) {
+// Every op of every case, plain, gated and accumulating, against the reference; kernels built for
+// arch ("": the GPU's).
+void check_cases(const Param& prm, const std::vector<testing::ConvCase>& cases, std::uint64_t seed,
+                 const std::string& arch = "") {
   for (const auto& c : cases) {
-    const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
+    const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, arch});
     for (check::ConvOp op : {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat})
       for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
         SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(op), gated ? ", gated" : "",
@@ -55,6 +59,14 @@ TEST_P(ConvGpu, EveryCaseMatchesTheReference) { check_cases(GetParam(), testing:
 // The uniform layouts of the tensor-core kernels (16-bit, channels last; the direct ones otherwise)
 // against the reference.
 TEST_P(ConvGpu, TensorCoreCasesMatchTheReference) { check_cases(GetParam(), testing::tensor_core_conv_cases(), 5606); }
+
+// On sm_90a the data kernels of b = 64 and 128 run on the warpgroup tensor cores (conv_wgmma.cuh);
+// built for sm_90 the same cases take the mma.sync kernels, which the other GPUs run.
+TEST_P(ConvGpu, TensorCoreCasesMatchTheReferenceOnMmaSync) {
+  const std::string arch = runtime::kernel_arch("", runtime::current_context());
+  if (arch != "sm_90a") GTEST_SKIP() << "the mma.sync kernels are what " << arch << " runs";
+  check_cases(GetParam(), testing::tensor_core_conv_cases(), 5607, "sm_90");
+}
 
 // l2_normalize and its gradient against tools/conv_reference, with and without a gain, in place too.
 TEST_P(ConvGpu, L2NormalizeMatchesTheReference) {

@@ -880,6 +880,10 @@ int main(int argc, char** argv) {
              "-b,--block", blocks,
              "block sizes of suite W, suite small, suite C and the sweeps (small, sweep-small, C: 32, 64 unless given)")
           ->delimiter(',');
+  std::string conv_arch;
+  app.add_option("--conv-arch", conv_arch,
+                 "suite C: build the kernels for this target instead of the GPU's (sm_90 on an H100 or H200: the "
+                 "mma.sync kernels instead of the warpgroup ones)");
   auto* density_option =
       app.add_option("-d,--density", densities,
                      "suite W densities; suite C: its balanced masks' (block-diagonal ones always run)")
@@ -957,7 +961,7 @@ int main(int argc, char** argv) {
       else if (s == "C")
         conv_rows =
             run_suite_c(env.stream, env.reps, env.copy_bw, block_option->count() > 0 ? blocks : std::vector<int>{},
-                        density_option->count() > 0 ? densities : std::vector<double>{});
+                        density_option->count() > 0 ? densities : std::vector<double>{}, conv_arch);
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;

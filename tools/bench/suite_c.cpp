@@ -178,7 +178,7 @@ Layout block_diagonal(std::int64_t rows, std::int64_t cols, int groups) {
 }  // namespace
 
 std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks,
-                                 const std::vector<double>& densities) {
+                                 const std::vector<double>& densities, const std::string& arch) {
   // the cells asked for (an empty list asks for all); every mask is still drawn, so that a cell's
   // layout is the same whichever others run
   const auto chosen = [](const auto& list, auto v) {
@@ -209,7 +209,7 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
       for (const Mask& m : masks) {
         if (!chosen(blocks, b) || (m.groups == 0 && !chosen(densities, m.d))) continue;
         const ConvLayout layout = ConvLayout::from_mask(m.layout, b);
-        const Conv conv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, false, ""});
+        const Conv conv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, false, arch});
         conv.load();
         const std::int64_t filter = conv.filter_elements();
         DeviceBuffer x(kN * s.c * s.hw * s.hw * 2), y(kN * s.k * out * out * 2), f(filter * 2), gx(x.bytes),
@@ -222,7 +222,7 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
         const double bytes = static_cast<double>(x.bytes + y.bytes + f.bytes);
         // the op's correctness on a small image of the same layout (double-precision reference)
         const Conv small(layout, ConvGeometry::same({1, 7, 9}, {1, s.r, s.r}, {1, s.stride, s.stride}),
-                         {DType::bf16, ActivationOrder::ndhwc, false, ""});
+                         {DType::bf16, ActivationOrder::ndhwc, false, arch});
         const auto s_ = reinterpret_cast<Stream>(stream);
         const std::pair<const char*, std::function<void()>> ops[] = {
             {"fprop", [&] { conv.fprop(x.get(), f.get(), y.get(), kN, s_); }},

@@ -25,8 +25,9 @@ struct ConvRow {
   double error = 0;  // the op's relative error on a small image of the same layout
 };
 
-// blocks, densities: the cells to run (b, and d of the balanced masks; empty: all of suite C)
+// blocks, densities: the cells to run (b, and d of the balanced masks; empty: all of suite C);
+// arch: the kernels' target ("": the GPU's; "sm_90" on an H100 or H200 runs the mma.sync kernels)
 std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks = {},
-                                 const std::vector<double>& densities = {});
+                                 const std::vector<double>& densities = {}, const std::string& arch = "");
 
 }  // namespace bsjit::bench
