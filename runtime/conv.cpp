@@ -4,6 +4,12 @@
 #include "bsjit/conv.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -17,9 +23,11 @@
 
 #include "attention_common.hpp"
 #include "bsjit/error.hpp"
+#include "cache/kernel_cache.hpp"
 #include "compiler.hpp"
 #include "driver.hpp"
 #include "generator/conv_generator.hpp"
+#include "generator/templates.hpp"
 #include "module.hpp"
 
 namespace bsjit {
@@ -83,16 +91,73 @@ struct Conv::Impl {
     if (igemm) return {kIgemmFprop, kIgemmBprop, kIgemmUpdat, kIgemmStore, kIgemmPack, kNormalize, kNormalizeGrad};
     return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
   }
-  // The tensor-core path's Hopper data kernels, where arch runs them.
-  const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch) const {
-    return igemm && igemm->hopper && arch == "sm_90a" ? &*igemm->hopper : nullptr;
+  // Conv::autotune's choice per data kernel (0: kIgemmFprop, 1: kIgemmBprop) and target where the
+  // target has the warpgroup kernels: true takes the mma.sync ones. Read from the cache's tuning
+  // record on first use.
+  mutable std::mutex tuning_mutex;
+  mutable std::map<std::pair<std::string, int>, bool> mma_sync;
+
+  std::string tuning_key(const std::string& arch, int direction) const {
+    // templates and format version in the key: a record from another bsjit is never applied
+    const auto& g = geometry;
+    const std::string material =
+        fmt::format("bsjit-conv-tuning {} {} {} {} {} {} {} {} {} {} {} {} {} {}", cache::kFormatVersion,
+                    generator::templates_hash(), layout_hash, to_string(options.dtype),
+                    options.order == ActivationOrder::ndhwc ? "ndhwc" : "ncdhw", fmt::join(g.in, "x"),
+                    fmt::join(g.filter, "x"), fmt::join(g.stride, "x"), fmt::join(g.dilation, "x"),
+                    fmt::join(g.pad_before, "x"), fmt::join(g.pad_after, "x"), options.deconv, arch, direction);
+    const XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
+    return fmt::format("{:016x}{:016x}", h.high64, h.low64);
   }
-  cache::Request request(Kernel k, const std::string& arch) const {
+  std::string tuning_stem(const std::string& arch, int direction) const {
+    return fmt::format("conv-{}-b{}-{}-{}", to_string(options.dtype), igemm->block, direction == 0 ? "fprop" : "bprop",
+                       arch);
+  }
+  bool tuned_mma_sync(const std::string& arch, int direction) const {
+    std::lock_guard lock(tuning_mutex);
+    const auto at = std::pair{arch, direction};
+    if (const auto it = mma_sync.find(at); it != mma_sync.end()) return it->second;
+    bool mma = false;
+    if (const std::string record = cache::KernelCache::global().find_tuning(tuning_key(arch, direction));
+        !record.empty()) {
+      try {
+        mma = nlohmann::json::parse(record).at("kernel").get<std::string>() == "mma.sync";
+      } catch (const std::exception& e) {
+        spdlog::warn("bsjit: conv tuning record {} is unusable ({}); using the warpgroup kernels",
+                     tuning_stem(arch, direction), e.what());
+      }
+    }
+    return mma_sync[at] = mma;
+  }
+  // The kernel op runs (a deconvolution's fprop is the convolution's bprop and the reverse).
+  Kernel kernel_of(ConvOp op) const {
+    if (op == ConvOp::updat) return kUpdat;
+    return (op == ConvOp::fprop) != options.deconv ? kFprop : kBprop;
+  }
+  // Sets autotune's choice for one data kernel and target; the kernel loads anew where it ran.
+  void choose(const std::string& arch, Kernel k, bool mma) {
+    {
+      std::lock_guard lock(tuning_mutex);
+      mma_sync[{arch, k - kIgemmFprop}] = mma;
+    }
+    std::lock_guard lock(mutex);
+    for (auto& [ctx, c] : contexts) c.kernels[k] = {};
+  }
+
+  // The tensor-core path's Hopper data kernels, where arch runs them for kernel k (and autotune
+  // kept them, unless `tuned` says which to take).
+  const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch, Kernel k,
+                                                      std::optional<bool> wgmma = std::nullopt) const {
+    if (!igemm || !igemm->hopper || arch != "sm_90a" || (k != kIgemmFprop && k != kIgemmBprop)) return nullptr;
+    if (!wgmma) wgmma = !tuned_mma_sync(arch, k - kIgemmFprop);
+    return *wgmma ? &*igemm->hopper : nullptr;
+  }
+  cache::Request request(Kernel k, const std::string& arch, std::optional<bool> wgmma = std::nullopt) const {
     static const char* suffix[] = {"-fprop",       "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad", "-gather",
                                    "-gather_gate", "-fprop", "-bprop", "-updat",        "-updat_store",       "-pack"};
     if (k >= kIgemmFprop) {
       const auto& i = *igemm;
-      if (const auto* h = hopper(arch); h && (k == kIgemmFprop || k == kIgemmBprop))
+      if (const auto* h = hopper(arch, k, wgmma))
         return runtime::named_kernel_request(i.source, i.tables, k == kIgemmFprop ? h->fprop : h->bprop,
                                              i.label + "-wgmma" + suffix[k], h->shared_bytes, arch, igemm_hash);
       const std::string* name[] = {&i.fprop, &i.bprop, &i.updat, &i.updat_store, &i.pack};
@@ -222,7 +287,7 @@ struct Conv::Impl {
     const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
     // bprop's rows come in stride[0] · stride[1] · stride[2] classes (conv_igemm.cuh), each with a last tile
     const std::int64_t classes = forward ? 1 : geometry.stride[0] * geometry.stride[1] * geometry.stride[2];
-    const auto* h = hopper(runtime::kernel_arch(options.arch, ctx));
+    const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), forward ? kIgemmFprop : kIgemmBprop);
     const int tile_rows = h ? h->rows : i.data_rows, threads = h ? h->threads : i.data_threads;
     const std::int64_t tiles = (rows + tile_rows - 1) / tile_rows + classes - 1;
     void* args[] = {&a, &filter, &out, &gate, &accumulate, &dims};
@@ -358,10 +423,16 @@ std::int64_t Conv::normalized_rows() const { return impl_->g.rows; }
 int Conv::precompile(const std::string& arch) const {
   runtime::check_arch(arch);
   std::vector<std::future<bool>> pending;  // the compiles side by side
-  for (Kernel k : impl_->kernels())
-    pending.push_back(std::async(std::launch::async, [this, k, &arch] {
+  std::vector<cache::Request> requests;
+  for (Kernel k : impl_->kernels()) {
+    requests.push_back(impl_->request(k, arch));
+    if (impl_->hopper(arch, k, true))  // both data kernels where autotune may choose either
+      requests.push_back(impl_->request(k, arch, !impl_->hopper(arch, k)));
+  }
+  for (const auto& r : requests)
+    pending.push_back(std::async(std::launch::async, [&r] {
       bool now = false;
-      cache::KernelCache::global().get(impl_->request(k, arch), cache::OnMiss::compile, &now);
+      cache::KernelCache::global().get(r, cache::OnMiss::compile, &now);
       return now;
     }));
   int compiled = 0;
@@ -370,6 +441,63 @@ int Conv::precompile(const std::string& arch) const {
   for (auto& p : pending) p.wait();  // every thread done before the first error propagates
   for (auto& p : pending) compiled += p.get();
   return compiled;
+}
+
+std::string Conv::kernel_name(ConvOp op) const {
+  const auto& m = *impl_;
+  if (m.plan) return "matmul";
+  if (!m.igemm) return "direct";
+  const Kernel k = m.kernel_of(op);
+  if (k == kUpdat) return "mma.sync";
+  const std::string arch = runtime::kernel_arch(m.options.arch, runtime::current_context());
+  return m.hopper(arch, k == kFprop ? kIgemmFprop : kIgemmBprop) ? "wgmma" : "mma.sync";
+}
+
+TuneResult Conv::autotune(ConvOp op, std::int64_t n, Stream stream) const {
+  auto& m = *impl_;
+  if (n <= 0 || n > INT_MAX)
+    throw Error(fmt::format("bsjit: conv autotune: n = {} is out of range; expected 1 ≤ n ≤ {}", n, INT_MAX));
+  const runtime::Context ctx = runtime::current_context();
+  const std::string arch = runtime::kernel_arch(m.options.arch, ctx);
+  // scratch operands of the sizes op reads and writes at n images (values do not matter for time)
+  const std::size_t es = dtype_size(m.options.dtype);
+  const std::int64_t in = input_elements(n), out = output_elements(n), filter = filter_elements();
+  const std::int64_t sizes[3][3] = {{in, filter, out}, {out, filter, in}, {in, out, filter}};
+  const auto& sz = sizes[static_cast<int>(op)];
+  runtime::DeviceMemory a(sz[0] * es), b(sz[1] * es), o(sz[2] * es);
+  const auto& d = runtime::driver();
+  BSJIT_CU(d.cuMemsetD8(a.ptr, 0x3c, a.bytes));
+  BSJIT_CU(d.cuMemsetD8(b.ptr, 0x3c, b.bytes));
+  const auto run = [&] {
+    if (op == ConvOp::fprop)
+      fprop(a.get(), b.get(), o.get(), n, stream);
+    else if (op == ConvOp::bprop)
+      bprop(a.get(), b.get(), o.get(), n, stream);
+    else
+      updat(a.get(), b.get(), o.get(), n, stream);
+  };
+  const CUstream s = reinterpret_cast<CUstream>(stream);
+  TuneResult result;
+  const Kernel k = m.kernel_of(op) == kFprop ? kIgemmFprop : kIgemmBprop;
+  if (m.kernel_of(op) == kUpdat || !m.hopper(arch, k, true)) {  // one kernel: timed, reported
+    result.chosen = kernel_name(op);
+    result.milliseconds.emplace_back(result.chosen, runtime::median_ms(run, s, 2, 10));
+    return result;
+  }
+  for (const bool mma : {false, true}) {
+    m.choose(arch, k, mma);
+    result.milliseconds.emplace_back(mma ? "mma.sync" : "wgmma", runtime::median_ms(run, s, 2, 10));
+  }
+  const bool mma = result.milliseconds[1].second < result.milliseconds[0].second;
+  result.chosen = result.milliseconds[mma ? 1 : 0].first;
+  m.choose(arch, k, mma);
+  nlohmann::json j;
+  j["key"] = m.tuning_key(arch, k - kIgemmFprop);
+  j["kernel"] = result.chosen;
+  j["milliseconds"] = {{"wgmma", result.milliseconds[0].second}, {"mma.sync", result.milliseconds[1].second}};
+  j["n"] = n;
+  cache::KernelCache::global().store_tuning(j["key"], m.tuning_stem(arch, k - kIgemmFprop), j.dump());
+  return result;
 }
 
 void Conv::load(bool strict) const {

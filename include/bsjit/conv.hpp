@@ -46,6 +46,8 @@ struct ConvOptions {
   bool direct_kernels = false;
 };
 
+enum class ConvOp { fprop, bprop, updat };
+
 class Conv {
  public:
   // Throws Error for a geometry that check() refuses, sizes past the kernels' 32-bit dimensions,
@@ -84,6 +86,17 @@ class Conv {
   int precompile(const std::string& arch) const;
   // Loads the kernels into the current context (strict: throws when the cache lacks one).
   void load(bool strict = false) const;
+
+  // Times every kernel bsjit can run op with at n images on the current GPU (on scratch inputs of
+  // that size, on stream) and keeps the fastest for this layout, geometry, dtype, order and target:
+  // on sm_90a, where the tensor-core kernels take blocks of 64 or 128 channels, fprop and bprop
+  // have the warpgroup kernels ("wgmma") and the mma.sync ones ("mma.sync"); every other op runs
+  // its one kernel ("mma.sync", "matmul" or "direct"), timed and reported. The choice is stored in
+  // the cache beside the kernels: later calls, and later processes sharing the cache, use it
+  // without tuning (precompile for sm_90a compiles both).
+  TuneResult autotune(ConvOp op, std::int64_t n, Stream stream = nullptr) const;
+  // The kernel op runs with on the current GPU, named as autotune names it; compiles nothing.
+  std::string kernel_name(ConvOp op) const;
   // The generated CUDA source of the kernels (for inspection): the tensor-core kernels' first where
   // they run, then the direct ones' (l2_normalize).
   std::string generated_source() const;

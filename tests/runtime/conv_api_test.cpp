@@ -11,6 +11,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "conv_cases.hpp"
+#include "runtime/driver.hpp"
 
 namespace bsjit {
 namespace {
@@ -76,14 +77,17 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
         const Conv conv(ConvLayout::from_mask(mask, b), geometry, {dtype, ActivationOrder::ndhwc, false, ""});
         EXPECT_NE(conv.generated_source().find("kIgemmFpropStart"), std::string::npos);
         const auto before = cache_stats();
-        EXPECT_EQ(conv.precompile(arch), 7);  // fprop, bprop, updat, its store, the packing; l2_normalize's two
+        // fprop, bprop, updat, its store, the packing; l2_normalize's two; on sm_90a at b ≥ 64 the
+        // warpgroup fprop and bprop as well (autotune chooses)
+        const int kernels = arch == "sm_90a" && b >= 64 ? 9 : 7;
+        EXPECT_EQ(conv.precompile(arch), kernels);
         // (l2_normalize's code is the direct kernels', compiled once per dtype and order)
         const auto compiled = cache_stats().compiles;
         EXPECT_GE(compiled, before.compiles + 5);
         const Conv other(ConvLayout::from_mask(Layout::from_coords(3, 1, {{2, 0}}), b),
                          ConvGeometry::valid({3, 5, 11}, {3, 1, 5}, {1, 1, 1}, {1, 1, 2}),
                          {dtype, ActivationOrder::ndhwc, true, ""});
-        EXPECT_EQ(other.precompile(arch), 7);
+        EXPECT_EQ(other.precompile(arch), kernels);
         EXPECT_EQ(cache_stats().compiles, compiled) << "one compile serves every uniform layout of a block size";
       }
   std::vector<std::string> labels;
@@ -95,10 +99,13 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
     for (const char* dtype : {"f16", "bf16"})
       for (int b : {16, 32, 64, 128})
         for (const std::string kind : {"fprop", "bprop", "updat", "updat_store", "pack"}) {
-          // sm_90a's data kernels at b = 64 and 128 on the warpgroup tensor cores (conv_wgmma.cuh)
-          const bool wgmma = arch == "sm_90a" && b >= 64 && (kind == "fprop" || kind == "bprop");
-          const auto label = fmt::format("conv-igemm-{}-b{}-{}{} {}", dtype, b, wgmma ? "wgmma-" : "", kind, arch);
+          const auto label = fmt::format("conv-igemm-{}-b{}-{} {}", dtype, b, kind, arch);
           EXPECT_NE(std::find(labels.begin(), labels.end(), label), labels.end()) << label;
+          // sm_90a's data kernels at b = 64 and 128 on the warpgroup tensor cores too (conv_wgmma.cuh)
+          if (arch == "sm_90a" && b >= 64 && (kind == "fprop" || kind == "bprop")) {
+            const auto wgmma = fmt::format("conv-igemm-{}-b{}-wgmma-{} {}", dtype, b, kind, arch);
+            EXPECT_NE(std::find(labels.begin(), labels.end(), wgmma), labels.end()) << wgmma;
+          }
         }
   for (const auto& options : {ConvOptions{DType::f32, ActivationOrder::ndhwc, false, ""},
                               ConvOptions{DType::bf16, ActivationOrder::ncdhw, false, ""},
@@ -184,6 +191,23 @@ TEST(ConvApi, RefusesWhatTheKernelsCannotTake) {
   EXPECT_NE(error_of([&] { conv.updat(p, p, buffer + 2, 1); }).find("not 16-byte aligned"), std::string::npos);
   EXPECT_NE(error_of([&] { conv.bprop(p, p, p, 0); }).find("n = 0 out of range"), std::string::npos);
   EXPECT_NE(error_of([&] { conv.fprop(p, p, p, std::int64_t(1) << 40); }).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] { conv.autotune(ConvOp::fprop, 0); }).find("n = 0 is out of range"), std::string::npos);
+}
+
+// Without a GPU, autotune says why it cannot run, and so does kernel_name where the kernel depends
+// on the GPU (fprop and bprop: the warpgroup kernels on sm_90a; updat has one).
+TEST(ConvApi, AutotuneWithoutAGpuSaysWhy) {
+  std::string why;
+  if (runtime::gpu_available(&why)) GTEST_SKIP() << "a GPU is here: conv_gpu_test tunes";
+  const Conv conv(ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 0}, {1, 1}}), 64),
+                  ConvGeometry::same({1, 8, 8}, {1, 3, 3}), {DType::bf16, ActivationOrder::ndhwc, false, ""});
+  for (const auto op : {ConvOp::fprop, ConvOp::bprop, ConvOp::updat}) EXPECT_THROW(conv.autotune(op, 4), Error);
+  EXPECT_THROW(conv.kernel_name(ConvOp::fprop), Error);
+  EXPECT_THROW(conv.kernel_name(ConvOp::bprop), Error);
+  EXPECT_EQ(conv.kernel_name(ConvOp::updat), "mma.sync");
+  EXPECT_EQ(
+      Conv(conv.layout(), conv.geometry(), {DType::f32, ActivationOrder::ndhwc, false, ""}).kernel_name(ConvOp::fprop),
+      "direct");
 }
 
 }  // namespace

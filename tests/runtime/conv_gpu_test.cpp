@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -66,6 +67,38 @@ TEST_P(ConvGpu, TensorCoreCasesMatchTheReferenceOnMmaSync) {
   const std::string arch = runtime::kernel_arch("", runtime::current_context());
   if (arch != "sm_90a") GTEST_SKIP() << "the mma.sync kernels are what " << arch << " runs";
   check_cases(GetParam(), testing::tensor_core_conv_cases(), 5607, "sm_90");
+}
+
+// autotune times both data kernels where there are two (sm_90a, b ≥ 64), one otherwise, keeps the
+// faster, names it as kernel_name does, and a second Conv of the same layout and geometry finds
+// the choice; the convolution stays correct with it.
+TEST_P(ConvGpu, AutotuneKeepsTheFasterKernel) {
+  const Param prm = GetParam();
+  if (prm.dtype == DType::f32 || prm.order != ActivationOrder::ndhwc) GTEST_SKIP() << "the tensor-core cases' kernels";
+  const std::pair<ConvOp, check::ConvOp> ops[] = {{ConvOp::fprop, check::ConvOp::fprop},
+                                                  {ConvOp::bprop, check::ConvOp::bprop},
+                                                  {ConvOp::updat, check::ConvOp::updat}};
+  for (const auto& c : testing::tensor_core_conv_cases()) {
+    const ConvOptions options{prm.dtype, prm.order, prm.deconv, ""};
+    const Conv conv(c.layout, c.geometry, options);
+    for (const auto& [op, checked] : ops) {
+      SCOPED_TRACE(fmt::format("{}: {}", c.name, check::to_string(checked)));
+      const bool two = conv.kernel_name(op) == "wgmma";
+      const TuneResult r = conv.autotune(op, c.n);
+      ASSERT_EQ(r.milliseconds.size(), two ? 2u : 1u);
+      double best = r.milliseconds[0].second;
+      for (const auto& [name, ms] : r.milliseconds) EXPECT_GT(ms, 0.0) << name, best = std::min(best, ms);
+      const auto chosen = std::find_if(r.milliseconds.begin(), r.milliseconds.end(),
+                                       [&](const auto& m) { return m.first == r.chosen; });
+      ASSERT_NE(chosen, r.milliseconds.end()) << r.chosen;
+      EXPECT_EQ(chosen->second, best);
+      EXPECT_EQ(conv.kernel_name(op), r.chosen);
+      EXPECT_EQ(Conv(c.layout, c.geometry, options).kernel_name(op), r.chosen);
+      const auto result = check::run_and_check(conv, checked, {c.n, false, true, 5608});
+      EXPECT_LE(result.relative_error, check::tolerance(prm.dtype));
+      EXPECT_EQ(result.unwritten, 0);
+    }
+  }
 }
 
 // l2_normalize and its gradient against tools/conv_reference, with and without a gain, in place too.
