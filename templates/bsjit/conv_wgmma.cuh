@@ -62,43 +62,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)  // two CTAs an SM: 128 regi
     };
     auto gates = walk.gates(gate);
     float d[kTiles][b / 2];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
-      wgmma_fence_registers(d[t]);
-    }
-    // As in dsd_wgmma_kernel: the stage refilled at step s is the one step s − 2 read, which every
-    // warpgroup has finished once all passed this step's barrier (one wgmma group left in flight).
-#pragma unroll
-    for (int s = 0; s < S - 2; ++s) {
-      if (s < walk.total) load(s);
-      cp_async_commit();
-    }
-    for (int step = 0; step < walk.total; ++step) {
-      cp_async_wait<S - 3>();
-      fence_proxy_async();
-      __syncthreads();
-      if (step + S - 2 < walk.total) load(step + S - 2);
-      cp_async_commit();
-      const float g = gates();
-      if (g == 0.0f) {  // uniform across the CTA; the stage two steps back must be free next step
-        wgmma_wait<0>();
-        continue;
-      }
-      unsigned char* bs = stage_b(step);
-      if (g != 1.0f) {
-        scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x, Cfg::kThreads);
-        fence_proxy_async();
-        __syncthreads();
-      }
-      dsd_wgmma_stage<Stage, kTiles>(d, stage_a(step) + warpgroup * kRows * kSwizzleRowBytes, bs);
-      wgmma_wait<1>();
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
-    cp_async_wait<0>();
+    dsd_wgmma_mainloop<Stage, kTiles>(
+        d, walk.total, load, [&](int) { return gates(); },
+        [&](int step) { return stage_a(step) + warpgroup * kRows * kSwizzleRowBytes; }, stage_b);
 
 #pragma unroll
     for (int t = 0; t < kTiles; ++t)

@@ -79,6 +79,53 @@ __device__ __forceinline__ void dsd_wgmma_load_w(unsigned char* bs, const typena
   }
 }
 
+// The cp.async-fed pipeline of a warpgroup's TILES m64 tiles over `total` stages (DsdWgmmaPlan,
+// Cfg::kStages of them), its accumulators d cleared first and ready to read after: load(step)
+// issues stage step's copies, gate(step) is its block's gate (0 skips it, uniform across the CTA;
+// otherwise it scales the W slice), a(step) this warpgroup's rows of the stage's A tile, w(step)
+// its W slice. The stage refilled at step s is the one step s − 2 read: with one wgmma group left
+// in flight per step, every warpgroup has finished it once all passed this step's barrier.
+template <class Cfg, int TILES, class Load, class Gate, class StageA, class StageW>
+__device__ __forceinline__ void dsd_wgmma_mainloop(float (&d)[TILES][Cfg::kBlock / 2], int total, Load load, Gate gate,
+                                                   StageA a, StageW w) {
+  constexpr int S = Cfg::kStages;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kBlock / 2; ++i) d[t][i] = 0.0f;
+    wgmma_fence_registers(d[t]);
+  }
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < total) load(s);
+    cp_async_commit();
+  }
+  for (int step = 0; step < total; ++step) {
+    cp_async_wait<S - 3>();
+    fence_proxy_async();
+    __syncthreads();
+    if (step + S - 2 < total) load(step + S - 2);
+    cp_async_commit();
+    const float g = gate(step);
+    if (g == 0.0f) {  // the stage two steps back must be free next step
+      wgmma_wait<0>();
+      continue;
+    }
+    unsigned char* bs = w(step);
+    if (g != 1.0f) {
+      scale_shared<typename Cfg::T>(bs, DsdWgmmaPlan<Cfg>::kBBytes, g, threadIdx.x, Cfg::kThreads);
+      fence_proxy_async();
+      __syncthreads();
+    }
+    dsd_wgmma_stage<Cfg, TILES>(d, a(step), bs);
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) wgmma_fence_registers(d[t]);
+  cp_async_wait<0>();
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dsd_wgmma_kernel(const typename Cfg::T* __restrict__ a, const typename Cfg::T* __restrict__ w,
@@ -120,45 +167,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   float d[kTiles][b / 2];
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int i = 0; i < b / 2; ++i) d[t][i] = 0.0f;
-    wgmma_fence_registers(d[t]);
-  }
-
-  // The stage being refilled at step s is the one step s-2 read: with one wgmma group left in
-  // flight per step, every warpgroup has finished it once all passed this step's barrier.
-#pragma unroll
-  for (int s = 0; s < S - 2; ++s) {
-    if (s < total) load(s);
-    cp_async_commit();
-  }
-  for (int step = 0; step < total; ++step) {
-    cp_async_wait<S - 3>();
-    fence_proxy_async();
-    __syncthreads();
-    if (step + S - 2 < total) load(step + S - 2);
-    cp_async_commit();
-    const float g = gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + step / kSlicesPerEntry) + 1]];
-    if (g == 0.0f) {  // uniform across the CTA; the stage two steps back must be free next step
-      wgmma_wait<0>();
-      continue;
-    }
-    unsigned char* as = stage_a(step) + warpgroup * kRows * kSwizzleRowBytes;
-    unsigned char* bs = stage_b(step);
-    if (g != 1.0f) {
-      scale_shared<T>(bs, Plan::kBBytes, g, threadIdx.x, Cfg::kThreads);
-      fence_proxy_async();
-      __syncthreads();
-    }
-    dsd_wgmma_stage<Cfg, kTiles>(d, as, bs);
-    wgmma_wait<1>();
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) wgmma_fence_registers(d[t]);
-  cp_async_wait<0>();
+  dsd_wgmma_mainloop<Cfg, kTiles>(
+      d, total, load,
+      [&](int step) { return gate == nullptr ? 1.0f : gate[Cfg::lut()[2 * (begin + step / kSlicesPerEntry) + 1]]; },
+      [&](int step) { return stage_a(step) + warpgroup * kRows * kSwizzleRowBytes; }, stage_b);
 
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
