@@ -238,19 +238,32 @@ std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, 
   if (const auto h = conv_wgmma_tile(b)) {
     g.hopper = GeneratedConvIgemm::Hopper{"bsjit::kernels::conv_wgmma_data_kernel<bsjit_generated::HopperCfg, false>",
                                           "bsjit::kernels::conv_wgmma_data_kernel<bsjit_generated::HopperCfg, true>",
-                                          h->threads(), h->bm, h->shared_bytes(b)};
+                                          "bsjit::kernels::conv_wgmma_updat_kernel<bsjit_generated::HopperUpdatCfg>",
+                                          h->threads(),
+                                          h->bm,
+                                          h->shared_bytes(b),
+                                          ConvWgmmaTile::updat_threads(b),
+                                          ConvWgmmaTile::updat_rows(),
+                                          h->updat_shared_bytes(b)};
     hopper_config = fmt::format(
         "\n"
         "struct HopperCfg {{\n"
         "  using T = {type};\n"
-        "  static constexpr int kB = {b}, kBM = {bm}, kStages = {stages}, kWarpsM = {warpgroups}, kThreads = "
-        "{threads};\n"
-        "  static constexpr int kSharedBytes = {shared};\n"
+        "  static constexpr int kB = {b}, kBM = {bm}, kStages = {stages}, kWarpsM = {warpgroups};\n"
+        "  static constexpr int kThreads = {threads}, kSharedBytes = {shared};\n"
+        "  __device__ static bsjit::kernels::ConvIgemmTables tables() {{ return DataCfg::tables(); }}\n"
+        "}};\n"
+        "\n"
+        "struct HopperUpdatCfg {{\n"
+        "  using T = {type};\n"
+        "  static constexpr int kB = {b}, kBM = {b}, kStages = {updat_stages};\n"
+        "  static constexpr int kThreads = {updat_threads}, kSharedBytes = {updat_shared};\n"
         "  __device__ static bsjit::kernels::ConvIgemmTables tables() {{ return DataCfg::tables(); }}\n"
         "}};\n",
         fmt::arg("type", type_name(dtype)), fmt::arg("b", b), fmt::arg("bm", h->bm), fmt::arg("stages", h->stages),
         fmt::arg("warpgroups", h->warpgroups), fmt::arg("threads", h->threads()),
-        fmt::arg("shared", h->shared_bytes(b)));
+        fmt::arg("shared", h->shared_bytes(b)), fmt::arg("updat_stages", h->updat_stages),
+        fmt::arg("updat_threads", ConvWgmmaTile::updat_threads(b)), fmt::arg("updat_shared", h->updat_shared_bytes(b)));
   }
   g.label = fmt::format("conv-igemm-{}-b{}", to_string(dtype), b);
   g.source = fmt::format(

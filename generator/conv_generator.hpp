@@ -81,13 +81,17 @@ constexpr ConvIgemmTiles conv_igemm_tiles(int b) {
   return {data, updat};
 }
 
-// The data kernels on Hopper's warpgroup tensor cores (templates/bsjit/conv_wgmma.cuh, sm_90a) at
-// b = 64 and 128: bm rows over `warpgroups` warpgroups of 128 threads, 64 channels a stage,
-// `stages` stages in dynamic shared memory (shared_bytes(b), DsdWgmmaPlan's).
+// The kernels on Hopper's warpgroup tensor cores (templates/bsjit/conv_wgmma.cuh, sm_90a) at b = 64
+// and 128. Data kernels: bm rows over `warpgroups` warpgroups of 128 threads, 64 channels a stage,
+// `stages` stages in dynamic shared memory (shared_bytes(b), DsdWgmmaPlan's). updat: a warpgroup
+// per 64 rows of the block, 64 positions a stage, `updat_stages` stages.
 struct ConvWgmmaTile {
-  int bm, stages, warpgroups;
+  int bm, stages, warpgroups, updat_stages;
   constexpr int threads() const { return 128 * warpgroups; }
   constexpr int shared_bytes(int b) const { return stages * (bm * 128 + 64 * b * 2) + 1024; }
+  static constexpr int updat_threads(int b) { return 128 * (b / 64); }
+  static constexpr int updat_rows() { return 64; }
+  constexpr int updat_shared_bytes(int b) const { return updat_stages * 2 * 64 * b * 2 + 1024; }
 };
 std::optional<ConvWgmmaTile> conv_wgmma_tile(int b);
 
@@ -101,8 +105,9 @@ struct GeneratedConvIgemm {
   std::string fprop, bprop, updat, updat_store, pack;  // name expressions
   int block = 0, data_threads = 0, data_rows = 0, updat_threads = 0, updat_rows = 0;
   struct Hopper {
-    std::string fprop, bprop;  // name expressions
-    int threads = 0, rows = 0, shared_bytes = 0;
+    std::string fprop, bprop, updat;                                // name expressions
+    int threads = 0, rows = 0, shared_bytes = 0;                    // the data kernels'
+    int updat_threads = 0, updat_rows = 0, updat_shared_bytes = 0;  // updat's
   };
   std::optional<Hopper> hopper;
   DeviceTables tables;  // kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries,

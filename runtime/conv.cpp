@@ -91,8 +91,8 @@ struct Conv::Impl {
     if (igemm) return {kIgemmFprop, kIgemmBprop, kIgemmUpdat, kIgemmStore, kIgemmPack, kNormalize, kNormalizeGrad};
     return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
   }
-  // Conv::autotune's choice per data kernel (0: kIgemmFprop, 1: kIgemmBprop) and target where the
-  // target has the warpgroup kernels: true takes the mma.sync ones. Read from the cache's tuning
+  // Conv::autotune's choice per tensor-core kernel (0: kIgemmFprop, 1: kIgemmBprop, 2: kIgemmUpdat)
+  // and target where the target has the warpgroup kernels: true takes the mma.sync ones. Read from the cache's tuning
   // record on first use.
   mutable std::mutex tuning_mutex;
   mutable std::map<std::pair<std::string, int>, bool> mma_sync;
@@ -110,7 +110,10 @@ struct Conv::Impl {
     return fmt::format("{:016x}{:016x}", h.high64, h.low64);
   }
   std::string tuning_stem(const std::string& arch, int direction) const {
-    return fmt::format("conv-{}-b{}-{}-{}", to_string(options.dtype), igemm->block, direction == 0 ? "fprop" : "bprop",
+    return fmt::format("conv-{}-b{}-{}-{}", to_string(options.dtype), igemm->block,
+                       direction == 0   ? "fprop"
+                       : direction == 1 ? "bprop"
+                                        : "updat",
                        arch);
   }
   bool tuned_mma_sync(const std::string& arch, int direction) const {
@@ -134,7 +137,9 @@ struct Conv::Impl {
     if (op == ConvOp::updat) return kUpdat;
     return (op == ConvOp::fprop) != options.deconv ? kFprop : kBprop;
   }
-  // Sets autotune's choice for one data kernel and target; the kernel loads anew where it ran.
+  // The tensor-core kernel of kFprop, kBprop or kUpdat.
+  static Kernel igemm_kernel(Kernel k) { return k == kFprop ? kIgemmFprop : k == kBprop ? kIgemmBprop : kIgemmUpdat; }
+  // Sets autotune's choice for one tensor-core kernel and target; it loads anew where it ran.
   void choose(const std::string& arch, Kernel k, bool mma) {
     {
       std::lock_guard lock(tuning_mutex);
@@ -148,7 +153,8 @@ struct Conv::Impl {
   // kept them, unless `tuned` says which to take).
   const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch, Kernel k,
                                                       std::optional<bool> wgmma = std::nullopt) const {
-    if (!igemm || !igemm->hopper || arch != "sm_90a" || (k != kIgemmFprop && k != kIgemmBprop)) return nullptr;
+    if (!igemm || !igemm->hopper || arch != "sm_90a" || (k != kIgemmFprop && k != kIgemmBprop && k != kIgemmUpdat))
+      return nullptr;
     if (!wgmma) wgmma = !tuned_mma_sync(arch, k - kIgemmFprop);
     return *wgmma ? &*igemm->hopper : nullptr;
   }
@@ -158,8 +164,13 @@ struct Conv::Impl {
     if (k >= kIgemmFprop) {
       const auto& i = *igemm;
       if (const auto* h = hopper(arch, k, wgmma))
-        return runtime::named_kernel_request(i.source, i.tables, k == kIgemmFprop ? h->fprop : h->bprop,
-                                             i.label + "-wgmma" + suffix[k], h->shared_bytes, arch, igemm_hash);
+        return runtime::named_kernel_request(i.source, i.tables,
+                                             k == kIgemmFprop   ? h->fprop
+                                             : k == kIgemmBprop ? h->bprop
+                                                                : h->updat,
+                                             i.label + "-wgmma" + suffix[k],
+                                             k == kIgemmUpdat ? h->updat_shared_bytes : h->shared_bytes, arch,
+                                             igemm_hash);
       const std::string* name[] = {&i.fprop, &i.bprop, &i.updat, &i.updat_store, &i.pack};
       return runtime::named_kernel_request(i.source, i.tables, *name[k - kIgemmFprop], i.label + suffix[k], 0, arch,
                                            igemm_hash);
@@ -257,20 +268,23 @@ struct Conv::Impl {
       float* sums = reinterpret_cast<float*>(state(ctx, stream, bytes).second);
       BSJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sums), 0, filter_elements, stream));
       CUfunction f = function(ctx, kIgemmUpdat);
+      const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat);
+      const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(h ? h->updat_threads : i.updat_threads),
+                                       static_cast<std::uint32_t>(h ? h->updat_shared_bytes : 0)};
+      const std::int64_t stage_rows = h ? h->updat_rows : i.updat_rows;
       // Position ranges: enough CTAs for two waves, whole stages each, at most 65535 ranges and 2^30
       // positions a range.
       const std::int64_t rows = n * product(geometry.out()), units = static_cast<std::int64_t>(blocks) * taps;
-      const std::int64_t waves =
-          2 * runtime::resident_ctas(f, ctx, {1, 1, static_cast<std::uint32_t>(i.updat_threads)});
+      const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
       std::int64_t ranges =
-          std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + i.updat_rows - 1) / i.updat_rows);
+          std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
       ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
       std::int64_t per = (rows + ranges - 1) / ranges;
-      per = (per + i.updat_rows - 1) / i.updat_rows * i.updat_rows;
+      per = (per + stage_rows - 1) / stage_rows * stage_rows;
       int chunk = static_cast<int>(per);
       void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
       BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
-                                static_cast<unsigned>(i.updat_threads), 1, 1, 0, stream, args, nullptr));
+                                shape.threads, 1, 1, shape.shared_bytes, stream, args, nullptr));
       void* store[] = {&sums, &out, &gate, &accumulate, &blocks, &block, &taps};
       elementwise(kIgemmStore, store);
       return;
@@ -426,7 +440,7 @@ int Conv::precompile(const std::string& arch) const {
   std::vector<cache::Request> requests;
   for (Kernel k : impl_->kernels()) {
     requests.push_back(impl_->request(k, arch));
-    if (impl_->hopper(arch, k, true))  // both data kernels where autotune may choose either
+    if (impl_->hopper(arch, k, true))  // both kernels where autotune may choose either
       requests.push_back(impl_->request(k, arch, !impl_->hopper(arch, k)));
   }
   for (const auto& r : requests)
@@ -448,9 +462,8 @@ std::string Conv::kernel_name(ConvOp op) const {
   if (m.plan) return "matmul";
   if (!m.igemm) return "direct";
   const Kernel k = m.kernel_of(op);
-  if (k == kUpdat) return "mma.sync";
   const std::string arch = runtime::kernel_arch(m.options.arch, runtime::current_context());
-  return m.hopper(arch, k == kFprop ? kIgemmFprop : kIgemmBprop) ? "wgmma" : "mma.sync";
+  return m.hopper(arch, m.igemm_kernel(k)) ? "wgmma" : "mma.sync";
 }
 
 TuneResult Conv::autotune(ConvOp op, std::int64_t n, Stream stream) const {
@@ -478,8 +491,8 @@ TuneResult Conv::autotune(ConvOp op, std::int64_t n, Stream stream) const {
   };
   const CUstream s = reinterpret_cast<CUstream>(stream);
   TuneResult result;
-  const Kernel k = m.kernel_of(op) == kFprop ? kIgemmFprop : kIgemmBprop;
-  if (m.kernel_of(op) == kUpdat || !m.hopper(arch, k, true)) {  // one kernel: timed, reported
+  const Kernel k = m.igemm_kernel(m.kernel_of(op));
+  if (m.plan || !m.hopper(arch, k, true)) {  // one kernel: timed, reported
     result.chosen = kernel_name(op);
     result.milliseconds.emplace_back(result.chosen, runtime::median_ms(run, s, 2, 10));
     return result;

@@ -148,7 +148,8 @@ void add_conv(std::vector<Variant>& out, const std::string& arch) {
                                        {"pack", g->pack}})
         out.push_back({what + " " + kind, arch, g->source, name});
       if (g->hopper && arch == "sm_90a")
-        for (const auto& [kind, name] : {std::pair{"fprop", g->hopper->fprop}, {"bprop", g->hopper->bprop}})
+        for (const auto& [kind, name] :
+             {std::pair{"fprop", g->hopper->fprop}, {"bprop", g->hopper->bprop}, {"updat", g->hopper->updat}})
           out.push_back({what + " wgmma " + kind, arch, g->source, name});
     }
 }

@@ -89,9 +89,9 @@ class Conv {
 
   // Times every kernel bsjit can run op with at n images on the current GPU (on scratch inputs of
   // that size, on stream) and keeps the fastest for this layout, geometry, dtype, order and target:
-  // on sm_90a, where the tensor-core kernels take blocks of 64 or 128 channels, fprop and bprop
-  // have the warpgroup kernels ("wgmma") and the mma.sync ones ("mma.sync"); every other op runs
-  // its one kernel ("mma.sync", "matmul" or "direct"), timed and reported. The choice is stored in
+  // on sm_90a, where the tensor-core kernels take blocks of 64 or 128 channels, every op has the
+  // warpgroup kernels ("wgmma") and the mma.sync ones ("mma.sync"); elsewhere an op runs its one
+  // kernel ("mma.sync", "matmul" or "direct"), timed and reported. The choice is stored in
   // the cache beside the kernels: later calls, and later processes sharing the cache, use it
   // without tuning (precompile for sm_90a compiles both).
   TuneResult autotune(ConvOp op, std::int64_t n, Stream stream = nullptr) const;

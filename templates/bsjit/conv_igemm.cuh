@@ -315,11 +315,60 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   });
 }
 
+// updat's CTA: its block and tap (blockIdx.x = block · taps + tap), its range of output positions
+// [begin, begin + length) (from blockIdx.y · chunk), and the input position each reads through the
+// tap. A range's positions lie within 2^30 + positions per image < 2^31 of one another (the
+// runtime's bound), so that ConvFastDiv splits them into image and coordinates.
+struct ConvUpdatRange {
+  int block, tap, length, taps;
+  long long begin;
+  long long image0;  // begin + i is position i + first of image image0
+  int first, positions, out1, out2;
+  long long in_positions;
+  int in[3], stride[3], reach[3];  // reach: the tap's offset from o · stride
+  ConvFastDiv per_image, per_line, per_plane;
+
+  __device__ __forceinline__ ConvUpdatRange(const ConvDims& p, int chunk)
+      : positions(p.out[0] * p.out[1] * p.out[2]),
+        out1(p.out[1]),
+        out2(p.out[2]),
+        per_image(p.out[0] * p.out[1] * p.out[2]),
+        per_line(p.out[2]),
+        per_plane(p.out[1]) {
+    taps = p.filter[0] * p.filter[1] * p.filter[2];
+    block = blockIdx.x / taps, tap = blockIdx.x % taps;
+    int f[3];
+    conv_tap_split(p, tap, f);
+    in_positions = static_cast<long long>(p.in[0]) * p.in[1] * p.in[2];
+    const long long rows = static_cast<long long>(p.n) * positions;
+    begin = static_cast<long long>(blockIdx.y) * chunk;
+    length = begin < rows ? static_cast<int>((begin + chunk < rows ? begin + chunk : rows) - begin) : 0;
+    image0 = begin / positions;
+    first = static_cast<int>(begin % positions);
+#pragma unroll
+    for (int d = 0; d < 3; ++d) in[d] = p.in[d], stride[d] = p.stride[d], reach[d] = f[d] * p.dilation[d] - p.pad[d];
+  }
+
+  // The input position (index over images and positions) position begin + i reads, or −1 where
+  // the tap reaches padding or i is past the range.
+  __device__ __forceinline__ long long source(int i) const {
+    const int at = i + first, image = per_image(at), pos = at - image * positions;
+    const int line = per_line(pos), plane = per_plane(line);
+    const int o[3] = {plane, line - plane * out1, pos - line * out2};
+    bool ok = i < length;
+    int c[3];
+#pragma unroll
+    for (int d = 0; d < 3; ++d) {
+      c[d] = o[d] * stride[d] + reach[d];
+      ok = ok && static_cast<unsigned>(c[d]) < static_cast<unsigned>(in[d]);
+    }
+    return ok ? (image0 + image) * in_positions + (static_cast<long long>(c[0]) * in[1] + c[1]) * in[2] + c[2] : -1;
+  }
+};
+
 // The filter gradient's partial sums: CTA (x, y) adds to workspace[block][tap][k][c] (fp32) the
-// product over output positions [y · chunk, (y + 1) · chunk) of dO[pos, k]ᵀ · I[in(pos, tap), c], x
-// being block · taps + tap. Blocks gated 0 are skipped. A CTA's positions lie in at most
-// 2^30 + positions per image < 2^31 of one another (the runtime's bound), so that ConvFastDiv splits
-// them into image and coordinates.
+// product over its range of output positions (ConvUpdatRange) of dO[pos, k]ᵀ · I[in(pos, tap), c].
+// Blocks gated 0 are skipped.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     conv_igemm_updat_kernel(const typename Cfg::T* __restrict__ in, const typename Cfg::T* __restrict__ grad_out,
@@ -332,59 +381,30 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   __shared__ __align__(16) T Bs[kStages][kBK * kS];  // I rows:  [position][c], MN-major
 
   const ConvIgemmTables t = Cfg::tables();
-  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
-  const int block = blockIdx.x / taps, tap = blockIdx.x % taps;
-  if (gate != nullptr && gate[block] == 0.0f) return;
-  const int out_block = t.coords[2 * block], in_block = t.coords[2 * block + 1];
-  int f[3];
-  conv_tap_split(p, tap, f);
-  const int positions = p.out[0] * p.out[1] * p.out[2];
-  const long long in_positions = static_cast<long long>(p.in[0]) * p.in[1] * p.in[2];
-  const long long rows = static_cast<long long>(p.n) * positions;
-  const long long begin = static_cast<long long>(blockIdx.y) * chunk;
-  const long long end = begin + chunk < rows ? begin + chunk : rows;
-  if (begin >= end) return;
-  const int total = static_cast<int>((end - begin + kBK - 1) / kBK), length = static_cast<int>(end - begin);
-  const T* dy = grad_out + static_cast<long long>(out_block) * kB;
-  const T* x = in + static_cast<long long>(in_block) * kB + Gather::column();
-  // Position begin + i is position i + first of image image0.
-  const long long image0 = begin / positions;
-  const int first = static_cast<int>(begin % positions);
-  const ConvFastDiv per_image(positions), per_line(p.out[2]), per_plane(p.out[1]);
-  int reach[3];  // the tap's offset from o · stride
-#pragma unroll
-  for (int d = 0; d < 3; ++d) reach[d] = f[d] * p.dilation[d] - p.pad[d];
+  const ConvUpdatRange range(p, chunk);
+  if ((gate != nullptr && gate[range.block] == 0.0f) || range.length <= 0) return;
+  const T* dy = grad_out + range.begin * p.k + static_cast<long long>(t.coords[2 * range.block]) * kB;
+  const T* x = in + static_cast<long long>(t.coords[2 * range.block + 1]) * kB + Gather::column();
 
   WarpMma<Cfg, false, false, kS, kS> mma;
   mma.clear();
   run_pipeline<kStages>(
-      total,
+      (range.length + kBK - 1) / kBK,
       [&](int step) {
         const int i0 = step * kBK;
         copy_tile_async<kBK, kB, kS, Cfg::kThreads>(
-            As[step % kStages], [&](int r) { return dy + (begin + (i0 + r < length ? i0 + r : 0)) * p.k; },
-            [&](int r) { return i0 + r < length; });
+            As[step % kStages], [&](int r) { return dy + static_cast<long long>(i0 + r) * p.k; },
+            [&](int r) { return i0 + r < range.length; });
 #pragma unroll
         for (int j = 0; j < Gather::kCount; ++j) {
-          const int r = Gather::row(j), i = i0 + r + first;
-          const int image = per_image(i), pos = i - image * positions;
-          const int line = per_line(pos), plane = per_plane(line);
-          const int o[3] = {plane, line - plane * p.out[1], pos - line * p.out[2]};
-          bool ok = i0 + r < length;
-          int c[3];
-#pragma unroll
-          for (int d = 0; d < 3; ++d) {
-            c[d] = o[d] * p.stride[d] + reach[d];
-            ok = ok && static_cast<unsigned>(c[d]) < static_cast<unsigned>(p.in[d]);
-          }
-          const long long s =
-              (image0 + image) * in_positions + (static_cast<long long>(c[0]) * p.in[1] + c[1]) * p.in[2] + c[2];
-          cp_async_16(Bs[step % kStages] + r * kS + Gather::column(), x + (ok ? s : 0) * p.c, ok);
+          const int r = Gather::row(j);
+          const long long s = range.source(i0 + r);
+          cp_async_16(Bs[step % kStages] + r * kS + Gather::column(), x + (s < 0 ? 0 : s) * p.c, s >= 0);
         }
       },
       [&](int step) { mma.step(As[step % kStages], Bs[step % kStages], 1.0f); });
 
-  float* w = workspace + (static_cast<long long>(block) * taps + tap) * kB * kB;
+  float* w = workspace + (static_cast<long long>(range.block) * range.taps + range.tap) * kB * kB;
   mma.epilogue([&](int r, int c, float v0, float v1) {
     atomicAdd(w + r * kB + c, v0);
     atomicAdd(w + r * kB + c + 1, v1);

@@ -83,11 +83,12 @@ __device__ __forceinline__ void dsd_wgmma_load_w(unsigned char* bs, const typena
 // Cfg::kStages of them), its accumulators d cleared first and ready to read after: load(step)
 // issues stage step's copies, gate(step) is its block's gate (0 skips it, uniform across the CTA;
 // otherwise it scales the W slice), a(step) this warpgroup's rows of the stage's A tile, w(step)
-// its W slice. The stage refilled at step s is the one step s − 2 read: with one wgmma group left
-// in flight per step, every warpgroup has finished it once all passed this step's barrier.
-template <class Cfg, int TILES, class Load, class Gate, class StageA, class StageW>
+// its W slice, issue(d, a, w) the stage's wgmmas as one committed group (dsd_wgmma_stage unless
+// given). The stage refilled at step s is the one step s − 2 read: with one wgmma group left in
+// flight per step, every warpgroup has finished it once all passed this step's barrier.
+template <class Cfg, int TILES, class Load, class Gate, class StageA, class StageW, class Issue>
 __device__ __forceinline__ void dsd_wgmma_mainloop(float (&d)[TILES][Cfg::kBlock / 2], int total, Load load, Gate gate,
-                                                   StageA a, StageW w) {
+                                                   StageA a, StageW w, Issue issue) {
   constexpr int S = Cfg::kStages;
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
@@ -117,13 +118,20 @@ __device__ __forceinline__ void dsd_wgmma_mainloop(float (&d)[TILES][Cfg::kBlock
       fence_proxy_async();
       __syncthreads();
     }
-    dsd_wgmma_stage<Cfg, TILES>(d, a(step), bs);
+    issue(d, a(step), bs);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
 #pragma unroll
   for (int t = 0; t < TILES; ++t) wgmma_fence_registers(d[t]);
   cp_async_wait<0>();
+}
+template <class Cfg, int TILES, class Load, class Gate, class StageA, class StageW>
+__device__ __forceinline__ void dsd_wgmma_mainloop(float (&d)[TILES][Cfg::kBlock / 2], int total, Load load, Gate gate,
+                                                   StageA a, StageW w) {
+  dsd_wgmma_mainloop<Cfg, TILES>(d, total, load, gate, a, w,
+                                 [](float (&acc)[TILES][Cfg::kBlock / 2], const unsigned char* as,
+                                    const unsigned char* bs) { dsd_wgmma_stage<Cfg, TILES>(acc, as, bs); });
 }
 
 template <class Cfg>
