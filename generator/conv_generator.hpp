@@ -113,8 +113,8 @@ struct GeneratedConvIgemm {
   DeviceTables tables;  // kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries,
                         // kIgemmCoords (pointers)
 };
-// hopper: the data kernels of conv_wgmma.cuh, where conv_wgmma_tile(b) has a tile; the runtime
-// takes them on sm_90a.
+// hopper: the kernels of conv_wgmma.cuh (fprop, bprop, updat), where conv_wgmma_tile(b) has a
+// tile; the runtime takes them on sm_90a (Conv::autotune may keep the mma.sync ones instead).
 // Nothing where the kernels do not apply (fp32, channels first, a layout not uniform).
 std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, DType dtype, bool channels_last);
 

@@ -92,8 +92,8 @@ struct Conv::Impl {
     return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
   }
   // Conv::autotune's choice per tensor-core kernel (0: kIgemmFprop, 1: kIgemmBprop, 2: kIgemmUpdat)
-  // and target where the target has the warpgroup kernels: true takes the mma.sync ones. Read from the cache's tuning
-  // record on first use.
+  // and target where the target has the warpgroup kernels: true takes the mma.sync ones. Read
+  // from the cache's tuning record on first use.
   mutable std::mutex tuning_mutex;
   mutable std::map<std::pair<std::string, int>, bool> mma_sync;
 
@@ -149,8 +149,8 @@ struct Conv::Impl {
     for (auto& [ctx, c] : contexts) c.kernels[k] = {};
   }
 
-  // The tensor-core path's Hopper data kernels, where arch runs them for kernel k (and autotune
-  // kept them, unless `tuned` says which to take).
+  // The tensor-core path's warpgroup kernels where arch has them for kernel k (kIgemmFprop,
+  // kIgemmBprop, kIgemmUpdat) and they run: where autotune kept them, unless `wgmma` says.
   const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch, Kernel k,
                                                       std::optional<bool> wgmma = std::nullopt) const {
     if (!igemm || !igemm->hopper || arch != "sm_90a" || (k != kIgemmFprop && k != kIgemmBprop && k != kIgemmUpdat))
@@ -439,9 +439,12 @@ int Conv::precompile(const std::string& arch) const {
   std::vector<std::future<bool>> pending;  // the compiles side by side
   std::vector<cache::Request> requests;
   for (Kernel k : impl_->kernels()) {
-    requests.push_back(impl_->request(k, arch));
-    if (impl_->hopper(arch, k, true))  // both kernels where autotune may choose either
-      requests.push_back(impl_->request(k, arch, !impl_->hopper(arch, k)));
+    if (impl_->hopper(arch, k, true)) {  // both kernels where autotune may choose either
+      requests.push_back(impl_->request(k, arch, true));
+      requests.push_back(impl_->request(k, arch, false));
+    } else {
+      requests.push_back(impl_->request(k, arch));
+    }
   }
   for (const auto& r : requests)
     pending.push_back(std::async(std::launch::async, [&r] {

@@ -56,8 +56,9 @@ __device__ __forceinline__ void conv_tap_split(const ConvDims& p, int tap, int* 
 // Montgomery): n / d for 0 ≤ n < 2^31 and 1 ≤ d < 2^31, exactly, for a few instructions where the
 // hardware's integer division takes some twenty.
 struct ConvFastDiv {
-  unsigned d, magic, shift;
-  __device__ __forceinline__ explicit ConvFastDiv(int divisor) : d(static_cast<unsigned>(divisor)), shift(0) {
+  unsigned magic, shift;
+  __device__ __forceinline__ explicit ConvFastDiv(int divisor) : shift(0) {
+    const unsigned d = static_cast<unsigned>(divisor);
     while ((1u << shift) < d) ++shift;
     magic = static_cast<unsigned>(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
   }
@@ -320,21 +321,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // tap. A range's positions lie within 2^30 + positions per image < 2^31 of one another (the
 // runtime's bound), so that ConvFastDiv splits them into image and coordinates.
 struct ConvUpdatRange {
+  const ConvDims& p;
   int block, tap, length, taps;
   long long begin;
   long long image0;  // begin + i is position i + first of image image0
-  int first, positions, out1, out2;
+  int first, positions;
   long long in_positions;
-  int in[3], stride[3], reach[3];  // reach: the tap's offset from o · stride
+  int reach[3];  // the tap's offset from o · stride
   ConvFastDiv per_image, per_line, per_plane;
 
-  __device__ __forceinline__ ConvUpdatRange(const ConvDims& p, int chunk)
-      : positions(p.out[0] * p.out[1] * p.out[2]),
-        out1(p.out[1]),
-        out2(p.out[2]),
-        per_image(p.out[0] * p.out[1] * p.out[2]),
-        per_line(p.out[2]),
-        per_plane(p.out[1]) {
+  __device__ __forceinline__ ConvUpdatRange(const ConvDims& dims, int chunk)
+      : p(dims),
+        positions(dims.out[0] * dims.out[1] * dims.out[2]),
+        per_image(dims.out[0] * dims.out[1] * dims.out[2]),
+        per_line(dims.out[2]),
+        per_plane(dims.out[1]) {
     taps = p.filter[0] * p.filter[1] * p.filter[2];
     block = blockIdx.x / taps, tap = blockIdx.x % taps;
     int f[3];
@@ -346,7 +347,7 @@ struct ConvUpdatRange {
     image0 = begin / positions;
     first = static_cast<int>(begin % positions);
 #pragma unroll
-    for (int d = 0; d < 3; ++d) in[d] = p.in[d], stride[d] = p.stride[d], reach[d] = f[d] * p.dilation[d] - p.pad[d];
+    for (int d = 0; d < 3; ++d) reach[d] = f[d] * p.dilation[d] - p.pad[d];
   }
 
   // The input position (index over images and positions) position begin + i reads, or −1 where
@@ -354,15 +355,16 @@ struct ConvUpdatRange {
   __device__ __forceinline__ long long source(int i) const {
     const int at = i + first, image = per_image(at), pos = at - image * positions;
     const int line = per_line(pos), plane = per_plane(line);
-    const int o[3] = {plane, line - plane * out1, pos - line * out2};
+    const int o[3] = {plane, line - plane * p.out[1], pos - line * p.out[2]};
     bool ok = i < length;
     int c[3];
 #pragma unroll
     for (int d = 0; d < 3; ++d) {
-      c[d] = o[d] * stride[d] + reach[d];
-      ok = ok && static_cast<unsigned>(c[d]) < static_cast<unsigned>(in[d]);
+      c[d] = o[d] * p.stride[d] + reach[d];
+      ok = ok && static_cast<unsigned>(c[d]) < static_cast<unsigned>(p.in[d]);
     }
-    return ok ? (image0 + image) * in_positions + (static_cast<long long>(c[0]) * in[1] + c[1]) * in[2] + c[2] : -1;
+    return ok ? (image0 + image) * in_positions + (static_cast<long long>(c[0]) * p.in[1] + c[1]) * p.in[2] + c[2]
+              : -1;
   }
 };
 
