@@ -175,10 +175,11 @@ std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const C
 }
 
 std::optional<ConvWgmmaTile> conv_wgmma_tile(int b) {
-  // Two warpgroups of 64 rows: at b = 64 a 24 KiB stage, 4 stages, 2 CTAs an SM; at b = 128 a
-  // 32 KiB stage, 3 stages, 2 CTAs an SM (a CTA barrier per stage, hidden by the other CTA).
-  if (b == 64) return ConvWgmmaTile{128, 4, 2};
-  if (b == 128) return ConvWgmmaTile{128, 3, 2};
+  // Data kernels: two warpgroups of 64 rows: at b = 64 a 24 KiB stage, 4 stages, 2 CTAs an SM; at
+  // b = 128 a 32 KiB stage, 3 stages, 2 CTAs an SM (a CTA barrier per stage, hidden by the other
+  // CTA). updat: 16 KiB stages at b = 64, 4 of them; 32 KiB at b = 128, 3 (2 CTAs an SM both).
+  if (b == 64) return ConvWgmmaTile{128, 4, 2, 4};
+  if (b == 128) return ConvWgmmaTile{128, 3, 2, 3};
   return std::nullopt;
 }
 

@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #endif
   static_assert(sizeof(T) == 2 && (b == 64 || b == 128) && kSlice == 64, "16-bit, b = 64 or 128");
   static_assert(Cfg::kThreads == 128 * (b / 64), "a warpgroup per 64 rows of the block");
+  static_assert(S >= 3, "stages: one in the tensor cores, one landing, at least one in flight");
   static_assert(2 * Plan::kBBytes * S + kSwizzleAtomBytes == Cfg::kSharedBytes, "host and device disagree");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = swizzle_aligned(smem_raw);

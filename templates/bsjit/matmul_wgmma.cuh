@@ -90,6 +90,7 @@ template <class Cfg, int TILES, class Load, class Gate, class StageA, class Stag
 __device__ __forceinline__ void dsd_wgmma_mainloop(float (&d)[TILES][Cfg::kBlock / 2], int total, Load load, Gate gate,
                                                    StageA a, StageW w, Issue issue) {
   constexpr int S = Cfg::kStages;
+  static_assert(S >= 3, "stages: one in the tensor cores, one landing, at least one in flight");
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
 #pragma unroll

@@ -11,6 +11,7 @@
 
 #include "bsjit/bsjit.hpp"
 #include "conv_cases.hpp"
+#include "generator/conv_generator.hpp"
 #include "runtime/driver.hpp"
 
 namespace bsjit {
@@ -119,6 +120,21 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
   }
   set_cache_directory({});
   fs::remove_all(dir);
+}
+
+// The warpgroup kernels' tiles: every kernel has the three stages its pipeline needs at least
+// (dsd_wgmma_mainloop: one in the tensor cores, one landing, one in flight) and fits two CTAs an
+// SM (227 KiB of shared memory each SM, 1 KiB of it the runtime's per CTA).
+TEST(ConvApi, WarpgroupTilesHoldThreeStagesAndFitTwoCtasAnSm) {
+  for (int b : {64, 128}) {
+    const auto t = generator::conv_wgmma_tile(b);
+    ASSERT_TRUE(t.has_value()) << b;
+    EXPECT_GE(t->stages, 3) << b;
+    EXPECT_GE(t->updat_stages, 3) << b;
+    EXPECT_LE(2 * (t->shared_bytes(b) + 1024), 228 * 1024) << b;
+    EXPECT_LE(2 * (t->updat_shared_bytes(b) + 1024), 228 * 1024) << b;
+  }
+  EXPECT_FALSE(generator::conv_wgmma_tile(32).has_value());
 }
 
 TEST(ConvApi, ShapesOfAConvolutionAndADeconvolution) {
