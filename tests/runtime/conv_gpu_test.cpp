@@ -87,7 +87,10 @@ TEST_P(ConvGpu, AutotuneKeepsTheFasterKernel) {
       const TuneResult r = conv.autotune(op, c.n);
       ASSERT_EQ(r.milliseconds.size(), two ? 2u : 1u);
       double best = r.milliseconds[0].second;
-      for (const auto& [name, ms] : r.milliseconds) EXPECT_GT(ms, 0.0) << name, best = std::min(best, ms);
+      for (const auto& [name, ms] : r.milliseconds) {
+        EXPECT_GT(ms, 0.0) << name;
+        best = std::min(best, ms);
+      }
       const auto chosen = std::find_if(r.milliseconds.begin(), r.milliseconds.end(),
                                        [&](const auto& m) { return m.first == r.chosen; });
       ASSERT_NE(chosen, r.milliseconds.end()) << r.chosen;
