@@ -116,6 +116,13 @@ struct Attention::Impl {
     return bw;
   }
 
+  // Floats of the dK and dV accumulators a key/value group adds to (after the dQ accumulator and
+  // Delta in the backward's workspace; kernels::KeyGradientRows): none without a group.
+  std::size_t key_accumulator_floats(std::int64_t batch, std::int64_t heads, std::int64_t seq_k) const {
+    if (options.kv_group == 1) return 0;
+    return static_cast<std::size_t>(2 * batch * (heads / options.kv_group) * seq_k * options.head_dim);
+  }
+
   // A 3-D TMA map of a Q- or K-shaped tensor (`heads` of its own: K's are heads / kv_group),
   // innermost first: (d, heads, batch · seq) for [batch, seq, heads, d]; (d, seq, batch · heads) for
   // [batch, heads, seq, d]; boxes of 64 head-dim columns × `rows` positions.
@@ -167,6 +174,7 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
                                                 heads, impl_->masks, impl_->options, scale);
   float scale_log2 = s * 1.4426950408889634f;  // scores in the log2 domain: exp2 in the kernel
   int heads_arg = static_cast<int>(heads);
+  const std::int64_t kv_heads = heads / impl_->options.kv_group;  // K's and V's
   const runtime::Context ctx = runtime::current_context();
   const auto [f, g] = impl_->function(ctx, cache::KernelCache::global().run_time_on_miss());
   const unsigned char* padding = key_padding;
@@ -179,8 +187,8 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
     return;
   }
   CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g->q_rows),
-              mk = impl_->tensor_map(k, batch, heads / impl_->options.kv_group, seq_k(), g->kv_rows),
-              mv = impl_->tensor_map(v, batch, heads / impl_->options.kv_group, seq_k(), g->kv_rows);
+              mk = impl_->tensor_map(k, batch, kv_heads, seq_k(), g->kv_rows),
+              mv = impl_->tensor_map(v, batch, kv_heads, seq_k(), g->kv_rows);
   void* args[] = {&out, &lse, &padding, &heads_arg, &scale_log2, &mq, &mk, &mv};
   BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
                                             static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
@@ -197,6 +205,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   const std::int64_t d = impl_->options.head_dim;
   float scale_log2 = s * 1.4426950408889634f;
   int heads_arg = static_cast<int>(heads);
+  const std::int64_t kv_heads = heads / impl_->options.kv_group;  // K's and V's
   const runtime::Context ctx = runtime::current_context();
   const std::size_t rows = static_cast<std::size_t>(batch * heads * seq_q());
   const std::size_t need = backward_workspace_size(batch, heads);
@@ -218,16 +227,15 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
                               nullptr));
   // a key/value group: the dK and dV accumulators after Delta (kernels::KeyGradientRows)
   float* key_acc = delta + rows;
-  const std::int64_t kv_heads = heads / impl_->options.kv_group;
   if (!g.dkv.empty())
     BSJIT_CU(drv.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(key_acc), 0,
-                                  static_cast<std::size_t>(2 * batch * kv_heads * seq_k() * d), cu));
+                                  impl_->key_accumulator_floats(batch, heads, seq_k()), cu));
   const auto main_grid_y = static_cast<unsigned>(g.key_tiles), threads = static_cast<unsigned>(g.threads),
              shared = static_cast<unsigned>(g.shared_bytes);
   if (g.tma) {
     CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g.q_rows),
-                mk = impl_->tensor_map(k, batch, heads / impl_->options.kv_group, seq_k(), g.kv_rows),
-                mv = impl_->tensor_map(v, batch, heads / impl_->options.kv_group, seq_k(), g.kv_rows),
+                mk = impl_->tensor_map(k, batch, kv_heads, seq_k(), g.kv_rows),
+                mv = impl_->tensor_map(v, batch, kv_heads, seq_k(), g.kv_rows),
                 mo = impl_->tensor_map(dout, batch, heads, seq_q(), g.q_rows);
     void* main_args[] = {&lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s, &mq, &mk, &mv, &mo};
     BSJIT_CU(drv.cuLaunchKernel(bw.main(), bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
@@ -246,9 +254,8 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
 }
 
 std::size_t Attention::backward_workspace_size(std::int64_t batch, std::int64_t heads) const {
-  const std::int64_t d = impl_->options.head_dim, group = impl_->options.kv_group;
-  const std::int64_t key_accumulators = group > 1 ? 2 * batch * (heads / group) * seq_k() * d : 0;
-  return static_cast<std::size_t>(batch * heads * seq_q() * (d + 1) + key_accumulators) * sizeof(float);
+  const auto dq_and_delta = static_cast<std::size_t>(batch * heads * seq_q() * (impl_->options.head_dim + 1));
+  return (dq_and_delta + impl_->key_accumulator_floats(batch, heads, seq_k())) * sizeof(float);
 }
 
 bool Attention::precompile(const std::string& arch) const {
