@@ -207,7 +207,7 @@ TileConfig finish_grouped(const MatMulSpec& spec, TileConfig t) {
   t.columns = sub > 0 ? t.warps_m * sub : 0;
   t.bn = t.columns * b, t.bk = 64, t.group = 1, t.warps_n = 1, t.stride = 0;
   t.threads = (t.warps_m + 1) * 128;
-  const int stage_bytes = t.bm * 128 + sub * t.columns * 2 * b * b, records = t.stages * (3 + sub * t.columns) * 4;
+  const int stage_bytes = t.bm * 128 + sub * t.columns * 2 * b * b, records = t.stages * 2 * 4;
   t.shared_bytes = 1024 + (t.stages * stage_bytes + 2 * t.stages * 8 + records + 127) / 128 * 128 +
                    t.warps_m * std::min(t.bm, 128) * 128;
   const bool ok = spec.wgmma && spec.op != Op::backward_weight && t.columns > 0 && (t.warps_m == 1 || t.warps_m == 2) &&

@@ -69,8 +69,10 @@ for tool in ${tools//,/ }; do
     "$sanitizer" --tool "$tool" --print-limit 50 "${skip[@]}" "$build/tests/$program" --gtest_filter="$filter" \
       --gtest_brief=1 > "$log" 2>&1
     rc=$?
-    summary=$(grep -E "ERROR SUMMARY: [0-9]+" "$log" | tail -1)
-    errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+).*/\1/p' <<< "$summary")
+    # memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
+    # "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)"
+    summary=$(grep -E "ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: .*\([0-9]+ errors" "$log" | tail -1)
+    errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+).*/\1/p; s/.*RACECHECK SUMMARY: .*\(([0-9]+) errors.*/\1/p' <<< "$summary")
     if [ -z "$errors" ]; then
       echo "$tool $program: no summary (exit $rc; see $log)"
       status=1

@@ -47,9 +47,11 @@ struct DsdGroupedPlan {
   static constexpr int kSlotCount = kSub * Cfg::kColumns;  // W slots of a step (at most 32)
   static constexpr int kStageBytes = kXBytes + kSlotCount * kSlotBytes;
   static constexpr int kRecord = 2 + kSlotCount;  // ints per step in kSteps
-  // a stage's copy of its step's record, then the sub-blocks each consumer computes (byte h: bit j
-  // where sub-block j holds one of consumer h's blocks), derived by the producer
-  static constexpr int kStageRecord = kRecord + 1;
+  // what a stage tells its consumers of its step: the pattern of present slots, then the sub-blocks
+  // each consumer computes (byte h: bit j where sub-block j holds one of consumer h's blocks), both
+  // written by one producer thread before its arrive (the W blocks' indices, needed only by a gate,
+  // the consumers read from kSteps)
+  static constexpr int kStageRecord = 2;
   // after the stages: their full and empty mbarriers and step records, then one output tile of up to
   // 128 rows × 64 values (128 bytes) per consumer, 128-byte aligned
   static constexpr int kRingBytes = (S * kStageBytes + 2 * S * 8 + S * kStageRecord * 4 + 127) / 128 * 128;
@@ -161,9 +163,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int stage = pos.stage;
         mbarrier_wait(empty_s + 8 * stage, pos.phase ^ 1u);
         const unsigned bar = full_s + 8 * stage, x_s = stages_s + stage * Plan::kStageBytes;
-        int* record = records + stage * Plan::kStageRecord;
         if (pwarp == 0) {
           if (lane == 0) {
+            int* record = records + stage * Plan::kStageRecord;
             // Derived for every kernel, though only kSkipEmpty's consumers read them: derived only
             // there (the rest unchanged) the kernels without the skip ran 3.3-3.5% slower at b = 16
             // d = 0.5, forward and backward-data (suite W, two rounds; twice, with the X copy moved
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
               for (int j = 0; j < kSub; ++j)
                 subs |= (((now.pattern >> (j * G + h * P)) & ((1u << P) - 1)) != 0) << (8 * h + j);
-            record[0] = now.value, record[1] = static_cast<int>(now.pattern), record[kRecord] = static_cast<int>(subs);
+            record[0] = static_cast<int>(now.pattern), record[1] = static_cast<int>(subs);
             mbarrier_arrive_expect_tx(bar, Plan::kXBytes);
             tma_load_2d(x_s, map_a, now.value * 64, m0, bar);
           }
@@ -182,7 +184,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         const bool present = mine && ((now.pattern >> slot) & 1);
         if (copier) {  // the lane's slot: its W block, if present; each warp announces its own copies
-          if (mine) record[2 + slot] = now.value;
           const unsigned copies = __ballot_sync(0xffffffffu, present);
           if (lane == 0) mbarrier_arrive_expect_tx(bar, __popc(copies) * Plan::kSlotBytes);
           __syncwarp();
@@ -241,14 +242,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool mine = cls == 0 || cls == 1 + consumer;
       const int count = bounds[cls + 1] - bounds[cls];
       for (int i = 0, n = mine ? count : 0; i < n; ++i, pos.advance()) {
-        const int stage = pos.stage;
+        const int stage = pos.stage, step = bounds[cls] + i;
         mbarrier_wait(full_s + 8 * stage, pos.phase);
         const int* record = records + stage * Plan::kStageRecord;
         unsigned char* slots = slots_of(stage);
         const unsigned long long a = smem_descriptor_add(a0, stage * Plan::kStageBytes),
                                  x = smem_descriptor_add(b0, stage * Plan::kStageBytes);
         auto held_slots = [&] {  // bit j · P + c: this consumer's slot (j, c) holds a block
-          const unsigned pattern = record[1];
+          const unsigned pattern = record[0];
           unsigned held = 0;
 #pragma unroll
           for (int j = 0; j < kSub; ++j) held |= ((pattern >> (j * G + first_slot)) & ((1u << P) - 1)) << (j * P);
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (gate != nullptr) {
           gate_slots<Cfg>(
               held_slots(), gate, [&](int j, int c) { return slots + (j * G + first_slot + c) * Plan::kSlotBytes; },
-              [&](int j, int c) { return record[2 + j * G + first_slot + c]; }, consumer);
+              [&](int j, int c) { return Cfg::steps()[step * kRecord + 2 + j * G + first_slot + c]; }, consumer);
         }
         auto sub_block = [&](int j) {  // the wgmmas of sub-block j
 #pragma unroll
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // at d = 0.5 (fill 0.82) +7%, d = 0.25 (0.66) +8-11%, b = 16 at d = 0.25 (0.71) +3%,
           // d = 0.5 (0.94) -7%; before, b = 16 at d = 0.1 (0.47) and 0.05 (0.39) +3-5%.
           // bit j: sub-block j holds one of this consumer's blocks (derived by the producer)
-          const unsigned subs = (static_cast<unsigned>(record[kRecord]) >> (8 * consumer)) & 0xffu;
+          const unsigned subs = (static_cast<unsigned>(record[1]) >> (8 * consumer)) & 0xffu;
 #pragma unroll 1
           for (unsigned rest = subs; rest != 0; rest &= rest - 1) {
             wgmma_fence();

@@ -1340,9 +1340,10 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
             EXPECT_EQ(t.columns, t.warps_m * 64 / b) << "each consumer stacks 64 / b columns into wgmma's M";
             EXPECT_NE(g.name_expression.find("dsd_grouped_kernel"), std::string::npos);
             // the stages (X: bm rows × 64 indices; the group's W blocks in them), their barriers and
-            // step records (128-byte aligned), one output tile of up to 128 rows × 64 per consumer
+            // step records (pattern and sub-blocks; 128-byte aligned), one output tile of up to 128
+            // rows × 64 per consumer
             const int sub = 64 / b;
-            const int ring = t.stages * (t.bm * 128 + sub * t.columns * 2 * b * b + 16 + 4 * (2 + sub * t.columns));
+            const int ring = t.stages * (t.bm * 128 + sub * t.columns * 2 * b * b + 16 + 4 * 2);
             EXPECT_EQ(t.shared_bytes, 1024 + (ring + 127) / 128 * 128 + t.warps_m * std::min(t.bm, 128) * 128);
             EXPECT_TRUE(g.persistent);
             EXPECT_EQ(g.tensor_maps[0].box_inner, 64) << "64 reduction indices of X per step: 128-byte rows";
