@@ -286,6 +286,21 @@ TEST_F(AttentionBackwardGpu, GroupedQueryAttentionMatchesReference) {
         }
 }
 
+// Groups as models have them: 16 query heads over 2 key/value heads (a group of 8, suite A's
+// grouped case) and over 1, causal, both Hopper blocks and head dims, forward and backward.
+TEST_F(AttentionBackwardGpu, GroupsOfEightAndSixteenQueryHeads) {
+  for (int block : {64, 128})
+    for (int d : {64, 128})
+      for (int group : {8, 16}) {
+        const Case c{block, d, DType::bf16, QkvOrder::bhsd, true};
+        const std::vector<Layout> masks{layouts::causal(512 / block)};
+        SCOPED_TRACE(fmt::format("kv_group {} (16 query heads)", group));
+        const Attention attn(masks, {c.block, c.head_dim, c.dtype, c.order, c.causal, "", group});
+        std::mt19937_64 rng(1300 + block + d + group);
+        expect_gradients(attn, c, masks, rng, 1, 16, true);
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, AttentionBackwardGpu, ::testing::ValuesIn(testing::all_attention_cases()),
                          [](const auto& info) { return case_name(info.param); });
 

@@ -1017,8 +1017,10 @@ int main(int argc, char** argv) {
     if (!attention_rows.empty()) {
       fmt::print("\n== suite A (B=4, H=16, S=8192, bf16, causal inside the diagonal): fused forward, backward ==\n");
       for (const auto& r : attention_rows)
-        fmt::print("{:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s   backward {:8.3f} ms   decomposed forward {:8.3f} ms\n",
-                   r.mask, r.block, r.head_dim, r.ms, r.tflops, r.backward_ms, r.decomposed_ms);
+        fmt::print(
+            "{:22} b{:<3} d{:<3} {:8.3f} ms {:7.1f} TF/s   backward {:8.3f} ms   decomposed forward {:8.3f} ms{}\n",
+            r.mask, r.block, r.head_dim, r.ms, r.tflops, r.backward_ms, r.decomposed_ms,
+            r.error <= 1e-2 && r.backward_error <= 1e-2 ? "" : "  WRONG");
     }
     if (!jit.empty()) {
       fmt::print("\n== JIT figures ==\n");
@@ -1043,8 +1045,14 @@ int main(int argc, char** argv) {
                                     {"error", r.error},
                                     {"floor_ms", r.floor_ms}});
     for (const auto& r : attention_rows)
-      j["suite_a"].push_back({{"mask", r.mask}, {"block", r.block}, {"head_dim", r.head_dim}, {"ms", r.ms},
-                              {"tflops", r.tflops}, {"error", r.error}, {"backward_ms", r.backward_ms},
+      j["suite_a"].push_back({{"mask", r.mask},
+                              {"block", r.block},
+                              {"head_dim", r.head_dim},
+                              {"ms", r.ms},
+                              {"tflops", r.tflops},
+                              {"error", r.error},
+                              {"backward_ms", r.backward_ms},
+                              {"backward_error", r.backward_error},
                               {"decomposed_forward_ms", r.decomposed_ms}});
     for (const auto& r : conv_rows)
       j["suite_c"].push_back({{"shape", r.shape},
@@ -1079,14 +1087,15 @@ int main(int argc, char** argv) {
                                                       {"attention_decomposed", r.decomposed_ms}};
         for (const auto& [op, ms] : ops)
           csv << fmt::format("A,{},{},{},{},{:.5f},{:.2f},0,0,0,{:.2e},0\n", r.mask, r.block, r.head_dim, op, ms,
-                             forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms, r.error);
+                             forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms,
+                             op == ops[1].first ? r.backward_error : r.error);
       }
     }
     bool wrong = false;
     for (auto* set : {&rows, &small_rows, &layer_rows})
       for (const auto& r : *set) wrong |= !(r.error <= 1e-2);
     for (const auto& r : tf32_rows) wrong |= !(r.error <= (r.layout == "tf32" ? 1e-2 : 1e-5));
-    for (const auto& r : attention_rows) wrong |= !(r.error <= 1e-2);
+    for (const auto& r : attention_rows) wrong |= !(r.error <= 1e-2) || !(r.backward_error <= 1e-2);
     return wrong ? 1 : 0;
   } catch (const Error& e) {
     fmt::print(stderr, "bsjit-bench: {}\n", e.what());

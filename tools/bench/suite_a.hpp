@@ -20,6 +20,7 @@ struct AttentionRow {
   int block = 0, head_dim = 0;
   double ms = 0, tflops = 0, error = 0;  // FLOPs of attended (query, key) pairs only: 4 · pairs · D
   double backward_ms = 0;                 // dQ, dK, dV (10 · pairs · D FLOPs: 5 products)
+  double backward_error = 0;              // of dQ, dK, dV and lse on the sampled rows
   double decomposed_ms = 0;               // scores + softmax + probs_v
 };
 
