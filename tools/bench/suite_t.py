@@ -32,7 +32,8 @@ import bsjit
 from bsjit.layout import as_masks, mask_set_handle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_attention import block_mask_table  # noqa: E402  (suite A's masks, shared with the baselines)
+from dispatch_overhead import graphed  # noqa: E402  (a CUDA graph of fn after warm-up calls)
+from torch_attention import block_mask_table, median_ms  # noqa: E402  (suite A's masks and timing)
 
 ROWS = []
 
@@ -40,35 +41,6 @@ ROWS = []
 def report(**kv):
     ROWS.append(kv)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kv.items()), flush=True)
-
-
-def median_ms(fn, reps, warmup=3):
-    """Median of `reps` CUDA-event timings of fn after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def graphed(fn):
-    """fn captured into a CUDA graph after warm-up calls on a side stream; returns the replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def kernel_ms(fn):

@@ -36,6 +36,24 @@ def block_mask_table(name, blocks, block):
     return ((i - j >= 0) & (i - j < window)) | ((j < glob) & (j <= i))
 
 
+def median_ms(fn, reps, flush=None):
+    """Median of `reps` CUDA-event timings of fn after 3 warm-up calls; with `flush` (a large
+    buffer), each run after a read of it, so that L2 holds none of fn's inputs."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if flush is not None:
+            flush.max()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -47,19 +65,8 @@ def main():
 
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
-    def ms(fn):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(args.reps):
-            flush.max()  # a read of 256 MiB: L2 holds none of fn's inputs
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+    def ms(fn):  # each run after a read of 256 MiB
+        return median_ms(fn, args.reps, flush)
 
     def fwd_bwd(attention):  # forward and backward, no gradient accumulated in q, k, v
         return lambda: torch.autograd.grad(attention(), (q, k, v), grad)
