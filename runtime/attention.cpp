@@ -62,6 +62,28 @@ struct Attention::Impl {
     std::unique_ptr<runtime::DeviceMemory> workspace;
   };
   std::map<runtime::Context, Backward> backwards;
+  std::map<runtime::Context, int> l2_bytes;  // each context's device's L2 size, read once
+
+  // (batch, head) pairs per band of the fused kernels' one-dimensional grid of pairs · tiles CTAs
+  // (kernels::BandedTile): the forward streams K and V (shared by a key/value group), the backward
+  // Q and dO.
+  int band(const runtime::Context& ctx, std::int64_t pairs, std::int64_t tiles, bool backward) {
+    if (pairs * tiles > INT_MAX)
+      throw Error(fmt::format("bsjit: attention: batch · heads = {} with {} tiles a head is past the grid's {} CTAs",
+                              pairs, tiles, INT_MAX));
+    int l2 = 0;
+    {
+      std::lock_guard lock(mutex);
+      auto it = l2_bytes.find(ctx);
+      if (it == l2_bytes.end()) it = l2_bytes.emplace(ctx, runtime::context_l2_bytes(ctx)).first;
+      l2 = it->second;
+    }
+    const std::int64_t row_bytes = 2 * options.head_dim * 2;  // K and V, or Q and dO: 16-bit
+    const std::int64_t bytes = backward ? row_bytes * seq_q() : row_bytes * seq_k() / options.kv_group;
+    return runtime::head_band(pairs, bytes, l2, options.kv_group);
+  }
+  std::int64_t seq_q() const { return masks[0].rows() * options.block; }
+  std::int64_t seq_k() const { return masks[0].cols() * options.block; }
 
   const generator::GeneratedAttentionBackward& backward_source(const std::string& arch) {  // mutex held
     auto it = backward_sources.find(arch);
@@ -178,19 +200,21 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
   const runtime::Context ctx = runtime::current_context();
   const auto [f, g] = impl_->function(ctx, cache::KernelCache::global().run_time_on_miss());
   const unsigned char* padding = key_padding;
-  const auto grid_x = static_cast<unsigned>(batch * heads), grid_y = static_cast<unsigned>(g->query_tiles);
+  // one-dimensional: batch · heads · query tiles CTAs in bands of heads (kernels::BandedTile)
+  const auto grid = static_cast<unsigned>(batch * heads * g->query_tiles);
+  int band = impl_->band(ctx, batch * heads, g->query_tiles, false);
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
   if (!g->tma) {
-    void* args[] = {&q, &k, &v, &out, &lse, &padding, &heads_arg, &scale_log2};
-    BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
+    void* args[] = {&q, &k, &v, &out, &lse, &padding, &heads_arg, &band, &scale_log2};
+    BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, static_cast<unsigned>(g->threads), 1, 1,
                                               static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
     return;
   }
   CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g->q_rows),
               mk = impl_->tensor_map(k, batch, kv_heads, seq_k(), g->kv_rows),
               mv = impl_->tensor_map(v, batch, kv_heads, seq_k(), g->kv_rows);
-  void* args[] = {&out, &lse, &padding, &heads_arg, &scale_log2, &mq, &mk, &mv};
-  BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid_x, grid_y, 1, static_cast<unsigned>(g->threads), 1, 1,
+  void* args[] = {&out, &lse, &padding, &heads_arg, &band, &scale_log2, &mq, &mk, &mv};
+  BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, static_cast<unsigned>(g->threads), 1, 1,
                                             static_cast<unsigned>(g->shared_bytes), cu_stream, args, nullptr));
 }
 
@@ -230,18 +254,22 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   if (!g.dkv.empty())
     BSJIT_CU(drv.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(key_acc), 0,
                                   impl_->key_accumulator_floats(batch, heads, seq_k()), cu));
-  const auto main_grid_y = static_cast<unsigned>(g.key_tiles), threads = static_cast<unsigned>(g.threads),
+  // the main kernel: batch · heads · key tiles CTAs in bands of heads (kernels::BandedTile)
+  const auto main_grid = static_cast<unsigned>(batch * heads * g.key_tiles), threads = static_cast<unsigned>(g.threads),
              shared = static_cast<unsigned>(g.shared_bytes);
+  int band = impl_->band(ctx, batch * heads, g.key_tiles, true);
   if (g.tma) {
     CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g.q_rows),
                 mk = impl_->tensor_map(k, batch, kv_heads, seq_k(), g.kv_rows),
                 mv = impl_->tensor_map(v, batch, kv_heads, seq_k(), g.kv_rows),
                 mo = impl_->tensor_map(dout, batch, heads, seq_q(), g.q_rows);
-    void* main_args[] = {&lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s, &mq, &mk, &mv, &mo};
-    BSJIT_CU(drv.cuLaunchKernel(bw.main(), bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
+    void* main_args[] = {&lse,  &delta,      &padding, &dq_acc, &dk, &dv, &heads_arg,
+                         &band, &scale_log2, &s,       &mq,     &mk, &mv, &mo};
+    BSJIT_CU(drv.cuLaunchKernel(bw.main(), main_grid, 1, 1, threads, 1, 1, shared, cu, main_args, nullptr));
   } else {
-    void* main_args[] = {&q, &k, &v, &dout, &lse, &delta, &padding, &dq_acc, &dk, &dv, &heads_arg, &scale_log2, &s};
-    BSJIT_CU(drv.cuLaunchKernel(bw.main(), bh, main_grid_y, 1, threads, 1, 1, shared, cu, main_args, nullptr));
+    void* main_args[] = {&q,      &k,  &v,  &dout,      &lse,  &delta,      &padding,
+                         &dq_acc, &dk, &dv, &heads_arg, &band, &scale_log2, &s};
+    BSJIT_CU(drv.cuLaunchKernel(bw.main(), main_grid, 1, 1, threads, 1, 1, shared, cu, main_args, nullptr));
   }
   void* dq_args[] = {&dq_acc, &dq, &heads_arg, &s};
   BSJIT_CU(drv.cuLaunchKernel(bw.dq(), bh, static_cast<unsigned>(g.query_rows16), 1, 128, 1, 1, 0, cu, dq_args, nullptr));
@@ -285,8 +313,8 @@ void Attention::load(bool strict) const {
   impl_->backward(ctx, 0, on_miss);
 }
 
-std::int64_t Attention::seq_q() const { return impl_->masks[0].rows() * impl_->options.block; }
-std::int64_t Attention::seq_k() const { return impl_->masks[0].cols() * impl_->options.block; }
+std::int64_t Attention::seq_q() const { return impl_->seq_q(); }
+std::int64_t Attention::seq_k() const { return impl_->seq_k(); }
 const AttentionOptions& Attention::options() const { return impl_->options; }
 
 }  // namespace bsjit

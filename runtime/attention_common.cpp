@@ -49,6 +49,12 @@ std::string kernel_arch(const std::string& arch, const Context& ctx) {
   return arch.empty() ? default_kernel_arch(context_arch(ctx)) : arch;
 }
 
+int head_band(std::int64_t pairs, std::int64_t bytes_per_pair, std::int64_t l2_bytes, int group) {
+  std::int64_t band = std::max<std::int64_t>(1, l2_bytes / 2 / std::max<std::int64_t>(1, bytes_per_pair));
+  if (band >= group) band -= band % group;
+  return static_cast<int>(std::clamp<std::int64_t>(band, 1, std::max<std::int64_t>(1, pairs)));
+}
+
 cache::Request named_kernel_request(const std::string& source, const generator::DeviceTables& tables,
                                     const std::string& name, const std::string& label, int shared_bytes,
                                     const std::string& arch, const std::string& layout_hash) {

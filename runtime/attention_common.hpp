@@ -29,6 +29,11 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
 // default (Attention, AttentionOps, Conv and ConvEdgeBias alike).
 std::string kernel_arch(const std::string& arch, const Context& ctx);
 
+// (batch, head) pairs per band of the fused kernels' grid (kernels::BandedTile in
+// templates/bsjit/attention.cuh): as many as stream their `bytes_per_pair` within half of an L2 of
+// l2_bytes, whole key/value groups of `group` pairs where one fits, at least 1 and at most `pairs`.
+int head_band(std::int64_t pairs, std::int64_t bytes_per_pair, std::int64_t l2_bytes, int group);
+
 // The cache request for kernel `name` (a name expression) of source with its tables for arch: its
 // key, code key and compile (which copies what it needs). layout_hash tags the entry.
 cache::Request named_kernel_request(const std::string& source, const generator::DeviceTables& tables,

@@ -108,6 +108,12 @@ int context_sms(const Context& ctx) {
   return sms;
 }
 
+int context_l2_bytes(const Context& ctx) {
+  int bytes = 0;
+  BSJIT_CU(driver().cuDeviceGetAttribute(&bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, context_device(ctx)));
+  return bytes;
+}
+
 namespace {
 
 // Copies kernel's tables into the module's arrays, on a stream of its own that does not wait for

@@ -48,6 +48,8 @@ bool alive(const Context& ctx);
 std::string context_arch(const Context& ctx);
 // The SM count of ctx's device.
 int context_sms(const Context& ctx);
+// The L2 cache size of ctx's device, in bytes.
+int context_l2_bytes(const Context& ctx);
 
 // One compiled kernel loaded into one context: module, function, and the device memory that holds
 // the values of its pointer tables (0: none; generator/device_tables.hpp).

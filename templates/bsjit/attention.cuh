@@ -95,6 +95,26 @@ struct KvHead {
   __device__ KvHead(int h, int query_heads) : head(h / Cfg::kKvGroup), heads(query_heads / Cfg::kKvGroup) {}
 };
 
+// Where a CTA of the fused kernels works. Their grid is one-dimensional, batch · heads · tiles CTAs,
+// in bands of `band` consecutive (batch, head) pairs (the last band narrower); within a band, the
+// tiles in the generator's launch order (most key blocks first), each rank for every pair of the
+// band in turn. A band's CTAs stream the same heads' K and V (forward) or Q and dO (backward), so
+// the host makes a band as wide as fits half of the GPU's L2 (runtime/attention.cpp, head_band).
+// With heads fastest over the whole grid, a wave of CTAs read every head's tensors from DRAM: the
+// H100's head-dim-128 causal forward 2.75 ms against 1.85 with 8 query heads sharing each K and V
+// (docs/PERFORMANCE.md, suite A on an H100).
+struct BandedTile {
+  int pairs;  // batch · heads
+  int bh;     // this CTA's batch · heads + head
+  int rank;   // its tile's place in the launch order
+  __device__ BandedTile(int tiles, int band) {
+    pairs = gridDim.x / tiles;
+    const int first = blockIdx.x / (band * tiles) * band, width = min(band, pairs - first);
+    const int r = blockIdx.x - first * tiles;
+    rank = r / width, bh = first + r % width;
+  }
+};
+
 template <class Cfg>
 struct AttentionPlan {
   static constexpr int kS = Cfg::kHeadDim + kPad;  // row stride of the Q, K and V tiles
@@ -106,7 +126,7 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
     attention_forward_kernel(const typename Cfg::T* __restrict__ q, const typename Cfg::T* __restrict__ k,
                              const typename Cfg::T* __restrict__ v, typename Cfg::T* __restrict__ out,
                              float* __restrict__ lse, const unsigned char* __restrict__ key_padding, int heads,
-                             float scale_log2) {
+                             int band, float scale_log2) {
   using T = typename Cfg::T;
   using Plan = AttentionPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Plan::kS;
@@ -122,9 +142,9 @@ __global__ void __launch_bounds__(Cfg::kQTile * 2)
   T* Ks = Qs + QT * S;  // [2][KT][S]
   T* Vs = Ks + 2 * KT * S;
 
-  // grid: x = batch · heads + head, y = query tiles in the generator's order (most key blocks first)
-  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const long long q0 = static_cast<long long>(Cfg::tile_order()[blockIdx.y]) * QT;
+  const BandedTile cta(static_cast<int>(seq_q / QT), band);
+  const int b = cta.bh / heads, h = cta.bh % heads;
+  const long long q0 = static_cast<long long>(Cfg::tile_order()[cta.rank]) * QT;
   // Position p of (b, h) starts at base + p · stride: [batch, seq, heads, D] or [batch, heads, seq, D].
   const long long stride = Cfg::kHeadsFirst ? D : static_cast<long long>(heads) * D;
   const long long q_base = Cfg::kHeadsFirst ? (static_cast<long long>(b) * heads + h) * seq_q * D

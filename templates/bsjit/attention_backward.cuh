@@ -85,16 +85,18 @@ __global__ void __launch_bounds__(128)
 }
 
 // The fp32 dK accumulator of grouped-query attention, [batch · heads / kKvGroup, seq_k, D], with
-// dV's after it, in the workspace after the dQ accumulator and Delta: in a kernel of grid x batch ·
-// heads, the rows of (batch b, key/value head kv) from dk on, each dV element dv floats after its dK.
+// dV's after it, in the workspace after the dQ accumulator and Delta (pairs = batch · heads rows of
+// seq_q floats): the rows of (batch b, key/value head kv) from dk on, each dV element dv floats
+// after its dK.
 template <class Cfg>
 struct KeyGradientRows {
   float* dk;
   long long dv;
-  __device__ KeyGradientRows(const float* delta, long long seq_q, long long seq_k, int b, const KvHead<Cfg>& kv) {
-    dk = const_cast<float*>(delta) + static_cast<long long>(gridDim.x) * seq_q +
+  __device__ KeyGradientRows(const float* delta, int pairs, long long seq_q, long long seq_k, int b,
+                             const KvHead<Cfg>& kv) {
+    dk = const_cast<float*>(delta) + static_cast<long long>(pairs) * seq_q +
          (static_cast<long long>(b) * kv.heads + kv.head) * seq_k * Cfg::kHeadDim;
-    dv = static_cast<long long>(gridDim.x / Cfg::kKvGroup) * seq_k * Cfg::kHeadDim;
+    dv = static_cast<long long>(pairs / Cfg::kKvGroup) * seq_k * Cfg::kHeadDim;
   }
 };
 
@@ -126,7 +128,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
                               const float* __restrict__ lse, const float* __restrict__ delta,
                               const unsigned char* __restrict__ key_padding, float* __restrict__ dq_acc,
                               typename Cfg::T* __restrict__ dk, typename Cfg::T* __restrict__ dv, int heads,
-                              float scale_log2, float scale) {
+                              int band, float scale_log2, float scale) {
   using T = typename Cfg::T;
   using Plan = AttentionBackwardPlan<Cfg>;
   constexpr int D = Cfg::kHeadDim, QT = Cfg::kQTile, KT = Cfg::kKTile, S = Plan::kS, SD = Plan::kSd;
@@ -143,9 +145,10 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
   T* Os = Qs + 2 * QT * S;   // dO, [2][QT][S]
   T* dSs = Os + 2 * QT * S;  // dSᵀ, [KT][SD]
 
-  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const long long bh = blockIdx.x;
-  const long long k0 = static_cast<long long>(Cfg::key_tile_order()[blockIdx.y]) * KT;
+  const BandedTile cta(static_cast<int>((seq_k + KT - 1) / KT), band);  // attention.cuh
+  const int b = cta.bh / heads, h = cta.bh % heads;
+  const long long bh = cta.bh;
+  const long long k0 = static_cast<long long>(Cfg::key_tile_order()[cta.rank]) * KT;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   const int col = static_cast<int>(k0 / Cfg::kBlock);
   const int begin = Cfg::col_start()[layout * Cfg::k_blocks() + col];
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(Cfg::kKTile * 2)
         store_pair(dv + ki.at(my_key[i]) + 8 * j + 2 * t4, dvacc[j][2 * i], dvacc[j][2 * i + 1], 0);
       }
   } else {  // the group's query heads add into the key/value head's accumulators
-    const KeyGradientRows<Cfg> acc(delta, seq_q, seq_k, b, kv);
+    const KeyGradientRows<Cfg> acc(delta, cta.pairs, seq_q, seq_k, b, kv);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll

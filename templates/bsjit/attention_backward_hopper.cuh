@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(384, 1)
     attention_backward_tma_kernel(const float* __restrict__ lse, const float* __restrict__ delta,
                                   const unsigned char* __restrict__ key_padding, float* __restrict__ dq_acc,
                                   typename Cfg::T* __restrict__ dk, typename Cfg::T* __restrict__ dv, int heads,
-                                  float scale_log2, float scale, const __grid_constant__ TensorMap map_q,
+                                  int band, float scale_log2, float scale, const __grid_constant__ TensorMap map_q,
                                   const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
                                   const __grid_constant__ TensorMap map_do) {
   using T = typename Cfg::T;
@@ -72,9 +72,10 @@ __global__ void __launch_bounds__(384, 1)
   unsigned long long* full = kv_full + Plan::kStreams;                                              // [ring]
   unsigned long long* empty = full + Plan::kRing;
 
-  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const long long bh = blockIdx.x;
-  const int k0 = Cfg::key_tile_order()[blockIdx.y] * KT;
+  const BandedTile cta((seq_k + KT - 1) / KT, band);  // attention.cuh
+  const int b = cta.bh / heads, h = cta.bh % heads;
+  const long long bh = cta.bh;
+  const int k0 = Cfg::key_tile_order()[cta.rank] * KT;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   // stream st: block column k0 / block + st, its query tiles (none past the last column)
   auto column = [&](int st) { return k0 / Cfg::kBlock + st; };
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(384, 1)
         store_pair(dv + ki.at(my_key[e]) + 8 * j + 2 * t4, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1], 0);
       }
   } else {  // the group's query heads add into the key/value head's accumulators (attention_backward.cuh)
-    const KeyGradientRows<Cfg> acc(delta, seq_q, seq_k, b, KvHead<Cfg>(h, heads));
+    const KeyGradientRows<Cfg> acc(delta, cta.pairs, seq_q, seq_k, b, KvHead<Cfg>(h, heads));
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll

@@ -42,8 +42,8 @@ struct AttentionTmaPlan {
 template <class Cfg>
 __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers == 1 ? 2 : 1)
     attention_forward_tma_kernel(typename Cfg::T* __restrict__ out, float* __restrict__ lse,
-                                 const unsigned char* __restrict__ key_padding, int heads, float scale_log2,
-                                 const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
+                                 const unsigned char* __restrict__ key_padding, int heads, int band,
+                                 float scale_log2, const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
                                  const __grid_constant__ TensorMap map_v) {
   using T = typename Cfg::T;
   using Plan = AttentionTmaPlan<Cfg>;
@@ -65,8 +65,9 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   unsigned long long* k_empty = v_full + S;
   unsigned long long* v_empty = k_empty + S;
 
-  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int q0 = Cfg::tile_order()[blockIdx.y] * QT, row = q0 / Cfg::kBlock;
+  const BandedTile cta(seq_q / QT, band);  // attention.cuh
+  const int b = cta.bh / heads, h = cta.bh % heads;
+  const int q0 = Cfg::tile_order()[cta.rank] * QT, row = q0 / Cfg::kBlock;
   const int layout = Cfg::kLayouts == 1 ? 0 : h;
   const int begin = Cfg::row_start()[layout * Cfg::q_blocks() + row];
   const int total = Cfg::row_start()[layout * Cfg::q_blocks() + row + 1] - begin;

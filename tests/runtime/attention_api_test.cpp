@@ -8,9 +8,36 @@
 #include <random>
 
 #include "bsjit/bsjit.hpp"
+#include "runtime/attention_common.hpp"
 
 namespace bsjit {
 namespace {
+
+// The fused kernels' grid runs in bands of (batch, head) pairs whose streamed tensors fit half the
+// L2 (kernels::BandedTile): the H100's 50 MiB at S = 8192, d = 128 (K and V 4 MiB a head).
+TEST(AttentionBands, BandsOfHeadsFitHalfTheL2) {
+  const std::int64_t l2 = 50 << 20, kv = 2 * 8192 * 128 * 2;
+  EXPECT_EQ(runtime::head_band(64, kv, l2, 1), 6);
+  EXPECT_EQ(runtime::head_band(64, kv / 8, l2, 8), 48) << "8 query heads a key/value head: 50 pairs, whole groups";
+  EXPECT_EQ(runtime::head_band(64, kv / 16, l2, 16), 64) << "never past the pairs there are";
+  EXPECT_EQ(runtime::head_band(64, kv, l2, 16), 6) << "a group wider than the band: the band as it is";
+  EXPECT_EQ(runtime::head_band(3, 1024, l2, 1), 3);
+  EXPECT_EQ(runtime::head_band(64, std::int64_t{1} << 40, l2, 1), 1) << "at least one pair";
+  EXPECT_EQ(runtime::head_band(64, 0, l2, 1), 64);
+  EXPECT_EQ(runtime::head_band(64, kv, 0, 4), 1) << "no L2 reported";
+  for (int group : {1, 2, 4, 8})
+    for (std::int64_t bytes = 1 << 16; bytes <= (std::int64_t{1} << 26); bytes *= 2) {
+      const int band = runtime::head_band(256, bytes, l2, group);
+      ASSERT_GE(band, 1);
+      ASSERT_LE(band, 256);
+      if (band >= group) {
+        EXPECT_EQ(band % group, 0) << bytes << " bytes, group " << group;
+      }
+      if (band > 1) {
+        EXPECT_LE(band * bytes, l2 / 2) << bytes << " bytes, group " << group;
+      }
+    }
+}
 
 TEST(AttentionApi, PrecompilesForwardBackwardAndOpsWithoutAGpu) {
   namespace fs = std::filesystem;
