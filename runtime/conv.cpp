@@ -187,18 +187,57 @@ struct Conv::Impl {
     return loaded[k]->function;
   }
 
-  // The matmul path's block order in ctx (null on the other paths), and the stream's scratch of at
-  // least `bytes`.
-  std::pair<const int*, CUdeviceptr> state(const runtime::Context& ctx, CUstream stream, std::size_t bytes) {
+  // The matmul path's block order in ctx (null on the other paths), uploaded at the first call or
+  // load().
+  const int* order_of(const runtime::Context& ctx) {
     std::lock_guard lock(mutex);
     auto& c = contexts[ctx];
     if (plan && !c.order) {
       c.order = std::make_unique<runtime::DeviceMemory>(plan->order.size() * sizeof(int));
       BSJIT_CU(runtime::driver().cuMemcpyHtoD(c.order->ptr, plan->order.data(), c.order->bytes));
     }
-    auto& scratch = c.scratch[stream];
-    if (!scratch || scratch->bytes < bytes) scratch = conv_scratch().get(ctx, stream, bytes);
-    return {c.order ? static_cast<const int*>(c.order->get()) : nullptr, scratch->ptr};
+    return c.order ? static_cast<const int*>(c.order->get()) : nullptr;
+  }
+
+  // A call's scratch of `bytes`: in the caller's workspace after the 1×1 path's matmul workspace
+  // (OpOptions::workspace, laid out by workspace_size), else the stream's own.
+  CUdeviceptr scratch(const runtime::Context& ctx, CUstream stream, std::size_t bytes, const OpOptions& call,
+                      std::size_t matmul_bytes) {
+    if (call.workspace) return reinterpret_cast<CUdeviceptr>(call.workspace) + (matmul_bytes + 15) / 16 * 16;
+    std::lock_guard lock(mutex);
+    auto& s = contexts[ctx].scratch[stream];
+    if (!s || s->bytes < bytes) s = conv_scratch().get(ctx, stream, bytes);
+    return s->ptr;
+  }
+
+  // The 1×1 path's matmul op for kernel k, and the rows it runs at n images.
+  static Op matmul_op(Kernel k) {
+    return k == kUpdat ? Op::backward_weight : k == kFprop ? Op::backward_data : Op::forward;
+  }
+  std::int64_t matmul_rows(std::int64_t n) const { return n * product(geometry.in); }
+  // The 1×1 path's scratch: the filter (16-byte aligned) and the gate in the matmul's block order.
+  std::size_t matmul_filter_bytes() const {
+    return (plan->order.size() * plan->block * plan->block * dtype_size(options.dtype) + 15) / 16 * 16;
+  }
+  std::size_t matmul_scratch_bytes() const { return matmul_filter_bytes() + plan->order.size() * sizeof(float); }
+  // The tensor-core kernels' scratch: updat's fp32 filter-gradient sums, the data kernels' filter
+  // packed per tap (none for one tap).
+  std::size_t igemm_scratch_bytes(Kernel k) const {
+    const std::int64_t taps = geometry.taps(), elements = layout.filter_elements(taps);
+    if (k == kUpdat) return static_cast<std::size_t>(elements) * sizeof(float);
+    return taps > 1 ? static_cast<std::size_t>(elements) * dtype_size(options.dtype) : 0;
+  }
+
+  // Bytes of a caller's workspace for kernel k at n images: the 1×1 path's matmul workspace (first,
+  // so that its counters lead), then the scratch (Conv::workspace_size).
+  std::size_t workspace_size(Kernel k, std::int64_t n, const OpOptions& call) {
+    if (plan) {
+      OpOptions inner;
+      inner.accumulate = call.accumulate, inner.gate = call.gate;
+      const std::size_t mm = matmul->workspace_size(matmul_op(k), matmul_rows(n), inner);
+      return (mm + 15) / 16 * 16 + matmul_scratch_bytes();
+    }
+    return igemm ? igemm_scratch_bytes(k) : 0;
   }
 
   // Blocks of `elements` elements between the convolution's order and the matmul's.
@@ -214,15 +253,17 @@ struct Conv::Impl {
 
   // Kernel k of the convolution as the matmul (a, b, out as launch() takes them).
   void launch_matmul(Kernel k, const void* a, const void* b, void* out, std::int64_t n, CUstream stream,
-                     const OpOptions& call) {
+                     const OpOptions& call, std::size_t matmul_bytes) {
     const runtime::Context ctx = runtime::current_context();
-    const std::int64_t rows = n * product(geometry.in);
+    const std::int64_t rows = matmul_rows(n);
     const int bb = plan->block * plan->block;
-    const std::size_t filter_bytes = (plan->order.size() * bb * dtype_size(options.dtype) + 15) / 16 * 16;
-    const auto [order, scratch] = state(ctx, stream, filter_bytes + plan->order.size() * sizeof(float));
+    const std::size_t filter_bytes = matmul_filter_bytes();
+    const int* order = order_of(ctx);
+    const CUdeviceptr scratch = this->scratch(ctx, stream, matmul_scratch_bytes(), call, matmul_bytes);
     void* w = reinterpret_cast<void*>(scratch);
     OpOptions o;
     o.accumulate = call.accumulate;
+    if (call.workspace && matmul_bytes > 0) o.workspace = call.workspace, o.workspace_bytes = matmul_bytes;
     if (call.gate) {
       float* gate = reinterpret_cast<float*>(scratch + filter_bytes);
       gather(ctx, kGatherGate, call.gate, gate, order, 1, false, stream);
@@ -264,8 +305,7 @@ struct Conv::Impl {
       BSJIT_CU(d.cuLaunchKernel(function(ctx, kernel), grid, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
     };
     if (k == kUpdat) {  // fp32 sums of the filter gradient per block and tap, then the store
-      const std::size_t bytes = filter_elements * sizeof(float);
-      float* sums = reinterpret_cast<float*>(state(ctx, stream, bytes).second);
+      float* sums = reinterpret_cast<float*>(scratch(ctx, stream, igemm_scratch_bytes(k), call, 0));
       BSJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sums), 0, filter_elements, stream));
       CUfunction f = function(ctx, kIgemmUpdat);
       const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat);
@@ -291,7 +331,7 @@ struct Conv::Impl {
     }
     const void* filter = b;
     if (taps > 1) {  // packed per tap
-      void* packed = reinterpret_cast<void*>(state(ctx, stream, filter_elements * dtype_size(options.dtype)).second);
+      void* packed = reinterpret_cast<void*>(scratch(ctx, stream, igemm_scratch_bytes(k), call, 0));
       void* pack[] = {&filter, &packed, &blocks, &block, &taps};
       elementwise(kIgemmPack, pack);
       filter = packed;
@@ -337,7 +377,17 @@ struct Conv::Impl {
     if (n <= 0 || n > INT_MAX || per_image > INT64_MAX / 4 / n)
       throw Error(fmt::format("bsjit: conv {}: n = {} out of range (1 .. {} for this geometry)", op, n,
                               std::min<std::int64_t>(INT_MAX, INT64_MAX / 4 / per_image)));
-    if (plan) return launch_matmul(k, a, b, out, n, reinterpret_cast<CUstream>(stream), call);
+    std::size_t matmul_bytes = 0;  // of a caller's workspace: the 1×1 path's matmul's, then the scratch
+    if (call.workspace) {
+      const std::size_t need = workspace_size(k, n, call);
+      if (call.workspace_bytes < need || reinterpret_cast<std::uintptr_t>(call.workspace) % 16 != 0)
+        throw Error(
+            fmt::format("bsjit: conv {}: the workspace given ({} bytes at {}) must hold {} bytes and be "
+                        "16-byte aligned (Conv::workspace_size)",
+                        op, call.workspace_bytes, call.workspace, need));
+      if (plan) matmul_bytes = need - matmul_scratch_bytes();
+    }
+    if (plan) return launch_matmul(k, a, b, out, n, reinterpret_cast<CUstream>(stream), call, matmul_bytes);
     if (igemm) return launch_igemm(k, a, b, out, n, reinterpret_cast<CUstream>(stream), call);
     const runtime::Context ctx = runtime::current_context();
     CUfunction f = function(ctx, k);
@@ -521,6 +571,12 @@ void Conv::load(bool strict) const {
   for (Kernel k : impl_->kernels())
     impl_->function(ctx, k, strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());
   if (impl_->matmul) impl_->matmul->prepare({Op::forward, Op::backward_data, Op::backward_weight});
+  impl_->order_of(ctx);
+}
+
+std::size_t Conv::workspace_size(ConvOp op, std::int64_t n, const OpOptions& call) const {
+  if (n <= 0 || n > INT_MAX) throw Error(fmt::format("bsjit: conv: n = {} out of range (1 .. {})", n, INT_MAX));
+  return impl_->workspace_size(impl_->kernel_of(op), n, call);
 }
 
 std::string Conv::generated_source() const {

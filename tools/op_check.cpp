@@ -128,6 +128,8 @@ CheckResult run_and_check(const Conv& conv, ConvOp op, const CheckOptions& o) {
                       [&](auto& in, DeviceBuffer& out, const float* g) {
                         OpOptions oo;
                         oo.accumulate = o.accumulate;
+                        oo.workspace = o.workspace;
+                        oo.workspace_bytes = o.workspace_bytes;
                         oo.gate = g;
                         switch (op) {
                           case ConvOp::fprop:

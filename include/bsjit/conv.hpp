@@ -58,8 +58,9 @@ class Conv {
   Conv& operator=(Conv&&) noexcept;
 
   // OpOptions: accumulate adds the result to the output; gate, a device array [blocks], scales
-  // block i's contribution (fprop, bprop) or its filter gradient (updat) by gate[i], 0 skipping it.
-  // The workspace fields are unused (no conv kernel takes one).
+  // block i's contribution (fprop, bprop) or its filter gradient (updat) by gate[i], 0 skipping it;
+  // workspace, the device memory the call stages in (workspace_size), given by the caller instead of
+  // the one bsjit keeps per stream.
   void fprop(const void* input, const void* filter, void* output, std::int64_t n, Stream stream = nullptr,
              const OpOptions& op = {}) const;
   void bprop(const void* grad_output, const void* filter, void* grad_input, std::int64_t n, Stream stream = nullptr,
@@ -84,8 +85,20 @@ class Conv {
   // Compiles the kernels for arch into the cache without a GPU (build machines); how many were
   // compiled now. One compile per dtype, order and arch serves every layout and geometry.
   int precompile(const std::string& arch) const;
-  // Loads the kernels into the current context (strict: throws when the cache lacks one).
+  // Loads the kernels into the current context (strict: throws when the cache lacks one), and what
+  // a call keeps per context (a 1×1 convolution's block order).
   void load(bool strict = false) const;
+
+  // Bytes of the workspace op's calls with these options take at n images on the current GPU (0:
+  // none): a 1×1 convolution's matmul workspace (MatMul::workspace_size; first, so that its
+  // counters lead) then its filter and gate in the matmul's block order; the tensor-core kernels'
+  // filter packed per tap (fprop, bprop) or fp32 filter-gradient sums (updat). On the 1×1 path it
+  // compiles or loads the matmul's kernel like a first call. A call given a workspace of this size
+  // (OpOptions::workspace, 16-byte aligned, its first MatMul::workspace_counter_bytes() zero; one
+  // call at a time) allocates nothing once load() or one call has run in the context, as CUDA graph
+  // capture on any stream requires; without one, bsjit allocates one per stream at the stream's
+  // first call.
+  std::size_t workspace_size(ConvOp op, std::int64_t n, const OpOptions& call = {}) const;
 
   // Times every kernel bsjit can run op with at n images on the current GPU (on scratch inputs of
   // that size, on stream) and keeps the fastest for this layout, geometry, dtype, order and target:

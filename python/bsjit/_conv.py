@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import _C, _direct
 from ._objects import ObjectCache
-from ._ops import _DTYPES
+from ._ops import _DTYPES, workspace
 from .layout import lookup
 
 # One bsjit.Conv per (layout, geometry, dtype, storage, direction).
@@ -92,8 +92,11 @@ def _launch(op: str, kernel_op: str, handle: int, geometry: list[int], channels_
         _fail(op, f"bsjit runs on CUDA tensors; these are on {out.device}")
     conv = conv_object(handle, geometry, out.dtype, channels_last, deconv)
     with _direct.on_device(out.device):
+        # the staging (a filter packed per tap, fp32 filter-gradient sums, a 1×1 convolution's matmul
+        # workspace, whose arrival counters lead it) from torch's allocator
+        _held, ptr, size = workspace(conv.workspace_size(kernel_op, n, gate is not None), out.device)
         conv.run(kernel_op, a.data_ptr(), b.data_ptr(), out.data_ptr(), n, _direct.stream(out.device), False,
-                 gate.data_ptr() if gate is not None else 0)
+                 gate.data_ptr() if gate is not None else 0, ptr, size)
 
 
 def _gate(gate: Optional[Tensor]) -> Optional[Tensor]:

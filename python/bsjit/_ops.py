@@ -83,6 +83,17 @@ def _out_shape(x: Tensor, features: int, feature_axis: int) -> list[int]:
     return [*x.shape[:-1], features] if feature_axis == 0 else [features, x.shape[1]]
 
 
+def workspace(bytes_: int, device: torch.device) -> tuple[Optional[Tensor], int, int]:
+    """A workspace of bytes_ from torch's allocator (bsjit then allocates nothing, as CUDA graph
+    capture requires), its leading arrival counters zeroed (the kernels leave them zero): the tensor
+    (None for 0 bytes, kept alive by the caller until the launch is enqueued), its address and size."""
+    if not bytes_:
+        return None, 0, 0
+    w = torch.empty(bytes_, dtype=torch.uint8, device=device)
+    w[: _C.MatMul.workspace_counter_bytes()].zero_()
+    return w, w.data_ptr(), bytes_
+
+
 def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, n: int, gate: Optional[Tensor],
             feature_axis: int) -> None:
     if out.device.type != "cuda":
@@ -90,17 +101,11 @@ def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, 
     mm = matmul_object(handle, int(w.shape[1]), w.dtype, feature_axis)
     with _direct.on_device(out.device):
         stream = _direct.stream(out.device)
-        workspace = None
-        if op == "backward_weight":
-            # the split kernels' workspace from torch's allocator (bsjit allocates nothing, as CUDA
-            # graph capture requires), its arrival counters zeroed; the kernels leave them zero
-            bytes_ = mm.workspace_size(op, n, gate is not None)
-            if bytes_:
-                workspace = torch.empty(bytes_, dtype=torch.uint8, device=out.device)
-                workspace[: _C.MatMul.workspace_counter_bytes()].zero_()
+        # the split kernels' workspace (backward-weight's only)
+        bytes_ = mm.workspace_size(op, n, gate is not None) if op == "backward_weight" else 0
+        _held, ptr, size = workspace(bytes_, out.device)
         mm.run(op, a.data_ptr(), b.data_ptr(), out.data_ptr(), n, stream, False,
-               gate.data_ptr() if gate is not None else 0,
-               workspace.data_ptr() if workspace is not None else 0, workspace.numel() if workspace is not None else 0)
+               gate.data_ptr() if gate is not None else 0, ptr, size)
 
 
 # --- forward: y = x · W (W the layout's blocks, gate-scaled) ------------------------------------

@@ -303,10 +303,12 @@ NB_MODULE(_C, m) {
       .def(
           "run",
           [](const bsjit::Conv& c, const std::string& op, std::uintptr_t a, std::uintptr_t b, std::uintptr_t out,
-             std::int64_t n, std::uintptr_t stream, bool accumulate, std::uintptr_t gate) {
+             std::int64_t n, std::uintptr_t stream, bool accumulate, std::uintptr_t gate, std::uintptr_t workspace,
+             std::size_t workspace_bytes) {
             bsjit::OpOptions o;
             o.accumulate = accumulate;
             o.gate = pointer<const float>(gate);
+            o.workspace = pointer<void>(workspace), o.workspace_bytes = workspace_bytes;
             const auto A = pointer<const void>(a), B = pointer<const void>(b);
             if (op == "fprop")
               c.fprop(A, B, pointer<void>(out), n, stream_of(stream), o);
@@ -317,8 +319,20 @@ NB_MODULE(_C, m) {
             else
               throw bsjit::Error("bsjit: no conv op '" + op + "'");
           },
-          "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0,
-          nb::call_guard<nb::gil_scoped_release>())
+          "op"_a, "a"_a, "b"_a, "out"_a, "n"_a, "stream"_a, "accumulate"_a = false, "gate"_a = 0, "workspace"_a = 0,
+          "workspace_bytes"_a = 0, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "workspace_size",
+          [](const bsjit::Conv& c, const std::string& op, std::int64_t n, bool gated) {
+            bsjit::OpOptions call;
+            call.accumulate = gated;  // a call with options: the general kernel, as a gated call runs
+            if (op != "fprop" && op != "bprop" && op != "updat") throw bsjit::Error("bsjit: no conv op '" + op + "'");
+            return c.workspace_size(op == "fprop"   ? bsjit::ConvOp::fprop
+                                    : op == "bprop" ? bsjit::ConvOp::bprop
+                                                    : bsjit::ConvOp::updat,
+                                    n, call);
+          },
+          "op"_a, "n"_a, "gated"_a = false, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "l2_normalize",
           [](const bsjit::Conv& c, std::uintptr_t f, std::uintptr_t gain, std::uintptr_t out, std::uintptr_t sums,

@@ -449,6 +449,35 @@ def test_conv_and_gradients_match_torch_on_the_dense_filter(dtype, dims, channel
     assert rel_err(layer.weight.grad.double(), w64.grad) < tol
 
 
+def test_conv_cuda_graph_captures_on_a_stream_bsjit_has_not_seen():
+    """The conv ops stage in workspaces from torch's allocator (Conv::workspace_size), so capturing
+    them on torch's capture stream allocates nothing; a scratch of bsjit's own per stream would be
+    allocated there at its first call, which capture forbids. A 3 × 3 convolution on the tensor
+    cores and a 1 × 1 one that runs as a matmul, forward and both gradients."""
+    model = torch.nn.Sequential(
+        bsjit.nn.BlockSparseConv2d(random_mask(4, 4, 0.5, 21), 3, padding=1, block=64, device="cuda",
+                                   dtype=torch.bfloat16),
+        bsjit.nn.BlockSparseConv2d(random_mask(4, 4, 0.5, 22), 1, block=64, device="cuda", dtype=torch.bfloat16))
+    x = torch.randn(2, 256, 8, 8, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    dy = torch.randn(2, 256, 8, 8, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    weights = [m.weight for m in model]
+
+    def step():
+        y = model(x)
+        return (y, *torch.autograd.grad(y, [x, *weights], dy))
+
+    step()  # one eager call on the current stream: kernels loaded, the 1 × 1 block order uploaded
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    for got, want in zip(captured, step()):
+        assert rel_err(got.double(), want.double()) < 1e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_deconv_matches_torch_conv_transpose(dtype):
     layout = bsjit.ConvLayout.from_blocks(40, 24, [(range(0, 16), range(0, 8)), (range(8, 40), range(4, 24))])

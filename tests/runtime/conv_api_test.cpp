@@ -210,6 +210,37 @@ TEST(ConvApi, RefusesWhatTheKernelsCannotTake) {
   EXPECT_NE(error_of([&] { conv.autotune(ConvOp::fprop, 0); }).find("n = 0 is out of range"), std::string::npos);
 }
 
+// A caller's workspace (OpOptions::workspace): the tensor-core kernels stage the filter packed per
+// tap (fprop, bprop) or fp32 filter-gradient sums (updat) in it, a 1×1 tensor-core case (stride 2)
+// and the direct kernels need none; one too small or misaligned is refused before any GPU work.
+TEST(ConvApi, WorkspaceSizeIsWhatTheCallStages) {
+  const ConvLayout layout = ConvLayout::from_mask(Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}}), 32);
+  const ConvOptions bf16{DType::bf16, ActivationOrder::ndhwc, false, ""};
+  const Conv conv(layout, ConvGeometry::same({1, 8, 8}, {1, 3, 3}), bf16);
+  const std::int64_t elements = conv.filter_elements();
+  ASSERT_EQ(elements, 3 * 9 * 32 * 32);
+  EXPECT_EQ(conv.workspace_size(ConvOp::fprop, 4), static_cast<std::size_t>(elements) * 2);
+  EXPECT_EQ(conv.workspace_size(ConvOp::bprop, 4), static_cast<std::size_t>(elements) * 2);
+  EXPECT_EQ(conv.workspace_size(ConvOp::updat, 4), static_cast<std::size_t>(elements) * 4);
+  const Conv strided(layout, ConvGeometry::valid({1, 6, 5}, {1, 1, 1}, {1, 2, 2}), bf16);
+  EXPECT_EQ(strided.workspace_size(ConvOp::fprop, 2), 0u) << "one tap: the filter as it is";
+  EXPECT_EQ(strided.workspace_size(ConvOp::updat, 2), static_cast<std::size_t>(strided.filter_elements()) * 4);
+  const Conv direct(layout, conv.geometry(), {DType::f32, ActivationOrder::ndhwc, false, ""});
+  for (const auto op : {ConvOp::fprop, ConvOp::bprop, ConvOp::updat}) EXPECT_EQ(direct.workspace_size(op, 4), 0u);
+  EXPECT_NE(error_of([&] { conv.workspace_size(ConvOp::fprop, 0); }).find("n = 0 out of range"), std::string::npos);
+
+  alignas(16) static char buffer[64];
+  void* p = buffer;
+  OpOptions small;
+  small.workspace = p, small.workspace_bytes = static_cast<std::size_t>(elements) * 2 - 16;
+  EXPECT_NE(error_of([&] { conv.fprop(p, p, p, 4, nullptr, small); }).find("must hold"), std::string::npos);
+  OpOptions misaligned;
+  misaligned.workspace = buffer + 8, misaligned.workspace_bytes = std::size_t{1} << 30;
+  EXPECT_NE(
+      error_of([&] { conv.updat(p, p, p, 4, nullptr, misaligned); }).find("16-byte aligned (Conv::workspace_size)"),
+      std::string::npos);
+}
+
 // Without a GPU, autotune says why it cannot run, and so does kernel_name where the kernel depends
 // on the GPU (the tensor-core path: the warpgroup kernels on sm_90a).
 TEST(ConvApi, AutotuneWithoutAGpuSaysWhy) {

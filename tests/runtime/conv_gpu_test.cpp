@@ -69,6 +69,39 @@ TEST_P(ConvGpu, TensorCoreCasesMatchTheReferenceOnMmaSync) {
   check_cases(GetParam(), testing::tensor_core_conv_cases(), 5607, "sm_90");
 }
 
+// A workspace the caller gives (OpOptions::workspace, Conv::workspace_size) serves every op of the
+// tensor-core cases and of a 1×1 convolution that runs as a matmul (its matmul's workspace first),
+// plain, gated and accumulating.
+TEST(ConvGpuWorkspace, CallerWorkspaceServesEveryOp) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  auto cases = testing::tensor_core_conv_cases();
+  for (const auto& c : testing::conv_cases())
+    if (std::string(c.name).find("a matmul") != std::string::npos) cases.push_back(c);
+  tools::DeviceBuffer flag(16);  // a gate pointer for the sizes of gated calls (not read)
+  std::uint64_t seed = 5700;
+  for (const auto& c : cases) {
+    const Conv conv(c.layout, c.geometry, {DType::bf16, ActivationOrder::ndhwc, false, ""});
+    for (check::ConvOp op : {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat})
+      for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
+        SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(op), gated ? ", gated" : "",
+                                 accumulate ? ", accumulating" : ""));
+        OpOptions call;
+        call.accumulate = accumulate;
+        call.gate = gated ? static_cast<const float*>(flag.get()) : nullptr;
+        const ConvOp api = op == check::ConvOp::fprop   ? ConvOp::fprop
+                           : op == check::ConvOp::bprop ? ConvOp::bprop
+                                                        : ConvOp::updat;
+        const std::size_t bytes = std::max<std::size_t>(conv.workspace_size(api, c.n, call), 16);
+        runtime::DeviceMemory memory(bytes);
+        BSJIT_CU(runtime::driver().cuMemsetD8(memory.ptr, 0, std::min(bytes, MatMul::workspace_counter_bytes())));
+        const auto r = check::run_and_check(conv, op, {c.n, accumulate, gated, seed++, memory.get(), bytes});
+        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16));
+        EXPECT_EQ(r.unwritten, 0);
+      }
+  }
+}
+
 // autotune times both data kernels where there are two (sm_90a, b ≥ 64), one otherwise, keeps the
 // faster, names it as kernel_name does, and a second Conv of the same layout and geometry finds
 // the choice; the convolution stays correct with it.
