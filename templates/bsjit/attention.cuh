@@ -100,9 +100,9 @@ struct KvHead {
 // tiles in the generator's launch order (most key blocks first), each rank for every pair of the
 // band in turn. A band's CTAs stream the same heads' K and V (forward) or Q and dO (backward), so
 // the host makes a band as wide as fits half of the GPU's L2 (runtime/attention.cpp, head_band).
-// With heads fastest over the whole grid, a wave of CTAs read every head's tensors from DRAM: the
-// H100's head-dim-128 causal forward 2.75 ms against 1.85 with 8 query heads sharing each K and V
-// (docs/PERFORMANCE.md, suite A on an H100).
+// With heads fastest over the whole grid, a wave of CTAs read every head's tensors from DRAM: on an
+// H100 the head-dim-128 causal forward took 2.76 ms that way and 1.79 banded, the backward 12.4 and
+// 8.0 (docs/PERFORMANCE.md, "The banded grid", 8ff3371).
 struct BandedTile {
   int pairs;  // batch · heads
   int bh;     // this CTA's batch · heads + head
