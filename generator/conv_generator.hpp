@@ -95,6 +95,25 @@ struct ConvWgmmaTile {
 };
 std::optional<ConvWgmmaTile> conv_wgmma_tile(int b);
 
+// conv_tma_fprop_kernel's shape at b = 64 and 128: a producer warpgroup and `consumers` warpgroups
+// of 64 rows, `stages` stages of bm pixels × 64 channels and the tap's b × 64 filter slice, then
+// the stages' two mbarriers each (StageRing), with 1024 bytes of slack for the swizzle's alignment.
+struct ConvTmaTile {
+  int stages, consumers;
+  constexpr int bm() const { return 64 * consumers; }
+  constexpr int threads() const { return 128 * (1 + consumers); }
+  constexpr int shared_bytes(int b) const { return stages * (bm() * 128 + b * 128) + 1024 + 2 * stages * 8; }
+};
+std::optional<ConvTmaTile> conv_tma_tile(int b);
+// The rank of conv_tma_fprop_kernel's input map for a geometry: 4 without depth (D, T and the
+// depth's padding trivial: N, H, W, C), else 5; 0 where TMA's im2col mode cannot take it (bounding
+// box corners past [-128, 127] at rank 4 or [-16, 15] at rank 5, a tap's reach past the same
+// range, a stride past 8). conv_tma_box gives the corners.
+int conv_tma_rank(const ConvGeometry& geometry);
+// The im2col map's bounding box in dimension d (0: D, 1: H, 2: W): the filter-window corners of the
+// first and last outputs relative to the image's first and last positions (lower = −pad before).
+std::pair<int, int> conv_tma_box(const ConvGeometry& geometry, int d);
+
 // The implicit-GEMM kernels of templates/bsjit/conv_igemm.cuh for a uniform layout (16-bit dtypes,
 // channels last): fprop and bprop (conv_igemm_data_kernel both ways), updat and its store, the
 // filter's packing. Launch shapes: data kernels `data_threads` threads, grid (output block
@@ -110,6 +129,13 @@ struct GeneratedConvIgemm {
     int updat_threads = 0, updat_rows = 0, updat_shared_bytes = 0;  // updat's
   };
   std::optional<Hopper> hopper;
+  // fprop fed by TMA in im2col mode (templates/bsjit/conv_tma.cuh, sm_90a), a source of its own
+  // with the same tables; fprop4 / fprop5 take a 4-D (N, H, W, C) or 5-D input map.
+  struct Tma {
+    std::string source, label, fprop4, fprop5;  // name expressions
+    int threads = 0, rows = 0, shared_bytes = 0;
+  };
+  std::optional<Tma> tma;
   DeviceTables tables;  // kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries,
                         // kIgemmCoords (pointers)
 };

@@ -91,11 +91,14 @@ struct Conv::Impl {
     if (igemm) return {kIgemmFprop, kIgemmBprop, kIgemmUpdat, kIgemmStore, kIgemmPack, kNormalize, kNormalizeGrad};
     return {kFprop, kBprop, kUpdat, kNormalize, kNormalizeGrad};
   }
-  // Conv::autotune's choice per tensor-core kernel (0: kIgemmFprop, 1: kIgemmBprop, 2: kIgemmUpdat)
-  // and target where the target has the warpgroup kernels: true takes the mma.sync ones. Read
-  // from the cache's tuning record on first use.
+  // Conv::autotune's (or Conv::use_kernel's) choice of engine per tensor-core kernel (0:
+  // kIgemmFprop, 1: kIgemmBprop, 2: kIgemmUpdat) and target, one of engines(): read from the
+  // cache's tuning record on first use, default_engine() without one.
   mutable std::mutex tuning_mutex;
-  mutable std::map<std::pair<std::string, int>, bool> mma_sync;
+  mutable std::map<std::pair<std::string, int>, std::string> chosen;
+  // The input tensor map's rank for conv_tma.cuh's fprop (4: no depth, 5), 0 where TMA's im2col
+  // mode cannot take the geometry (generator::conv_tma_rank).
+  int tma_rank = 0;
 
   std::string tuning_key(const std::string& arch, int direction) const {
     // templates and format version in the key: a record from another bsjit is never applied
@@ -116,21 +119,47 @@ struct Conv::Impl {
                                         : "updat",
                        arch);
   }
-  bool tuned_mma_sync(const std::string& arch, int direction) const {
+  // The engines tensor-core kernel k (kIgemmFprop, kIgemmBprop, kIgemmUpdat) has on arch: on
+  // sm_90a at b = 64 and 128 the warpgroup kernels (conv_wgmma.cuh), for fprop also the one fed by
+  // TMA (conv_tma.cuh) where the geometry suits it; the mma.sync ones everywhere.
+  std::vector<std::string> engines(const std::string& arch, Kernel k) const {
+    std::vector<std::string> e;
+    if (igemm && igemm->hopper && arch == "sm_90a" && (k == kIgemmFprop || k == kIgemmBprop || k == kIgemmUpdat)) {
+      if (k == kIgemmFprop && igemm->tma && tma_rank) e.push_back("tma");
+      e.push_back("wgmma");
+    }
+    e.push_back("mma.sync");
+    return e;
+  }
+  // Without a tuning record: the warpgroup kernels where there are, else mma.sync. (The TMA fprop
+  // runs where autotune or use_kernel chose it: it has not yet run on a GPU.)
+  std::string default_engine(const std::string& arch, Kernel k) const {
+    const auto e = engines(arch, k);
+    return std::find(e.begin(), e.end(), "wgmma") != e.end() ? "wgmma" : "mma.sync";
+  }
+  // The engine tensor-core kernel k runs on for arch (kIgemmStore and kIgemmPack: "mma.sync", their
+  // only one).
+  std::string engine(const std::string& arch, Kernel k) const {
+    if (k != kIgemmFprop && k != kIgemmBprop && k != kIgemmUpdat) return "mma.sync";
+    const int direction = k - kIgemmFprop;
     std::lock_guard lock(tuning_mutex);
     const auto at = std::pair{arch, direction};
-    if (const auto it = mma_sync.find(at); it != mma_sync.end()) return it->second;
-    bool mma = false;
+    if (const auto it = chosen.find(at); it != chosen.end()) return it->second;
+    std::string e = default_engine(arch, k);
     if (const std::string record = cache::KernelCache::global().find_tuning(tuning_key(arch, direction));
         !record.empty()) {
       try {
-        mma = nlohmann::json::parse(record).at("kernel").get<std::string>() == "mma.sync";
-      } catch (const std::exception& e) {
-        spdlog::warn("bsjit: conv tuning record {} is unusable ({}); using the warpgroup kernels",
-                     tuning_stem(arch, direction), e.what());
+        const auto kernel = nlohmann::json::parse(record).at("kernel").get<std::string>();
+        const auto all = engines(arch, k);
+        if (std::find(all.begin(), all.end(), kernel) == all.end())
+          throw Error(fmt::format("kernel \"{}\" is not one of this convolution's", kernel));
+        e = kernel;
+      } catch (const std::exception& ex) {
+        spdlog::warn("bsjit: conv tuning record {} is unusable ({}); using {}", tuning_stem(arch, direction), ex.what(),
+                     e);
       }
     }
-    return mma_sync[at] = mma;
+    return chosen[at] = e;
   }
   // The kernel op runs (a deconvolution's fprop is the convolution's bprop and the reverse).
   Kernel kernel_of(ConvOp op) const {
@@ -139,31 +168,36 @@ struct Conv::Impl {
   }
   // The tensor-core kernel of kFprop, kBprop or kUpdat.
   static Kernel igemm_kernel(Kernel k) { return k == kFprop ? kIgemmFprop : k == kBprop ? kIgemmBprop : kIgemmUpdat; }
-  // Sets autotune's choice for one tensor-core kernel and target; it loads anew where it ran.
-  void choose(const std::string& arch, Kernel k, bool mma) {
+  // Sets the engine of one tensor-core kernel and target (one of engines()); it loads anew where it
+  // ran.
+  void choose(const std::string& arch, Kernel k, const std::string& e) {
     {
       std::lock_guard lock(tuning_mutex);
-      mma_sync[{arch, k - kIgemmFprop}] = mma;
+      chosen[{arch, k - kIgemmFprop}] = e;
     }
     std::lock_guard lock(mutex);
     for (auto& [ctx, c] : contexts) c.kernels[k] = {};
   }
 
-  // The tensor-core path's warpgroup kernels where arch has them for kernel k (kIgemmFprop,
-  // kIgemmBprop, kIgemmUpdat) and they run: where autotune kept them, unless `wgmma` says.
-  const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch, Kernel k,
-                                                      std::optional<bool> wgmma = std::nullopt) const {
-    if (!igemm || !igemm->hopper || arch != "sm_90a" || (k != kIgemmFprop && k != kIgemmBprop && k != kIgemmUpdat))
-      return nullptr;
-    if (!wgmma) wgmma = !tuned_mma_sync(arch, k - kIgemmFprop);
-    return *wgmma ? &*igemm->hopper : nullptr;
+  // The tensor-core path's warpgroup kernels where kernel k runs on them for arch.
+  const generator::GeneratedConvIgemm::Hopper* hopper(const std::string& arch, Kernel k) const {
+    return igemm && engine(arch, k) == "wgmma" ? &*igemm->hopper : nullptr;
   }
-  cache::Request request(Kernel k, const std::string& arch, std::optional<bool> wgmma = std::nullopt) const {
+  // The request of kernel k for arch on engine `e` (default: the chosen one).
+  cache::Request request(Kernel k, const std::string& arch, std::optional<std::string> e = std::nullopt) const {
     static const char* suffix[] = {"-fprop",       "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad", "-gather",
                                    "-gather_gate", "-fprop", "-bprop", "-updat",        "-updat_store",       "-pack"};
     if (k >= kIgemmFprop) {
       const auto& i = *igemm;
-      if (const auto* h = hopper(arch, k, wgmma))
+      if (!e) e = engine(arch, k);
+      if (*e == "tma") {
+        const auto& t = *i.tma;
+        return runtime::named_kernel_request(t.source, i.tables, tma_rank == 4 ? t.fprop4 : t.fprop5,
+                                             t.label + (tma_rank == 4 ? "-fprop4" : "-fprop5"), t.shared_bytes, arch,
+                                             igemm_hash);
+      }
+      if (*e == "wgmma") {
+        const auto* h = &*i.hopper;
         return runtime::named_kernel_request(i.source, i.tables,
                                              k == kIgemmFprop   ? h->fprop
                                              : k == kIgemmBprop ? h->bprop
@@ -171,6 +205,7 @@ struct Conv::Impl {
                                              i.label + "-wgmma" + suffix[k],
                                              k == kIgemmUpdat ? h->updat_shared_bytes : h->shared_bytes, arch,
                                              igemm_hash);
+      }
       const std::string* name[] = {&i.fprop, &i.bprop, &i.updat, &i.updat_store, &i.pack};
       return runtime::named_kernel_request(i.source, i.tables, *name[k - kIgemmFprop], i.label + suffix[k], 0, arch,
                                            igemm_hash);
@@ -337,6 +372,8 @@ struct Conv::Impl {
       filter = packed;
     }
     const bool forward = k == kFprop;
+    if (forward && engine(runtime::kernel_arch(options.arch, ctx), kIgemmFprop) == "tma")
+      return launch_tma(ctx, a, filter, out, n, stream, dims, gate, accumulate);
     const std::int64_t rows = n * product(forward ? geometry.out() : geometry.in);
     const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
     // bprop's rows come in stride[0] · stride[1] · stride[2] classes (conv_igemm.cuh), each with a last tile
@@ -349,6 +386,47 @@ struct Conv::Impl {
                               static_cast<unsigned>(std::min<std::int64_t>(tiles, 65535)), 1,
                               static_cast<unsigned>(threads), 1, 1, h ? static_cast<unsigned>(h->shared_bytes) : 0,
                               stream, args, nullptr));
+  }
+
+  // fprop on conv_tma_fprop_kernel: the input's im2col map, the (packed) filter's tiled map as
+  // [blocks · taps · b rows, b], a persistent grid of at most one CTA per (tile, block column).
+  void launch_tma(const runtime::Context& ctx, const void* in, const void* filter, void* out, std::int64_t n,
+                  CUstream stream, kernels::ConvDims dims, const float* gate, int accumulate) {
+    const auto& t = *igemm->tma;
+    const int b = igemm->block;
+    const std::uint64_t es = dtype_size(options.dtype), c = static_cast<std::uint64_t>(layout.C());
+    const auto& in_dims = geometry.in;  // D, H, W
+    std::vector<std::uint64_t> sizes{c, static_cast<std::uint64_t>(in_dims[2]), static_cast<std::uint64_t>(in_dims[1])};
+    const auto [lw, uw] = generator::conv_tma_box(geometry, 2);
+    const auto [lh, uh] = generator::conv_tma_box(geometry, 1);
+    std::vector<int> lower{lw, lh}, upper{uw, uh};
+    std::vector<std::uint32_t> steps{static_cast<std::uint32_t>(geometry.stride[2]),
+                                     static_cast<std::uint32_t>(geometry.stride[1])};
+    if (tma_rank == 5) {
+      sizes.push_back(static_cast<std::uint64_t>(in_dims[0]));
+      const auto [ld, ud] = generator::conv_tma_box(geometry, 0);
+      lower.push_back(ld), upper.push_back(ud);
+      steps.push_back(static_cast<std::uint32_t>(geometry.stride[0]));
+    }
+    sizes.push_back(static_cast<std::uint64_t>(n));
+    std::vector<std::uint64_t> strides{c * es};
+    for (std::size_t i = 1; i + 1 < sizes.size(); ++i) strides.push_back(strides.back() * sizes[i]);
+    CUtensorMap map_in = runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64,
+                                                    static_cast<std::uint32_t>(t.rows));
+    const std::uint64_t filter_rows = static_cast<std::uint64_t>(layout.blocks().size()) *
+                                      static_cast<std::uint64_t>(geometry.taps()) * static_cast<std::uint64_t>(b);
+    CUtensorMap map_filter =
+        runtime::swizzled_tensor_map(options.dtype, filter, {static_cast<std::uint64_t>(b), filter_rows},
+                                     {static_cast<std::uint64_t>(b) * es}, {64, static_cast<std::uint32_t>(b)});
+    CUfunction f = function(ctx, kIgemmFprop);
+    const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.threads),
+                                     static_cast<std::uint32_t>(t.shared_bytes)};
+    const std::int64_t rows = n * product(geometry.out()), tiles = (rows + t.rows - 1) / t.rows;
+    const std::int64_t items = tiles * (layout.K() / b);
+    const auto grid = static_cast<unsigned>(std::min<std::int64_t>(items, runtime::resident_ctas(f, ctx, shape)));
+    void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter};
+    BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, shape.threads, 1, 1, shape.shared_bytes, stream, args,
+                                              nullptr));
   }
 
   // Kernel k (l2_normalize or its gradient) over the filter's rows.
@@ -435,6 +513,7 @@ Conv::Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options)
   } else if (!m.options.direct_kernels) {
     m.igemm = generator::generate_conv_igemm(m.layout, m.options.dtype, m.options.order == ActivationOrder::ndhwc);
     if (m.igemm) m.igemm_hash = generator::tables_digest(m.igemm->tables);
+    if (m.igemm && m.igemm->tma) m.tma_rank = generator::conv_tma_rank(m.geometry);
   }
 }
 
@@ -489,9 +568,8 @@ int Conv::precompile(const std::string& arch) const {
   std::vector<std::future<bool>> pending;  // the compiles side by side
   std::vector<cache::Request> requests;
   for (Kernel k : impl_->kernels()) {
-    if (impl_->hopper(arch, k, true)) {  // both kernels where autotune may choose either
-      requests.push_back(impl_->request(k, arch, true));
-      requests.push_back(impl_->request(k, arch, false));
+    if (k >= kIgemmFprop && k <= kIgemmUpdat) {  // every engine autotune may choose
+      for (const auto& e : impl_->engines(arch, k)) requests.push_back(impl_->request(k, arch, e));
     } else {
       requests.push_back(impl_->request(k, arch));
     }
@@ -516,7 +594,29 @@ std::string Conv::kernel_name(ConvOp op) const {
   if (!m.igemm) return "direct";
   const Kernel k = m.kernel_of(op);
   const std::string arch = runtime::kernel_arch(m.options.arch, runtime::current_context());
-  return m.hopper(arch, m.igemm_kernel(k)) ? "wgmma" : "mma.sync";
+  return m.engine(arch, m.igemm_kernel(k));
+}
+
+std::vector<std::string> Conv::kernel_names(ConvOp op) const {
+  const auto& m = *impl_;
+  if (m.plan) return {"matmul"};
+  if (!m.igemm) return {"direct"};
+  const std::string arch = runtime::kernel_arch(m.options.arch, runtime::current_context());
+  return m.engines(arch, m.igemm_kernel(m.kernel_of(op)));
+}
+
+void Conv::use_kernel(ConvOp op, const std::string& name) const {
+  auto& m = *impl_;
+  const auto names = kernel_names(op);
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    throw Error(fmt::format("bsjit: conv use_kernel: \"{}\" is not a kernel of this convolution's {} here; it has {}",
+                            name,
+                            op == ConvOp::fprop   ? "fprop"
+                            : op == ConvOp::bprop ? "bprop"
+                                                  : "updat",
+                            fmt::join(names, ", ")));
+  if (!m.igemm) return;  // one kernel, the one named
+  m.choose(runtime::kernel_arch(m.options.arch, runtime::current_context()), m.igemm_kernel(m.kernel_of(op)), name);
 }
 
 TuneResult Conv::autotune(ConvOp op, std::int64_t n, Stream stream) const {
@@ -545,22 +645,25 @@ TuneResult Conv::autotune(ConvOp op, std::int64_t n, Stream stream) const {
   const CUstream s = reinterpret_cast<CUstream>(stream);
   TuneResult result;
   const Kernel k = m.igemm_kernel(m.kernel_of(op));
-  if (m.plan || !m.hopper(arch, k, true)) {  // one kernel: timed, reported
+  const auto engines = kernel_names(op);
+  if (engines.size() == 1) {  // one kernel: timed, reported
     result.chosen = kernel_name(op);
     result.milliseconds.emplace_back(result.chosen, runtime::median_ms(run, s, 2, 10));
     return result;
   }
-  for (const bool mma : {false, true}) {
-    m.choose(arch, k, mma);
-    result.milliseconds.emplace_back(mma ? "mma.sync" : "wgmma", runtime::median_ms(run, s, 2, 10));
+  for (const auto& e : engines) {
+    m.choose(arch, k, e);
+    result.milliseconds.emplace_back(e, runtime::median_ms(run, s, 2, 10));
   }
-  const bool mma = result.milliseconds[1].second < result.milliseconds[0].second;
-  result.chosen = result.milliseconds[mma ? 1 : 0].first;
-  m.choose(arch, k, mma);
+  const auto best = std::min_element(result.milliseconds.begin(), result.milliseconds.end(),
+                                     [](const auto& x, const auto& y) { return x.second < y.second; });
+  result.chosen = best->first;
+  m.choose(arch, k, result.chosen);
   nlohmann::json j;
   j["key"] = m.tuning_key(arch, k - kIgemmFprop);
   j["kernel"] = result.chosen;
-  j["milliseconds"] = {{"wgmma", result.milliseconds[0].second}, {"mma.sync", result.milliseconds[1].second}};
+  j["milliseconds"] = nlohmann::json::object();
+  for (const auto& [e, ms] : result.milliseconds) j["milliseconds"][e] = ms;
   j["n"] = n;
   cache::KernelCache::global().store_tuning(j["key"], m.tuning_stem(arch, k - kIgemmFprop), j.dump());
   return result;

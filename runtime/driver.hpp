@@ -53,6 +53,7 @@ namespace bsjit::runtime {
   X(cuEventSynchronize)           \
   X(cuEventElapsedTime)           \
   X(cuTensorMapEncodeTiled)       \
+  X(cuTensorMapEncodeIm2col)      \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 
 struct Driver {

@@ -380,6 +380,28 @@ CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_
   return map;
 }
 
+CUtensorMap im2col_tensor_map(DType dtype, const void* base, const std::vector<std::uint64_t>& dims,
+                              const std::vector<std::uint64_t>& strides, const std::vector<int>& lower,
+                              const std::vector<int>& upper, const std::vector<std::uint32_t>& steps,
+                              std::uint32_t channels, std::uint32_t pixels) {
+  const auto rank = static_cast<cuuint32_t>(dims.size());
+  if ((rank != 4 && rank != 5) || strides.size() + 1 != dims.size() || lower.size() + 2 != dims.size() ||
+      upper.size() != lower.size() || steps.size() != lower.size())
+    throw Error(fmt::format("bsjit: im2col tensor map of rank {} with {} strides and {}/{}/{} corners and steps", rank,
+                            strides.size(), lower.size(), upper.size(), steps.size()));
+  std::vector<cuuint64_t> d(dims.begin(), dims.end()), st(strides.begin(), strides.end());
+  std::vector<cuuint32_t> element_strides{1};  // channels: not strided
+  element_strides.insert(element_strides.end(), steps.begin(), steps.end());
+  element_strides.push_back(1);  // images
+  CUtensorMap map;
+  BSJIT_CU(driver().cuTensorMapEncodeIm2col(
+      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank,
+      const_cast<void*>(base), d.data(), st.data(), lower.data(), upper.data(), channels, pixels,
+      element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return map;
+}
+
 DeviceMemory::DeviceMemory(std::size_t n) : bytes(n) {
   ctx = current_context();  // the ops' rule: the current context, else device 0's primary one
   BSJIT_CU(driver().cuMemAlloc(&ptr, bytes ? bytes : 16));

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bsjit/error.hpp"
 #include "bsjit/types.hpp"
@@ -151,6 +152,17 @@ void launch(CUfunction function, const LaunchShape& shape, CUstream stream, Kern
 CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_list<std::uint64_t> dims,
                                 std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box,
                                 int swizzle = 128);
+
+// A TMA descriptor in im2col mode (cuTensorMapEncodeIm2col through the loaded driver) of a 16-bit
+// activation stored channels last, dims (C, W, H, N) or (C, W, H, D, N) and strides in bytes of
+// dims 1..: a copy brings `pixels` pixels × `channels` channels (128 bytes at most: the rows are
+// swizzled over 128 bytes), the pixels in the order of the bounding box from `lower` to the dims'
+// ends plus `upper` (W, H, D: innermost first), stepping by `steps` (W, H, D); elements outside the
+// tensor read as zeros.
+CUtensorMap im2col_tensor_map(DType dtype, const void* base, const std::vector<std::uint64_t>& dims,
+                              const std::vector<std::uint64_t>& strides, const std::vector<int>& lower,
+                              const std::vector<int>& upper, const std::vector<std::uint32_t>& steps,
+                              std::uint32_t channels, std::uint32_t pixels);
 
 // Median time in ms of fn over reps runs after warmup runs, each timed with CUDA events on stream.
 // before_each, when given, is enqueued before each timed run's first event: work that keeps the GPU

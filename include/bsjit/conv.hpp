@@ -103,13 +103,19 @@ class Conv {
   // Times every kernel bsjit can run op with at n images on the current GPU (on scratch inputs of
   // that size, on stream) and keeps the fastest for this layout, geometry, dtype, order and target:
   // on sm_90a, where the tensor-core kernels take blocks of 64 or 128 channels, every op has the
-  // warpgroup kernels ("wgmma") and the mma.sync ones ("mma.sync"); elsewhere an op runs its one
-  // kernel ("mma.sync", "matmul" or "direct"), timed and reported. The choice is stored in
+  // warpgroup kernels ("wgmma") and the mma.sync ones ("mma.sync"), and the forward direction's
+  // kernel fed by TMA in im2col mode ("tma") where the geometry suits it; elsewhere an op runs its
+  // one kernel ("mma.sync", "matmul" or "direct"), timed and reported. The choice is stored in
   // the cache beside the kernels: later calls, and later processes sharing the cache, use it
-  // without tuning (precompile for sm_90a compiles both).
+  // without tuning (precompile for sm_90a compiles every one).
   TuneResult autotune(ConvOp op, std::int64_t n, Stream stream = nullptr) const;
   // The kernel op runs with on the current GPU, named as autotune names it; compiles nothing.
   std::string kernel_name(ConvOp op) const;
+  // The kernels op can run with on the current GPU (those autotune times), the running one among them.
+  std::vector<std::string> kernel_names(ConvOp op) const;
+  // Makes op run with kernel `name` (one of kernel_names(op)) on GPUs of the current one's target,
+  // for this object, until autotune chooses again; stores no tuning record. Throws Error otherwise.
+  void use_kernel(ConvOp op, const std::string& name) const;
   // The generated CUDA source of the kernels (for inspection): the tensor-core kernels' first where
   // they run, then the direct ones' (l2_normalize).
   std::string generated_source() const;

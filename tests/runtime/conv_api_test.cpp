@@ -79,8 +79,9 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
         EXPECT_NE(conv.generated_source().find("kIgemmFpropStart"), std::string::npos);
         const auto before = cache_stats();
         // fprop, bprop, updat, its store, the packing; l2_normalize's two; on sm_90a at b ≥ 64 the
-        // warpgroup fprop, bprop and updat as well (autotune chooses)
-        const int kernels = arch == "sm_90a" && b >= 64 ? 10 : 7;
+        // warpgroup fprop, bprop and updat as well, and fprop fed by TMA (autotune chooses)
+        const bool hopper = arch == "sm_90a" && b >= 64;
+        const int kernels = hopper ? 11 : 7;
         EXPECT_EQ(conv.precompile(arch), kernels);
         // (l2_normalize's code is the direct kernels', compiled once per dtype and order)
         const auto compiled = cache_stats().compiles;
@@ -89,7 +90,9 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
                          ConvGeometry::valid({3, 5, 11}, {3, 1, 5}, {1, 1, 1}, {1, 1, 2}),
                          {dtype, ActivationOrder::ndhwc, true, ""});
         EXPECT_EQ(other.precompile(arch), kernels);
-        EXPECT_EQ(cache_stats().compiles, compiled) << "one compile serves every uniform layout of a block size";
+        // a 3-D geometry: the TMA fprop's 5-D map is a kernel of its own, compiled once for them all
+        EXPECT_EQ(cache_stats().compiles, compiled + (hopper ? 1 : 0))
+            << "one compile serves every uniform layout of a block size";
       }
   std::vector<std::string> labels;
   for (const auto& e : list_cache(dir)) {
@@ -107,6 +110,12 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
             const auto wgmma = fmt::format("conv-igemm-{}-b{}-wgmma-{} {}", dtype, b, kind, arch);
             EXPECT_NE(std::find(labels.begin(), labels.end(), wgmma), labels.end()) << wgmma;
           }
+          // and fprop fed by TMA, with 4-D and 5-D input maps (conv_tma.cuh)
+          if (arch == "sm_90a" && b >= 64 && kind == "fprop")
+            for (const char* rank : {"fprop4", "fprop5"}) {
+              const auto tma = fmt::format("conv-tma-{}-b{}-{} {}", dtype, b, rank, arch);
+              EXPECT_NE(std::find(labels.begin(), labels.end(), tma), labels.end()) << tma;
+            }
         }
   for (const auto& options : {ConvOptions{DType::f32, ActivationOrder::ndhwc, false, ""},
                               ConvOptions{DType::bf16, ActivationOrder::ncdhw, false, ""},
@@ -135,6 +144,37 @@ TEST(ConvApi, WarpgroupTilesHoldThreeStagesAndFitTwoCtasAnSm) {
     EXPECT_LE(2 * (t->updat_shared_bytes(b) + 1024), 228 * 1024) << b;
   }
   EXPECT_FALSE(generator::conv_wgmma_tile(32).has_value());
+}
+
+// The geometries TMA's im2col mode takes (conv_tma_rank): a 4-D map without depth, a 5-D one with
+// it, within the bounding box's corner ranges ([-128, 127] at rank 4, [-16, 15] at rank 5), tap
+// reach and strides up to 8; the other kernels run the rest.
+TEST(ConvApi, TmaRankFollowsTheIm2colLimits) {
+  using generator::conv_tma_rank;
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({1, 56, 56}, {1, 3, 3})), 4);
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::valid({1, 1, 301}, {1, 1, 5}, {1, 1, 2})), 4);  // 1-D
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({1, 56, 56}, {1, 3, 3}, {1, 8, 8})), 4);
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({1, 512, 512}, {1, 7, 7}, {1, 1, 1}, {1, 20, 20})), 4);  // reach 120
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({8, 8, 8}, {3, 3, 3})), 5);
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({8, 8, 8}, {1, 3, 3})), 5);                // depth without depth taps
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::valid({1, 40, 40}, {1, 3, 3}, {1, 9, 9})), 0);  // stride 9
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::valid({1, 512, 512}, {1, 4, 4}, {1, 1, 1}, {1, 50, 50})), 0);  // reach 150
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({8, 8, 8}, {3, 3, 3}, {1, 1, 1}, {1, 9, 9})), 0);         // reach 18, 3-D
+  EXPECT_EQ(conv_tma_rank(ConvGeometry::same({1, 512, 512}, {1, 5, 1}, {1, 1, 1}, {1, 64, 1})), 0);    // reach 256
+}
+
+// The TMA fprop's tile: a producer and two consumer warpgroups (128 rows), at least two stages (one
+// in the tensor cores, one landing), in one CTA's 227 KiB of shared memory.
+TEST(ConvApi, TmaTileHoldsItsStagesInOneSm) {
+  for (int b : {64, 128}) {
+    const auto t = generator::conv_tma_tile(b);
+    ASSERT_TRUE(t.has_value()) << b;
+    EXPECT_GE(t->stages, 2) << b;
+    EXPECT_EQ(t->bm(), 128) << b;
+    EXPECT_EQ(t->threads(), 384) << b;
+    EXPECT_LE(t->shared_bytes(b), 227 * 1024) << b;
+  }
+  EXPECT_FALSE(generator::conv_tma_tile(32).has_value());
 }
 
 TEST(ConvApi, ShapesOfAConvolutionAndADeconvolution) {

@@ -69,6 +69,65 @@ TEST_P(ConvGpu, TensorCoreCasesMatchTheReferenceOnMmaSync) {
   check_cases(GetParam(), testing::tensor_core_conv_cases(), 5607, "sm_90");
 }
 
+// fprop fed by TMA in im2col mode (conv_tma.cuh; sm_90a, b = 64 and 128), chosen by use_kernel, on
+// the tensor-core cases it takes and on 2-D ones whose tiles cross rows and images, with strides,
+// dilations, odd sizes and a filter wider than high (the map's W and H apart), plain, gated and
+// accumulating; as a deconvolution, the same kernel runs bprop.
+TEST_P(ConvGpu, TmaFpropMatchesTheReference) {
+  const Param prm = GetParam();
+  if (prm.dtype == DType::f32 || prm.order != ActivationOrder::ndhwc) GTEST_SKIP() << "the tensor-core cases' kernels";
+  const std::string arch = runtime::kernel_arch("", runtime::current_context());
+  if (arch != "sm_90a") GTEST_SKIP() << "conv_tma.cuh is sm_90a's";
+  auto cases = testing::tensor_core_conv_cases();
+  const Layout three = Layout::from_coords(2, 3, {{0, 0}, {1, 1}, {0, 2}, {1, 2}});
+  const Layout lower = Layout::from_coords(2, 2, {{0, 0}, {1, 0}, {1, 1}});
+  cases.push_back(
+      {"tma b64 3x3 SAME, 3 images", ConvLayout::from_mask(three, 64), ConvGeometry::same({1, 13, 15}, {1, 3, 3}), 3});
+  cases.push_back({"tma b128 3x3 SAME stride 2 odd sizes", ConvLayout::from_mask(lower, 128),
+                   ConvGeometry::same({1, 9, 11}, {1, 3, 3}, {1, 2, 2}), 2});
+  cases.push_back({"tma b64 5x5 VALID dilation 2", ConvLayout::from_mask(lower, 64),
+                   ConvGeometry::valid({1, 12, 14}, {1, 5, 5}, {1, 1, 1}, {1, 2, 2}), 2});
+  cases.push_back({"tma b64 1x7 SAME stride 1x2", ConvLayout::from_mask(three, 64),
+                   ConvGeometry::same({1, 5, 20}, {1, 1, 7}, {1, 1, 2}), 2});
+  const ConvOp op = prm.deconv ? ConvOp::bprop : ConvOp::fprop;
+  const check::ConvOp checked = prm.deconv ? check::ConvOp::bprop : check::ConvOp::fprop;
+  int ran = 0;
+  std::uint64_t seed = 5620;
+  for (const auto& c : cases) {
+    const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
+    const auto names = conv.kernel_names(op);
+    if (std::find(names.begin(), names.end(), "tma") == names.end()) continue;
+    conv.use_kernel(op, "tma");
+    ASSERT_EQ(conv.kernel_name(op), "tma");
+    ++ran;
+    for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
+      SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(checked), gated ? ", gated" : "",
+                               accumulate ? ", accumulating" : ""));
+      const auto r = check::run_and_check(conv, checked, {c.n, accumulate, gated, seed++});
+      EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
+      EXPECT_EQ(r.unwritten, 0);
+    }
+  }
+  EXPECT_GE(ran, 6);  // three of the tensor-core cases and the four above
+}
+
+// use_kernel takes the names kernel_names lists and nothing else.
+TEST(ConvGpuKernels, UseKernelTakesOnlyListedNames) {
+  std::string why;
+  if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const Conv conv(ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 0}, {1, 1}}), 64),
+                  ConvGeometry::same({1, 8, 8}, {1, 3, 3}), {DType::bf16, ActivationOrder::ndhwc, false, ""});
+  for (ConvOp op : {ConvOp::fprop, ConvOp::bprop, ConvOp::updat}) {
+    const auto names = conv.kernel_names(op);
+    ASSERT_FALSE(names.empty());
+    for (const auto& name : names) {
+      conv.use_kernel(op, name);
+      EXPECT_EQ(conv.kernel_name(op), name);
+    }
+    EXPECT_THROW(conv.use_kernel(op, "cutlass"), Error);
+  }
+}
+
 // A workspace the caller gives (OpOptions::workspace, Conv::workspace_size) serves every op of the
 // tensor-core cases and of a 1×1 convolution that runs as a matmul (its matmul's workspace first),
 // plain, gated and accumulating.
@@ -102,9 +161,10 @@ TEST(ConvGpuWorkspace, CallerWorkspaceServesEveryOp) {
   }
 }
 
-// autotune times both data kernels where there are two (sm_90a, b ≥ 64), one otherwise, keeps the
-// faster, names it as kernel_name does, and a second Conv of the same layout and geometry finds
-// the choice; the convolution stays correct with it.
+// autotune times every kernel an op has (kernel_names: on sm_90a at b ≥ 64 the warpgroup and
+// mma.sync ones, fprop's TMA one too where it applies; one otherwise), keeps the fastest, names it
+// as kernel_name does, and a second Conv of the same layout and geometry finds the choice; the
+// convolution stays correct with it.
 TEST_P(ConvGpu, AutotuneKeepsTheFasterKernel) {
   const Param prm = GetParam();
   if (prm.dtype == DType::f32 || prm.order != ActivationOrder::ndhwc) GTEST_SKIP() << "the tensor-core cases' kernels";
@@ -116,9 +176,9 @@ TEST_P(ConvGpu, AutotuneKeepsTheFasterKernel) {
     const Conv conv(c.layout, c.geometry, options);
     for (const auto& [op, checked] : ops) {
       SCOPED_TRACE(fmt::format("{}: {}", c.name, check::to_string(checked)));
-      const bool two = conv.kernel_name(op) == "wgmma";
+      const auto names = conv.kernel_names(op);
       const TuneResult r = conv.autotune(op, c.n);
-      ASSERT_EQ(r.milliseconds.size(), two ? 2u : 1u);
+      ASSERT_EQ(r.milliseconds.size(), names.size());
       double best = r.milliseconds[0].second;
       for (const auto& [name, ms] : r.milliseconds) {
         EXPECT_GT(ms, 0.0) << name;

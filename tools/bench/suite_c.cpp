@@ -229,15 +229,24 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
             {"bprop", [&] { conv.bprop(y.get(), f.get(), gx.get(), kN, s_); }},
             {"updat", [&] { conv.updat(x.get(), y.get(), gf.get(), kN, s_); }}};
         const check::ConvOp check_ops[] = {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat};
-        for (int o = 0; o < 3; ++o) {
-          ConvRow r{s.name, m.name, ops[o].first, b, density};
-          r.ms = time_ms(ops[o].second, stream, 2, reps);
+        // the ops with the kernels Conv chooses, then fprop with the one fed by TMA where it has one
+        // ("fprop tma"; conv_tma.cuh), in the same process
+        auto has_tma = [](const Conv& c) {
+          const auto names = c.kernel_names(ConvOp::fprop);
+          return std::find(names.begin(), names.end(), "tma") != names.end();
+        };
+        const bool tma = has_tma(conv) && has_tma(small);
+        for (int o = 0; o < (tma ? 4 : 3); ++o) {
+          if (o == 3) conv.use_kernel(ConvOp::fprop, "tma"), small.use_kernel(ConvOp::fprop, "tma");
+          const int op = o % 3;
+          ConvRow r{s.name, m.name, o == 3 ? "fprop tma" : ops[op].first, b, density};
+          r.ms = time_ms(ops[op].second, stream, 2, reps);
           r.tflops = flops / (r.ms * 1e9);
-          r.dense_ms = dense[o];
-          r.grouped_ms = grouped[o];
-          r.floor_ms = std::max(density * dense[o], bytes / copy_bandwidth * 1e3);
+          r.dense_ms = dense[op];
+          r.grouped_ms = grouped[op];
+          r.floor_ms = std::max(density * dense[op], bytes / copy_bandwidth * 1e3);
           r.sol = r.floor_ms / r.ms;
-          r.error = check::run_and_check(small, check_ops[o], {2, false, false, 9}).relative_error;
+          r.error = check::run_and_check(small, check_ops[op], {2, false, false, 9}).relative_error;
           rows.push_back(r);
           fmt::print(
               "{:28} b{:<3} {:16} {}: {:9.3f} ms {:7.1f} TFLOP/s  SOL {:.2f}  cuDNN dense {:.3f} ms{}  error "
