@@ -27,7 +27,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 
 status=()
-tests=${BSJIT_GPU_TESTS:-matmul_gpu_test attention_gpu_test attention_ops_gpu_test deploy_gpu_test context_gpu_test}
+tests=${BSJIT_GPU_TESTS:-matmul_gpu_test conv_gpu_test attention_gpu_test attention_ops_gpu_test deploy_gpu_test context_gpu_test}
 rcs=$(mktemp -d)  # exit codes, out of $out (the device tool brings back only a few files)
 result() {  # test log → "exit code, gtest's summary lines"
   echo "exit $(cat "$rcs/$(basename "$1")"), $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' ')"
