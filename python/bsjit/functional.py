@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from . import _C, _attention, _conv, _ops
+from . import _C, _attention, _conv, _direct, _ops
 from .layout import ConvLayout, Layout, as_masks, lookup, mask_set_handle
 
 LayoutLike = Union[Layout, int]
@@ -116,16 +116,9 @@ def _is_channels_last(x: Tensor) -> bool:
     return not x.is_contiguous() and x.movedim(1, -1).is_contiguous()
 
 
-def conv(x: Tensor, filter: Tensor, layout, *, kernel_size=None, stride=1, padding=0, dilation=1,
-         gate: Optional[Tensor] = None, deconv: bool = False, output_size=None) -> Tensor:
-    """Block-sparse convolution over channels (openai/blocksparse's BlocksparseConv; with deconv, its
-    BlocksparseDeconv, the transposed convolution). x: [N, C, *spatial] with 1 to 3 spatial
-    dimensions, stored channels first or channels last (the output comes in the same storage).
-    layout: a bsjit.ConvLayout (or its handle, read outside torch.compile). filter: the blocks'
-    filters one after the other, [blocks, K_b, C_b, *kernel] or flat (then give kernel_size).
-    padding: as conv_geometry. gate: float32 [blocks] scaling each block (needs the blocked filter).
-    A deconvolution reads [N, K, *spatial] and writes [N, C, *output_size]; output_size defaults to
-    the smallest input of the convolution it transposes. Differentiable in x, filter and gate."""
+def _conv_setup(x: Tensor, filter: Tensor, layout, kernel_size, stride, padding, dilation, deconv: bool,
+                output_size):
+    """conv's layout, its handle and the geometry (conv_geometry's ints) of x's convolution."""
     cl = layout if isinstance(layout, ConvLayout) else lookup(layout)
     handle = layout.handle if isinstance(layout, ConvLayout) else int(layout)
     dims = x.dim() - 2
@@ -148,9 +141,39 @@ def conv(x: Tensor, filter: Tensor, layout, *, kernel_size=None, stride=1, paddi
                              "kernel, stride, padding and dilation")
     else:
         geometry = conv_geometry(spatial, kernel_size, stride, padding, dilation)
+    return cl, handle, geometry
+
+
+def conv(x: Tensor, filter: Tensor, layout, *, kernel_size=None, stride=1, padding=0, dilation=1,
+         gate: Optional[Tensor] = None, deconv: bool = False, output_size=None) -> Tensor:
+    """Block-sparse convolution over channels (openai/blocksparse's BlocksparseConv; with deconv, its
+    BlocksparseDeconv, the transposed convolution). x: [N, C, *spatial] with 1 to 3 spatial
+    dimensions, stored channels first or channels last (the output comes in the same storage).
+    layout: a bsjit.ConvLayout (or its handle, read outside torch.compile). filter: the blocks'
+    filters one after the other, [blocks, K_b, C_b, *kernel] or flat (then give kernel_size).
+    padding: as conv_geometry. gate: float32 [blocks] scaling each block (needs the blocked filter).
+    A deconvolution reads [N, K, *spatial] and writes [N, C, *output_size]; output_size defaults to
+    the smallest input of the convolution it transposes. Differentiable in x, filter and gate."""
+    cl, handle, geometry = _conv_setup(x, filter, layout, kernel_size, stride, padding, dilation, deconv, output_size)
     taps = geometry[3] * geometry[4] * geometry[5]
     return _conv.conv_call(x, filter, handle, cl.C, cl.K, cl.blocks, cl.filter_elements(taps), geometry,
                            _is_channels_last(x), bool(deconv), gate)
+
+
+def conv_autotune(x: Tensor, filter: Tensor, layout, *, kernel_size=None, stride=1, padding=0, dilation=1,
+                  deconv: bool = False, output_size=None, ops=("fprop", "bprop", "updat")) -> dict:
+    """Times every kernel each op of conv(x, filter, layout, ...) can run with on x's GPU, at x's batch
+    (scratch operands of the call's sizes), and keeps the fastest: later calls, and later processes
+    sharing the kernel cache, run it (bsjit::Conv::autotune; on sm_90a the kernels fed by TMA, the
+    warpgroup ones and mma.sync). Returns {op: (kernel kept, [(kernel, ms), ...])}. x must be a CUDA
+    tensor; filter only gives the kernel size when kernel_size is not."""
+    if x.device.type != "cuda":
+        raise ValueError(f"bsjit.conv_autotune: x must be a CUDA tensor (it is on {x.device})")
+    _cl, handle, geometry = _conv_setup(x, filter, layout, kernel_size, stride, padding, dilation, deconv, output_size)
+    obj = _conv.conv_object(handle, geometry, x.dtype, _is_channels_last(x), bool(deconv))
+    with _direct.on_device(x.device):
+        stream = _direct.stream(x.device)
+        return {op: obj.autotune(op, int(x.shape[0]), stream) for op in ops}
 
 
 def conv_l2_normalize(filter: Tensor, layout, kernel_size, *, gain: Optional[Tensor] = None, epsilon: float = 1e-12,

@@ -365,18 +365,30 @@ class _BlockSparseConvNd(nn.Module):
             at += n
         return dense
 
+    def _output_size(self, x: Tensor) -> Optional[list[int]]:
+        """A transposed module's output size for x (torch's rule, output_padding included); None otherwise."""
+        if not self._transposed:
+            return None
+        d = self._dims
+        st, pad, dil, extra = (functional._per_dim(v, d, n)[3 - d:] for v, n in (
+            (self.stride, "stride"), (self.padding, "padding"), (self.dilation, "dilation"),
+            (self.output_padding, "output_padding")))
+        return [(int(x.shape[2 + i]) - 1) * st[i] - 2 * pad[i] + dil[i] * (self.kernel_size[i] - 1) + 1 + extra[i]
+                for i in range(d)]
+
+    def autotune(self, x: Tensor, ops=("fprop", "bprop", "updat")) -> dict:
+        """Times every kernel of each op (fprop: the forward, bprop: the input's gradient, updat: the
+        filter's) at x's shape and storage on x's GPU and keeps the fastest, for this process and,
+        through the kernel cache, later ones (bsjit.functional.conv_autotune). Returns {op: (kernel
+        kept, [(kernel, ms), ...])}."""
+        return functional.conv_autotune(x, self.weight, self._handle, kernel_size=self.kernel_size, stride=self.stride,
+                                        padding=self.padding, dilation=self.dilation, deconv=self._transposed,
+                                        output_size=self._output_size(x), ops=ops)
+
     def forward(self, x: Tensor) -> Tensor:
-        output_size = None
-        if self._transposed:
-            d = self._dims
-            st, pad, dil, extra = (functional._per_dim(v, d, n)[3 - d:] for v, n in (
-                (self.stride, "stride"), (self.padding, "padding"), (self.dilation, "dilation"),
-                (self.output_padding, "output_padding")))
-            output_size = [(int(x.shape[2 + i]) - 1) * st[i] - 2 * pad[i] + dil[i] * (self.kernel_size[i] - 1) + 1 +
-                           extra[i] for i in range(d)]
         y = functional.conv(x, self.weight, self._handle, kernel_size=self.kernel_size, stride=self.stride,
                             padding=self.padding, dilation=self.dilation, gate=self.gate, deconv=self._transposed,
-                            output_size=output_size)
+                            output_size=self._output_size(x))
         if self.bias is not None:
             y = y + self.bias.view(1, -1, *([1] * self._dims))
         return y

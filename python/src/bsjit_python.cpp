@@ -91,6 +91,13 @@ void construct_attention_ops(bsjit::AttentionOps* self, const std::vector<bsjit:
 
 // A ConvGeometry from 18 ints: in, filter, stride, dilation, padding before, padding after (D, H, W
 // each).
+bsjit::ConvOp conv_op(const std::string& op) {
+  if (op == "fprop") return bsjit::ConvOp::fprop;
+  if (op == "bprop") return bsjit::ConvOp::bprop;
+  if (op == "updat") return bsjit::ConvOp::updat;
+  throw bsjit::Error("bsjit: no conv op '" + op + "'");
+}
+
 bsjit::ConvGeometry conv_geometry(const std::vector<std::int64_t>& g) {
   if (g.size() != 18) throw bsjit::Error("bsjit: a conv geometry is 18 ints, got " + std::to_string(g.size()));
   bsjit::ConvGeometry geo;
@@ -352,6 +359,24 @@ NB_MODULE(_C, m) {
           "grad_out"_a, "f"_a, "gain"_a, "sum_squares"_a, "grad_f"_a, "grad_gain"_a, "epsilon"_a, "stream"_a,
           nb::call_guard<nb::gil_scoped_release>())
       .def("normalized_rows", &bsjit::Conv::normalized_rows)
+      // the kernels an op can run with, the one it runs, a pinned one, and autotune's choice: (the
+      // kernel kept, [(kernel, ms)])
+      .def(
+          "kernel_names", [](const bsjit::Conv& c, const std::string& op) { return c.kernel_names(conv_op(op)); },
+          "op"_a)
+      .def(
+          "kernel_name", [](const bsjit::Conv& c, const std::string& op) { return c.kernel_name(conv_op(op)); }, "op"_a)
+      .def(
+          "use_kernel",
+          [](const bsjit::Conv& c, const std::string& op, const std::string& name) { c.use_kernel(conv_op(op), name); },
+          "op"_a, "name"_a)
+      .def(
+          "autotune",
+          [](const bsjit::Conv& c, const std::string& op, std::int64_t n, std::uintptr_t stream) {
+            const bsjit::TuneResult r = c.autotune(conv_op(op), n, stream_of(stream));
+            return std::make_pair(r.chosen, r.milliseconds);
+          },
+          "op"_a, "n"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("precompile", &bsjit::Conv::precompile, "arch"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("load", &bsjit::Conv::load, "strict"_a = false, nb::call_guard<nb::gil_scoped_release>())
       .def("input_elements", &bsjit::Conv::input_elements, "n"_a)

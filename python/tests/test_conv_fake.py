@@ -138,6 +138,10 @@ def test_wrong_inputs_raise_with_the_reason():
                output_size=(7, 7))
     with pytest.raises(ValueError, match="CUDA tensors"):
         F.conv(torch.zeros(2, 2 * B, 8, 8), torch.zeros(4, B, B, 3, 3), layout)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # autotune times kernels on a GPU
+        BlockSparseConv2d(MASK, 3, padding=1, block=B, device="meta").autotune(x)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        F.conv_autotune(torch.zeros(2, 2 * B, 8, 8), torch.zeros(4, B, B, 3, 3), layout)
     with pytest.raises(ValueError, match="block="):
         BlockSparseConv2d(MASK, 3)
     with pytest.raises(ValueError, match="one size"):

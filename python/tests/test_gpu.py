@@ -478,6 +478,38 @@ def test_conv_cuda_graph_captures_on_a_stream_bsjit_has_not_seen():
         assert rel_err(got.double(), want.double()) < 1e-2
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_conv_autotune_keeps_the_fastest_kernel_and_stays_correct(transposed):
+    """autotune times every kernel of each op at x's shape (on an H100/H200 at b = 64: the kernels
+    fed by TMA where they apply, the warpgroup ones and mma.sync), keeps the fastest, and the module
+    still matches torch's convolution on its dense filter with the kept kernels."""
+    module = bsjit.nn.BlockSparseConvTranspose2d if transposed else bsjit.nn.BlockSparseConv2d
+    layer = module(random_mask(2, 3, 0.6, 23), 3, padding=1, block=64, bias=False, device="cuda",
+                   dtype=torch.bfloat16)
+    x = torch.randn(2, layer.in_channels, 10, 12, device="cuda", dtype=torch.bfloat16)
+    x = x.to(memory_format=torch.channels_last).requires_grad_()
+    result = layer.autotune(x)
+    assert set(result) == {"fprop", "bprop", "updat"}
+    for op, (kept, times) in result.items():
+        names = [name for name, _ in times]
+        assert kept in names, op
+        assert all(ms > 0 for _, ms in times), op
+        assert dict(times)[kept] == min(ms for _, ms in times), op
+        if torch.cuda.get_device_capability() == (9, 0):
+            assert {"wgmma", "mma.sync"} <= set(names), op
+    y = layer(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    w64 = layer.weight.detach().double().requires_grad_()
+    conv = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+    y64 = conv(x64, layer.to_dense(w64), padding=1)
+    y64.backward(dy.double())
+    assert rel_err(y.double(), y64) < 1e-2
+    assert rel_err(x.grad.double(), x64.grad) < 1e-2
+    assert rel_err(layer.weight.grad.double(), w64.grad) < 1e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_deconv_matches_torch_conv_transpose(dtype):
     layout = bsjit.ConvLayout.from_blocks(40, 24, [(range(0, 16), range(0, 8)), (range(8, 40), range(4, 24))])
