@@ -52,6 +52,27 @@ def matmul_backward_weight(x: Tensor, dy: Tensor, w: Tensor, layout: LayoutLike,
     return _ops.matmul_backward_weight(x, dy, w, h, c, k, _axis(feature_axis), gate)
 
 
+def matmul_autotune(x: Tensor, w: Tensor, layout: LayoutLike, *, feature_axis: str = "last",
+                    ops=("forward", "backward_data", "backward_weight")) -> dict:
+    """Times every tile shape each op of matmul(x, w, layout) can run with on x's GPU at x's rows
+    (scratch operands of the call's sizes) and keeps the fastest for the layout, block, dtype and
+    feature axis at that batch class (N ≤ 128, or above): later calls, and later processes sharing
+    the kernel cache, run it (bsjit::MatMul::autotune). Returns {op: (shape kept, [(shape, ms), ...])};
+    an op whose kernel has one shape (fp32, features first, block 8) reports that one. x must be a
+    CUDA tensor of w's dtype; the gated kernel takes the same choice."""
+    if x.device.type != "cuda":
+        raise ValueError(f"bsjit.matmul_autotune: x must be a CUDA tensor (it is on {x.device})")
+    h, c, k = _sizes(layout, _ops._check_weight("matmul_autotune", w))
+    axis = _axis(feature_axis)
+    n = _ops._check_activation("matmul_autotune", "x", x, c, axis, w)
+    if n <= 0:
+        raise ValueError(f"bsjit.matmul_autotune: x has no rows (shape {tuple(x.shape)})")
+    obj = _ops.matmul_object(h, int(w.shape[1]), w.dtype, axis)
+    with _direct.on_device(x.device):
+        stream = _direct.stream(x.device)
+        return {op: obj.autotune(op, n, stream) for op in ops}
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, block: int, *, causal: bool = False,
               key_padding_mask: Optional[Tensor] = None, scale: Optional[float] = None, return_lse: bool = False,
               order: str = "bshd"):

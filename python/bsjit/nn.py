@@ -161,6 +161,12 @@ class BlockSparseLinear(nn.Module):
             dense[r * b:(r + 1) * b, c * b:(c + 1) * b] = w[i]
         return dense
 
+    def autotune(self, x: Tensor, ops=("forward", "backward_data", "backward_weight")) -> dict:
+        """Times every tile shape of each op at x's rows on x's GPU and keeps the fastest, for this
+        process and, through the kernel cache, later ones (bsjit.functional.matmul_autotune). Returns
+        {op: (shape kept, [(shape, ms), ...])}."""
+        return functional.matmul_autotune(x, self.weight, self._handle, feature_axis=self.feature_axis, ops=ops)
+
     def forward(self, x: Tensor) -> Tensor:
         y = _ops.matmul_call(x, self.weight, self._handle, self.in_features, self.out_features, self._axis, self.gate)
         if self.bias is not None:

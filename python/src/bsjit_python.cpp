@@ -202,6 +202,15 @@ NB_MODULE(_C, m) {
             return mm.kernel_label(bsjit::parse_op(op), n, o);
           },
           "op"_a, "n"_a, "with_options"_a = false)
+      // times every tile shape op can run with at n rows on the current GPU, keeps the fastest (for this
+      // layout, block, dtype and feature axis at n's batch class, in the cache too): (kept, [(shape, ms)])
+      .def(
+          "autotune",
+          [](const bsjit::MatMul& mm, const std::string& op, std::int64_t n, std::uintptr_t stream) {
+            const bsjit::TuneResult r = mm.autotune(bsjit::parse_op(op), n, stream_of(stream));
+            return std::make_pair(r.chosen, r.milliseconds);
+          },
+          "op"_a, "n"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("in_features", &bsjit::MatMul::in_features)
       .def_prop_ro("out_features", &bsjit::MatMul::out_features);
 

@@ -41,6 +41,47 @@ def rel_err(got, want):
     return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
+@pytest.mark.parametrize("feature_axis", ["last", "first"])
+@pytest.mark.parametrize("gated", [False, True])
+def test_matmul_autotune_keeps_the_fastest_shape_and_stays_correct(feature_axis, gated):
+    """autotune times every tile shape of each op at x's rows, keeps the fastest, and the layer
+    still matches the dense computation (a gated layer runs the general kernel, which takes the
+    same choice)."""
+    torch.manual_seed(3)
+    block = 64
+    layer = BlockSparseLinear(random_mask(6, 5, 0.5, seed=11), block, bias=False, feature_axis=feature_axis,
+                              gated=gated, device="cuda", dtype=torch.bfloat16)
+    if gated:
+        with torch.no_grad():
+            layer.gate.uniform_(0.5, 1.5)
+    x = torch.randn(1000, layer.in_features, device="cuda", dtype=torch.bfloat16)
+    if feature_axis == "first":
+        x = x.t().contiguous()
+    x.requires_grad_()
+    result = layer.autotune(x)
+    assert set(result) == {"forward", "backward_data", "backward_weight"}
+    for op, (kept, times) in result.items():
+        names = [name for name, _ in times]
+        assert kept in names, op
+        assert len(set(names)) == len(names), op
+        assert all(ms > 0 for _, ms in times), op
+        assert dict(times)[kept] == min(ms for _, ms in times), op
+    y = layer(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    layout = layer.layout
+    gate = layer.gate.detach() if gated else None
+    W = dense_weight(layer.weight.detach(), layout, block, gate)
+    xd = x.detach().double() if feature_axis == "last" else x.detach().double().t()
+    dyd = dy.double() if feature_axis == "last" else dy.double().t()
+    g = gate.double()[:, None, None] if gated else 1.0
+    got_y = y.detach() if feature_axis == "last" else y.detach().t()
+    got_dx = x.grad if feature_axis == "last" else x.grad.t()
+    assert rel_err(got_y, xd @ W) < 1e-2
+    assert rel_err(got_dx, dyd @ W.t()) < 1e-2
+    assert rel_err(layer.weight.grad, blocks_of(xd.t() @ dyd, layout, block) * g) < 1e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("block", [16, 32, 64])
 @pytest.mark.parametrize("feature_axis", ["last", "first"])

@@ -81,6 +81,25 @@ def test_cpu_tensors_are_refused_not_run():
         F.matmul(torch.randn(4, C), torch.randn(layout.blocks, B, B), layout)
 
 
+def test_autotune_needs_a_gpu_and_checks_its_inputs_first():
+    layout = bsjit.Layout(MASK)
+    layout.handle  # registered outside: the registry's lock cannot be traced
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # autotune times kernels on a GPU
+        F.matmul_autotune(torch.randn(4, C), torch.randn(layout.blocks, B, B), layout)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        bsjit.nn.BlockSparseLinear(MASK, B, device="meta").autotune(torch.empty(4, C, device="meta"))
+    with FakeTensorMode():  # CUDA tensors without a GPU: the checks run before any kernel
+        w = torch.empty(layout.blocks, B, B, device="cuda")
+        with pytest.raises(ValueError, match=r"must be \[\.\.\., 96\]"):
+            F.matmul_autotune(torch.empty(4, C + 1, device="cuda"), w, layout)
+        with pytest.raises(ValueError, match="one dtype"):
+            F.matmul_autotune(torch.empty(4, C, device="cuda", dtype=torch.bfloat16), w, layout)
+        with pytest.raises(ValueError, match="no rows"):
+            F.matmul_autotune(torch.empty(0, C, device="cuda"), w, layout)
+        with pytest.raises(ValueError, match="feature_axis"):
+            F.matmul_autotune(torch.empty(4, C, device="cuda"), w, layout, feature_axis="middle")
+
+
 def test_eager_calls_take_the_op_wherever_something_needs_it():
     """The public calls skip torch's op dispatch only for plain CUDA tensors in eager mode
     (bsjit._direct); meta and fake tensors, dispatch modes and torch.compile see the registered op."""
