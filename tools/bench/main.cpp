@@ -875,11 +875,10 @@ int main(int argc, char** argv) {
                  "TF32), sweep (tile candidates), "
                  "sweep-small (those at N = 64, C = K = 16384), compile (needs no GPU)")
       ->delimiter(',');
-  auto* block_option =
-      app.add_option(
-             "-b,--block", blocks,
-             "block sizes of suite W, suite small, suite C and the sweeps (small, sweep-small, C: 32, 64 unless given)")
-          ->delimiter(',');
+  auto* block_option = app.add_option("-b,--block", blocks,
+                                      "block sizes of suite W, suite small, suite C and the sweeps (small, "
+                                      "sweep-small, C: 32, 64 unless given; C also takes 128)")
+                           ->delimiter(',');
   std::string conv_arch;
   app.add_option("--conv-arch", conv_arch,
                  "suite C: build the kernels for this target instead of the GPU's (sm_90 on an H100 or H200: the "
