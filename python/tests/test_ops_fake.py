@@ -55,23 +55,26 @@ def test_autograd_through_meta_tensors():
     assert x.grad.shape == x.shape and w.grad.shape == w.shape and gate.grad.shape == gate.shape
 
 
+def wrong_inputs(layout, device):
+    """(x, w, keyword arguments, the error's pattern) of matmul calls refused before any kernel."""
+    w = torch.empty(layout.blocks, B, B, device=device)
+    return [
+        (torch.empty(4, C + 1, device=device), w, {}, r"must be \[\.\.\., 96\]"),
+        (torch.empty(4, C, device=device, dtype=torch.bfloat16), w, {}, "one dtype"),
+        (torch.empty(4, 72, device=device), torch.empty(6, 24, 24, device=device), {}, "block size 24"),
+        (torch.empty(4, C, device=device), w, {"gate": torch.empty(5, device=device)}, "float32 \\[6\\]"),
+        (torch.empty(4, C, device=device), w, {"feature_axis": "middle"}, "feature_axis"),
+        (torch.empty(4, C, dtype=torch.float64, device=device),
+         torch.empty(6, B, B, dtype=torch.float64, device=device), {}, "dtype torch.float64"),
+    ]
+
+
 def test_wrong_inputs_raise_with_the_reason():
     layout = bsjit.Layout(MASK)
     layout.handle  # registered outside: the registry's lock cannot be traced
-    w = torch.empty(layout.blocks, B, B, device="meta")
-    with pytest.raises(ValueError, match=r"must be \[\.\.\., 96\]"):
-        F.matmul(torch.empty(4, C + 1, device="meta"), w, layout)
-    with pytest.raises(ValueError, match="one dtype"):
-        F.matmul(torch.empty(4, C, device="meta", dtype=torch.bfloat16), w, layout)
-    with pytest.raises(ValueError, match="block size 24"):
-        F.matmul(torch.empty(4, 72, device="meta"), torch.empty(6, 24, 24, device="meta"), layout)
-    with pytest.raises(ValueError, match="float32 \\[6\\]"):
-        F.matmul(torch.empty(4, C, device="meta"), w, layout, gate=torch.empty(5, device="meta"))
-    with pytest.raises(ValueError, match="feature_axis"):
-        F.matmul(torch.empty(4, C, device="meta"), w, layout, feature_axis="middle")
-    with pytest.raises(ValueError, match="dtype torch.float64"):
-        F.matmul(torch.empty(4, C, dtype=torch.float64, device="meta"),
-                 torch.empty(6, B, B, dtype=torch.float64, device="meta"), layout)
+    for x, w, kwargs, match in wrong_inputs(layout, "meta"):
+        with pytest.raises(ValueError, match=match):
+            F.matmul(x, w, layout, **kwargs)
 
 
 def test_cpu_tensors_are_refused_not_run():
@@ -89,15 +92,13 @@ def test_autotune_needs_a_gpu_and_checks_its_inputs_first():
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         bsjit.nn.BlockSparseLinear(MASK, B, device="meta").autotune(torch.empty(4, C, device="meta"))
     with FakeTensorMode():  # CUDA tensors without a GPU: the checks run before any kernel
-        w = torch.empty(layout.blocks, B, B, device="cuda")
-        with pytest.raises(ValueError, match=r"must be \[\.\.\., 96\]"):
-            F.matmul_autotune(torch.empty(4, C + 1, device="cuda"), w, layout)
-        with pytest.raises(ValueError, match="one dtype"):
-            F.matmul_autotune(torch.empty(4, C, device="cuda", dtype=torch.bfloat16), w, layout)
+        for x, w, kwargs, match in wrong_inputs(layout, "cuda"):
+            if "gate" not in kwargs:  # autotune takes no gate
+                with pytest.raises(ValueError, match=match):
+                    F.matmul_autotune(x, w, layout, **kwargs)
         with pytest.raises(ValueError, match="no rows"):
-            F.matmul_autotune(torch.empty(0, C, device="cuda"), w, layout)
-        with pytest.raises(ValueError, match="feature_axis"):
-            F.matmul_autotune(torch.empty(4, C, device="cuda"), w, layout, feature_axis="middle")
+            F.matmul_autotune(torch.empty(0, C, device="cuda"), torch.empty(layout.blocks, B, B, device="cuda"),
+                              layout)
 
 
 def test_eager_calls_take_the_op_wherever_something_needs_it():
