@@ -95,14 +95,18 @@ struct ConvWgmmaTile {
 };
 std::optional<ConvWgmmaTile> conv_wgmma_tile(int b);
 
-// conv_tma_fprop_kernel's shape at b = 64 and 128: a producer warpgroup and `consumers` warpgroups
-// of 64 rows, `stages` stages of bm pixels × 64 channels and the tap's b × 64 filter slice, then
-// the stages' two mbarriers each (StageRing), with 1024 bytes of slack for the swizzle's alignment.
+// conv_tma_fprop_kernel's shape at b = 64 and 128 (ConvTmaPlan): a producer warpgroup and
+// `consumers` warpgroups of 64 channels × 128 rows (swapped), so bm(b) = 128 · consumers / (b / 64)
+// rows a tile; `stages` stages of bm pixels × 64 channels and the tap's b × 64 filter slice; 1024
+// bytes of slack for the swizzle's alignment, 1024 for the mbarriers, two 8 KiB staging tiles a
+// consumer for the epilogue's TMA stores.
 struct ConvTmaTile {
   int stages, consumers;
-  constexpr int bm() const { return 64 * consumers; }
+  constexpr int bm(int b) const { return 128 * consumers / (b / 64); }
   constexpr int threads() const { return 128 * (1 + consumers); }
-  constexpr int shared_bytes(int b) const { return stages * (bm() * 128 + b * 128) + 1024 + 2 * stages * 8; }
+  constexpr int shared_bytes(int b) const {
+    return 1024 + stages * (bm(b) * 128 + b * 128) + 1024 + consumers * 2 * 64 * 128;
+  }
 };
 std::optional<ConvTmaTile> conv_tma_tile(int b);
 // The rank of conv_tma_fprop_kernel's input map for a geometry: 4 without depth (D, T and the

@@ -374,13 +374,24 @@ struct Conv::Impl {
       filter = packed;
     }
     const bool forward = k == kFprop;
-    if (forward && engine(runtime::kernel_arch(options.arch, ctx), kIgemmFprop) == "tma")
-      return launch_tma(ctx, a, filter, out, n, stream, dims, gate, accumulate);
+    if (forward && engine(runtime::kernel_arch(options.arch, ctx), kIgemmFprop) == "tma") {
+      // TMA's coordinates are 32-bit: launches of fewer than 2^31 output rows each
+      const std::int64_t chunk = std::min<std::int64_t>(n, INT_MAX / product(geometry.out()));
+      const std::size_t es = dtype_size(options.dtype);
+      for (std::int64_t i = 0; i < n; i += chunk) {
+        const std::int64_t m = std::min(chunk, n - i);
+        dims.n = static_cast<int>(m);
+        launch_tma(ctx, static_cast<const char*>(a) + i * layout.C() * product(geometry.in) * es, filter,
+                   static_cast<char*>(out) + i * layout.K() * product(geometry.out()) * es, m, stream, dims, gate,
+                   accumulate);
+      }
+      return;
+    }
+    const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), forward ? kIgemmFprop : kIgemmBprop);
     const std::int64_t rows = n * product(forward ? geometry.out() : geometry.in);
     const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
     // bprop's rows come in stride[0] · stride[1] · stride[2] classes (conv_igemm.cuh), each with a last tile
     const std::int64_t classes = forward ? 1 : geometry.stride[0] * geometry.stride[1] * geometry.stride[2];
-    const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), forward ? kIgemmFprop : kIgemmBprop);
     const int tile_rows = h ? h->rows : i.data_rows, threads = h ? h->threads : i.data_threads;
     const std::int64_t tiles = (rows + tile_rows - 1) / tile_rows + classes - 1;
     void* args[] = {&a, &filter, &out, &gate, &accumulate, &dims};
@@ -420,13 +431,16 @@ struct Conv::Impl {
     CUtensorMap map_filter =
         runtime::swizzled_tensor_map(options.dtype, filter, {static_cast<std::uint64_t>(b), filter_rows},
                                      {static_cast<std::uint64_t>(b) * es}, {64, static_cast<std::uint32_t>(b)});
+    const std::int64_t rows = n * product(geometry.out()), tiles = (rows + t.rows - 1) / t.rows;
+    CUtensorMap map_out = runtime::swizzled_tensor_map(
+        options.dtype, out, {static_cast<std::uint64_t>(layout.K()), static_cast<std::uint64_t>(rows)},
+        {static_cast<std::uint64_t>(layout.K()) * es}, {64, 64});
     CUfunction f = function(ctx, kIgemmFprop);
     const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.threads),
                                      static_cast<std::uint32_t>(t.shared_bytes)};
-    const std::int64_t rows = n * product(geometry.out()), tiles = (rows + t.rows - 1) / t.rows;
     const std::int64_t items = tiles * (layout.K() / b);
     const auto grid = static_cast<unsigned>(std::min<std::int64_t>(items, runtime::resident_ctas(f, ctx, shape)));
-    void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter};
+    void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter, &map_out};
     BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, shape.threads, 1, 1, shape.shared_bytes, stream, args,
                                               nullptr));
   }

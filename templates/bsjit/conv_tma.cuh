@@ -7,22 +7,21 @@
 // 150-213 TFLOP/s at b = 64 on an H100 against the matmul's 600+ (docs/PERFORMANCE.md, suite C).
 // Here the copy engine does the gathering. The input's tensor map is in im2col mode: its bounding
 // box is the grid of filter-window corners (lower corner −pad, the traversal stepping by the
-// stride), so that one copy of kBM pixels from the tile's first output position (n, m, p, q), at
+// stride), so that one copy of 128 pixels from an output position (n, m, p, q), at
 // (q · stride − pad, ...), with the tap's offsets (s · dilation, ...), brings the tile's rows in
 // output order across rows and images, zeros where the tap reaches padding or past the last image.
 // A tiled map brings the tap's slice of the packed filter ([block][tap][k][c], conv_igemm.cuh).
 //
-// Warpgroup 0 is the producer (one thread issues both copies of a stage, completing on the stage's
-// "full" mbarrier); warpgroups 1 .. kConsumers each own 64 rows of the tile, the whole block column
-// wide, wait on "full", run the stage's wgmmas (dsd_wgmma_stage: the fprop slice is K-major, the
-// matmul's backward-data order) and free the stage on its "empty" mbarrier. The CTAs walk the
-// (tile, block column) items with the column fastest (CTAs running together read the same input
-// rows), and the producer runs into the next item while the consumers store the last one.
-// Gates: a block gated 0 is skipped by both sides, any other gate scales the filter slice in
-// shared memory (as dsd_tma_stages does).
+// Warpgroup 0 is the producer (one thread issues a stage's copies, completing on its "full"
+// mbarrier); the consumer warpgroups wait on "full", run the stage's wgmmas and free the stage on
+// its "empty" mbarrier. The CTAs walk the (tile, block column) items with the column fastest (CTAs
+// running together read the same input rows), and the producer runs into the next item while the
+// consumers store the last one. Gates: a block gated 0 is skipped by both sides, any other gate
+// scales the filter slice in shared memory (as dsd_tma_stages does).
 #pragma once
 
 #include "bsjit/conv_wgmma.cuh"
+#include "bsjit/matmul_hopper.cuh"
 
 namespace bsjit {
 namespace kernels {
@@ -50,35 +49,59 @@ __device__ __forceinline__ void tma_load_im2col(void* dst, const TensorMap& map,
         : "memory");
 }
 
-// Cfg: T, kB, kBM (64 · kConsumers), kStages, kConsumers, kThreads (128 · (1 + kConsumers)),
-// kSharedBytes (the stages, then 2 · kStages mbarriers), tables(). RANK: the input map's rank.
-// Grid: at most one CTA per item; `items` = tiles · block columns.
+// Cfg: T, kB, kStages, kConsumers (2), kThreads (128 · (1 + kConsumers)), kSharedBytes (ConvTmaPlan),
+// tables(). RANK: the input map's rank. Grid: at most one CTA per item, items = tiles · block columns.
+//
+// Swapped, as the matmul's dsd_tma_kernel: a consumer computes Oᵀ for 64 output channels × kR = 128
+// rows, the filter slice's 64 rows as wgmma's A (K-major) and 128 gathered pixels as its B, so that
+// each wgmma is m64n128 (the plain orientation, m64 rows × n64 channels at b = 64, ran at 195-262
+// TFLOP/s on suite C's 3×3 cells); the b / 64 channel groups times the row groups make the
+// consumers, kBM = kR · kConsumers / (b / 64) rows a tile. The epilogue is the matmul's: stmatrix
+// into two staging tiles per consumer and TMA stores of 64 rows × 64 channels (out as a [rows, K]
+// map); with accumulate, the old values are added element by element instead.
+template <class Cfg>
+struct ConvTmaPlan {
+  static constexpr int kR = 128, kGroups = Cfg::kB / 64, kBM = kR * Cfg::kConsumers / kGroups;
+  static constexpr int kABytes = kBM * kSwizzleRowBytes, kFilterBytes = Cfg::kB * kSwizzleRowBytes;
+  static constexpr int kStageBytes = kABytes + kFilterBytes;
+  static constexpr int kBarrierBytes = kSwizzleAtomBytes;  // 2 · kStages mbarriers, padded
+  static constexpr int kOutTileBytes = 2 * 64 * kSwizzleRowBytes;  // a consumer's two staging tiles
+  static constexpr int kSharedBytes =
+      kSwizzleAtomBytes + Cfg::kStages * kStageBytes + kBarrierBytes + Cfg::kConsumers * kOutTileBytes;
+};
+
+// swapped_wgmmas' view of the operands: the filter slice (A) K-major, as backward-data's W.
+template <class Cfg>
+struct ConvTmaOperands {
+  using T = typename Cfg::T;
+  static constexpr bool kTransW = true;
+};
+
 template <class Cfg, int RANK>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     conv_tma_fprop_kernel(typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int accumulate,
                           ConvDims p, const __grid_constant__ TensorMap map_in,
-                          const __grid_constant__ TensorMap map_filter) {
+                          const __grid_constant__ TensorMap map_filter, const __grid_constant__ TensorMap map_out) {
   using T = typename Cfg::T;
-  using Stage = ConvWgmmaStage<Cfg, false>;
-  using Plan = DsdWgmmaPlan<Stage>;
-  constexpr int b = Cfg::kB, kSlice = Plan::kSlice, S = Cfg::kStages, kSlices = b / kSlice;
+  using Plan = ConvTmaPlan<Cfg>;
+  constexpr int b = Cfg::kB, S = Cfg::kStages, kR = Plan::kR, kSlices = b / 64;
   constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
 #ifdef BSJIT_NO_WGMMA
   static_assert(sizeof(Cfg) == 0, "conv_tma_fprop_kernel needs sm_90a");
 #endif
-  static_assert(sizeof(T) == 2 && (b == 64 || b == 128) && kSlice == 64, "16-bit, b = 64 or 128");
-  static_assert(Cfg::kBM == 64 * Cfg::kConsumers && Cfg::kThreads == 128 + kConsumerThreads,
-                "one producer warpgroup, a consumer warpgroup per 64 rows");
-  static_assert(S >= 2 && Cfg::kSharedBytes == S * Plan::kStageBytes + kSwizzleAtomBytes + 2 * S * 8,
-                "host and device disagree on shared memory");
+  static_assert(sizeof(T) == 2 && (b == 64 || b == 128), "16-bit, b = 64 or 128");
+  static_assert(Cfg::kThreads == 128 + kConsumerThreads && Cfg::kConsumers % Plan::kGroups == 0 && Plan::kBM % 128 == 0,
+                "one producer warpgroup, consumers in whole channel groups, tiles of whole 128-pixel copies");
+  static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kSharedBytes, "host and device disagree on shared memory");
+  static_assert(2 * S * 8 <= Plan::kBarrierBytes, "the mbarriers fit their padding");
   extern __shared__ unsigned char smem_raw[];
   const StageRing<S, Plan::kStageBytes> ring(smem_raw);
 
   const ConvIgemmTables t = Cfg::tables();
   const int columns = p.k / b;
   const long long out_positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
-  const long long rows = p.n * out_positions, tiles = (rows + Cfg::kBM - 1) / Cfg::kBM;
-  const long long items = tiles * columns;
+  const int rows = static_cast<int>(p.n * out_positions);  // the host keeps it below 2^31 (TMA's coordinates)
+  const long long items = static_cast<long long>((rows + Plan::kBM - 1) / Plan::kBM) * columns;
   const int taps = p.filter[0] * p.filter[1] * p.filter[2];
   auto gated_off = [&](int block) { return gate != nullptr && gate[block] == 0.0f; };
   ring.init(kConsumerThreads);
@@ -89,16 +112,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (lane == 0) prefetch_tensormap(map_in), prefetch_tensormap(map_filter);
     int step = 0;  // this CTA's stages so far, over all its items
     for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-      const int col = static_cast<int>(item % columns);
-      const long long row0 = item / columns * Cfg::kBM;
-      // the tile's first output position and its window's corner in the input (W, H, D)
-      const int n = static_cast<int>(row0 / out_positions);
-      long long pos = row0 - n * out_positions;
-      int at[3];
-      for (int d = 2; d >= 0; --d) {
-        const int o = static_cast<int>(pos % p.out[d]);
-        pos /= p.out[d];
-        at[2 - d] = o * p.stride[d] - p.pad[d];
+      const int col = static_cast<int>(item % columns), row0 = static_cast<int>(item / columns) * Plan::kBM;
+      // each 128-pixel copy's first output position: its image and window corner (W, H, D)
+      int image[Plan::kBM / 128], at[Plan::kBM / 128][3];
+#pragma unroll
+      for (int h = 0; h < Plan::kBM / 128; ++h) {
+        const int row = row0 + 128 * h;
+        image[h] = static_cast<int>(row / out_positions);
+        long long pos = row - image[h] * out_positions;
+        for (int d = 2; d >= 0; --d) {
+          at[h][2 - d] = static_cast<int>(pos % p.out[d]) * p.stride[d] - p.pad[d];
+          pos /= p.out[d];
+        }
       }
       const int first = t.fprop_start[col], count = t.fprop_start[col + 1] - first;
       for (int e = 0; e < count; ++e) {
@@ -117,8 +142,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               unsigned long long* bar = &ring.full[step % S];
               unsigned char* stage = ring.stage(step);
               mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
-              tma_load_im2col<RANK>(stage, map_in, in_block * b + slice * kSlice, at, n, off, bar);
-              tma_load_2d(stage + Plan::kABytes, map_filter, slice * kSlice, filter_row, bar);
+#pragma unroll
+              for (int h = 0; h < Plan::kBM / 128; ++h)
+                tma_load_im2col<RANK>(stage + h * 128 * kSwizzleRowBytes, map_in, in_block * b + slice * 64, at[h],
+                                      image[h], off, bar);
+              tma_load_2d(stage + Plan::kABytes, map_filter, slice * 64, filter_row, bar);
             }
             __syncwarp();
           }
@@ -128,17 +156,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
-  const int consumer = threadIdx.x / 128 - 1;
-  int step = 0;
+  const int consumer = threadIdx.x / 128 - 1, group = consumer % Plan::kGroups, part = consumer / Plan::kGroups;
+  unsigned char* out_tile = reinterpret_cast<unsigned char*>(ring.full) + Plan::kBarrierBytes +
+                            consumer * Plan::kOutTileBytes;
+  if (threadIdx.x == 128) prefetch_tensormap(map_out);
+  int step = 0, piece = 0;
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const int col = static_cast<int>(item % columns);
-    const long long row0 = item / columns * Cfg::kBM;
+    const int col = static_cast<int>(item % columns), row0 = static_cast<int>(item / columns) * Plan::kBM;
     const int first = t.fprop_start[col], count = t.fprop_start[col + 1] - first;
-    float d[1][b / 2];
+    float d[kR / 2];
 #pragma unroll
-    for (int i = 0; i < b / 2; ++i) d[0][i] = 0.0f;
-    wgmma_fence_registers(d[0]);
-    int done = 0;  // stages of this item issued
+    for (int i = 0; i < kR / 2; ++i) d[i] = 0.0f;
+    wgmma_fence_registers(d);
+    int done = 0;  // stages of this item consumed
     for (int e = 0; e < count; ++e) {
       const int block = t.fprop_entries[2 * (first + e) + 1];
       if (gated_off(block)) continue;
@@ -147,23 +177,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbarrier_wait(&ring.full[step % S], (step / S) & 1);
         unsigned char* stage = ring.stage(step);
         if (g != 1.0f) {  // uniform across the consumers
-          scale_shared<T>(stage + Plan::kABytes, Plan::kBBytes, g, threadIdx.x - 128, kConsumerThreads);
+          scale_shared<T>(stage + Plan::kABytes, Plan::kFilterBytes, g, threadIdx.x - 128, kConsumerThreads);
           fence_proxy_async();
           named_barrier_sync(1, kConsumerThreads);
         }
-        dsd_wgmma_stage<Stage, 1>(d, stage + consumer * 64 * kSwizzleRowBytes, stage + Plan::kABytes);
+        wgmma_fence();
+        swapped_wgmmas<ConvTmaOperands<Cfg>, kR>(d, stage + Plan::kABytes + group * 64 * kSwizzleRowBytes,
+                                  stage + part * kR * kSwizzleRowBytes);
+        wgmma_commit();
         wgmma_wait<1>();  // the previous stage's wgmmas have finished
         if (done > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);
       }
     }
     wgmma_wait<0>();
     if (done > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);  // the item's last stage
-    wgmma_fence_registers(d[0]);
-    wgmma_epilogue<b>(d[0], consumer * 64, [&](int r, int c, float v0, float v1) {
-      const long long row = row0 + r;
-      if (row < rows) store_pair(out + row * p.k + static_cast<long long>(col) * b + c, v0, v1, accumulate);
-    });
+    wgmma_fence_registers(d);
+    // d[4i + 2h + e]: channel 16·warp + lane / 4 + 8h of the group, row 8i + 2·(lane % 4) + e of the part
+    const int channel0 = col * b + group * 64, row_base = row0 + part * kR;
+    if (accumulate) {
+      const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+#pragma unroll
+      for (int i = 0; i < kR / 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int row = row_base + 8 * i + 2 * (lane % 4) + (q & 1);
+          if (row < rows) {
+            T* o = out + static_cast<long long>(row) * p.k + channel0 + 16 * warp + lane / 4 + 8 * (q >> 1);
+            *o = from_float<T>(to_float(*o) + d[4 * i + q]);
+          }
+        }
+    } else {
+      PackedFeatures<kR> tile;
+#pragma unroll
+      for (int j = 0; j < kR / 4; ++j) tile.packed[j] = pack_pair<T>(d[2 * j], d[2 * j + 1]);
+      tile.feature0 = channel0, tile.row_base = row_base;
+      store_feature_pieces(0, tile, map_out, out_tile, piece, rows, consumer);
+    }
   }
+  if (threadIdx.x % 128 == 0) bulk_wait_group<0>();  // the stores have read the staging tiles
 }
 
 }  // namespace kernels
