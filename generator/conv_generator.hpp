@@ -138,6 +138,7 @@ struct GeneratedConvIgemm {
   struct Tma {
     std::string source, label, fprop4, fprop5;  // name expressions
     int threads = 0, rows = 0, shared_bytes = 0;
+    std::uint32_t copy_rows = 128;  // pixels an im2col copy brings (the kernel's ConvTmaPlan::kR)
   };
   std::optional<Tma> tma;
   DeviceTables tables;  // kIgemmFpropStart, kIgemmFpropEntries, kIgemmBpropStart, kIgemmBpropEntries,

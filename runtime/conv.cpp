@@ -424,8 +424,9 @@ struct Conv::Impl {
     sizes.push_back(static_cast<std::uint64_t>(n));
     std::vector<std::uint64_t> strides{c * es};
     for (std::size_t i = 1; i + 1 < sizes.size(); ++i) strides.push_back(strides.back() * sizes[i]);
-    CUtensorMap map_in = runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64,
-                                                    static_cast<std::uint32_t>(t.rows));
+    // a copy: 128 pixels (a consumer's rows; a tile of t.rows takes t.rows / 128 copies) × 64 channels
+    CUtensorMap map_in =
+        runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64, t.copy_rows);
     const std::uint64_t filter_rows = static_cast<std::uint64_t>(layout.blocks().size()) *
                                       static_cast<std::uint64_t>(geometry.taps()) * static_cast<std::uint64_t>(b);
     CUtensorMap map_filter =

@@ -173,6 +173,13 @@ TEST(ConvApi, TmaTileHoldsItsStagesInOneSm) {
     EXPECT_EQ(t->bm(b), b == 64 ? 256 : 128) << b;  // consumers of 64 channels × 128 rows
     EXPECT_EQ(t->threads(), 384) << b;
     EXPECT_LE(t->shared_bytes(b), 227 * 1024) << b;
+    // the input map's copies are 128 pixels (a consumer's rows); a tile takes whole copies
+    const auto g = generator::generate_conv_igemm(ConvLayout::from_mask(Layout::from_coords(2, 2, {{0, 0}, {1, 1}}), b),
+                                                  DType::bf16, true);
+    ASSERT_TRUE(g && g->tma) << b;
+    EXPECT_EQ(g->tma->copy_rows, 128u) << b;
+    EXPECT_EQ(g->tma->rows, t->bm(b)) << b;
+    EXPECT_EQ(g->tma->rows % 128, 0) << b;
   }
   EXPECT_FALSE(generator::conv_tma_tile(32).has_value());
 }
