@@ -192,6 +192,17 @@ std::optional<ConvTmaTile> conv_tma_tile(int b) {
   return std::nullopt;
 }
 
+std::optional<ConvGeometry> conv_transposed_geometry(const ConvGeometry& geometry) {
+  ConvGeometry t = geometry;
+  t.in = geometry.out();
+  for (int d = 0; d < 3; ++d) {
+    const std::int64_t reach = (geometry.filter[d] - 1) * geometry.dilation[d];
+    if (geometry.stride[d] != 1 || geometry.pad_before[d] > reach || geometry.pad_after[d] > reach) return std::nullopt;
+    t.pad_before[d] = reach - geometry.pad_before[d], t.pad_after[d] = reach - geometry.pad_after[d];
+  }
+  return t;
+}
+
 std::pair<int, int> conv_tma_box(const ConvGeometry& geometry, int d) {
   const std::int64_t lower = -geometry.pad_before[d];
   const std::int64_t upper = (geometry.out()[d] - 1) * geometry.stride[d] + lower - (geometry.in[d] - 1);
@@ -341,8 +352,11 @@ std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, 
         fmt::arg("label", tma.label), fmt::arg("b", b), fmt::arg("tables", tables), fmt::arg("type", type_name(dtype)),
         fmt::arg("stages", m->stages), fmt::arg("consumers", m->consumers),
         fmt::arg("threads", m->threads()), fmt::arg("shared", m->shared_bytes(b)));
-    tma.fprop4 = "bsjit::kernels::conv_tma_fprop_kernel<bsjit_generated::TmaCfg, 4>";
-    tma.fprop5 = "bsjit::kernels::conv_tma_fprop_kernel<bsjit_generated::TmaCfg, 5>";
+    tma.fprop4 = "bsjit::kernels::conv_tma_data_kernel<bsjit_generated::TmaCfg, 4, false>";
+    tma.fprop5 = "bsjit::kernels::conv_tma_data_kernel<bsjit_generated::TmaCfg, 5, false>";
+    tma.bprop4 = "bsjit::kernels::conv_tma_data_kernel<bsjit_generated::TmaCfg, 4, true>";
+    tma.bprop5 = "bsjit::kernels::conv_tma_data_kernel<bsjit_generated::TmaCfg, 5, true>";
+    tma.pack_backward = std::string("bsjit::kernels::conv_tma_pack_backward_kernel<") + type_name(dtype) + ">";
     g.tma = std::move(tma);
   }
   g.fprop = "bsjit::kernels::conv_igemm_data_kernel<bsjit_generated::DataCfg, false>";

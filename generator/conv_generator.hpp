@@ -114,6 +114,11 @@ std::optional<ConvTmaTile> conv_tma_tile(int b);
 // box corners past [-128, 127] at rank 4 or [-16, 15] at rank 5, a tap's reach past the same
 // range, a stride past 8). conv_tma_box gives the corners.
 int conv_tma_rank(const ConvGeometry& geometry);
+// bprop at stride 1 as a forward convolution over dO (conv_tma.cuh's kBackward): the geometry of
+// dI = conv(dO, F with its taps reversed and its k and c exchanged), dO's positions the input,
+// padding (filter − 1) · dilation − padding; nothing where a stride is not 1 or a padding exceeds
+// the filter's reach.
+std::optional<ConvGeometry> conv_transposed_geometry(const ConvGeometry& geometry);
 // The im2col map's bounding box in dimension d (0: D, 1: H, 2: W): the filter-window corners of the
 // first and last outputs relative to the image's first and last positions (lower = −pad before).
 std::pair<int, int> conv_tma_box(const ConvGeometry& geometry, int d);
@@ -136,7 +141,7 @@ struct GeneratedConvIgemm {
   // fprop fed by TMA in im2col mode (templates/bsjit/conv_tma.cuh, sm_90a), a source of its own
   // with the same tables; fprop4 / fprop5 take a 4-D (N, H, W, C) or 5-D input map.
   struct Tma {
-    std::string source, label, fprop4, fprop5;  // name expressions
+    std::string source, label, fprop4, fprop5, bprop4, bprop5, pack_backward;  // name expressions
     int threads = 0, rows = 0, shared_bytes = 0;
     std::uint32_t copy_rows = 128;  // pixels an im2col copy brings (the kernel's ConvTmaPlan::kR)
   };

@@ -46,6 +46,7 @@ enum Kernel {
   kIgemmUpdat,
   kIgemmStore,
   kIgemmPack,
+  kTmaPack,  // the filter as the TMA bprop reads it (conv_tma_pack_backward_kernel)
   kKernels
 };
 
@@ -97,8 +98,10 @@ struct Conv::Impl {
   mutable std::mutex tuning_mutex;
   mutable std::map<std::pair<std::string, int>, std::string> chosen;
   // The input tensor map's rank for conv_tma.cuh's fprop (4: no depth, 5), 0 where TMA's im2col
-  // mode cannot take the geometry (generator::conv_tma_rank).
-  int tma_rank = 0;
+  // mode cannot take the geometry (generator::conv_tma_rank); for its bprop, that of the transposed
+  // geometry (stride 1; generator::conv_transposed_geometry).
+  int tma_rank = 0, tma_rank_bprop = 0;
+  std::optional<ConvGeometry> transposed;
 
   std::string tuning_key(const std::string& arch, int direction) const {
     // templates and format version in the key: a record from another bsjit is never applied
@@ -125,7 +128,7 @@ struct Conv::Impl {
   std::vector<std::string> engines(const std::string& arch, Kernel k) const {
     std::vector<std::string> e;
     if (igemm && igemm->hopper && arch == "sm_90a" && (k == kIgemmFprop || k == kIgemmBprop || k == kIgemmUpdat)) {
-      if (k == kIgemmFprop && igemm->tma && tma_rank) e.push_back("tma");
+      if (igemm->tma && ((k == kIgemmFprop && tma_rank) || (k == kIgemmBprop && tma_rank_bprop))) e.push_back("tma");
       e.push_back("wgmma");
     }
     e.push_back("mma.sync");
@@ -189,14 +192,21 @@ struct Conv::Impl {
   cache::Request request(Kernel k, const std::string& arch, std::optional<std::string> e = std::nullopt) const {
     static const char* suffix[] = {"-fprop",       "-bprop", "-updat", "-l2_normalize", "-l2_normalize_grad", "-gather",
                                    "-gather_gate", "-fprop", "-bprop", "-updat",        "-updat_store",       "-pack"};
+    if (k == kTmaPack) {
+      const auto& t = *igemm->tma;
+      return runtime::named_kernel_request(t.source, igemm->tables, t.pack_backward, t.label + "-pack_backward", 0,
+                                           arch, igemm_hash);
+    }
     if (k >= kIgemmFprop) {
       const auto& i = *igemm;
       if (!e) e = engine(arch, k);
       if (*e == "tma") {
         const auto& t = *i.tma;
-        return runtime::named_kernel_request(t.source, i.tables, tma_rank == 4 ? t.fprop4 : t.fprop5,
-                                             t.label + (tma_rank == 4 ? "-fprop4" : "-fprop5"), t.shared_bytes, arch,
-                                             igemm_hash);
+        const bool back = k == kIgemmBprop;
+        const int rank = back ? tma_rank_bprop : tma_rank;
+        return runtime::named_kernel_request(
+            t.source, i.tables, back ? (rank == 4 ? t.bprop4 : t.bprop5) : (rank == 4 ? t.fprop4 : t.fprop5),
+            t.label + (back ? "-bprop" : "-fprop") + std::to_string(rank), t.shared_bytes, arch, igemm_hash);
       }
       if (*e == "wgmma") {
         const auto* h = &*i.hopper;
@@ -257,12 +267,17 @@ struct Conv::Impl {
     return (plan->order.size() * plan->block * plan->block * dtype_size(options.dtype) + 15) / 16 * 16;
   }
   std::size_t matmul_scratch_bytes() const { return matmul_filter_bytes() + plan->order.size() * sizeof(float); }
+  // Whether kernel k (kFprop, kBprop) runs on the TMA bprop on the current GPU.
+  bool tma_bprop(Kernel k) const {
+    return k == kBprop && tma_rank_bprop &&
+           engine(runtime::kernel_arch(options.arch, runtime::current_context()), kIgemmBprop) == "tma";
+  }
   // The tensor-core kernels' scratch: updat's fp32 filter-gradient sums, the data kernels' filter
-  // packed per tap (none for one tap).
+  // packed per tap (none for one tap, except for the TMA bprop, which exchanges k and c).
   std::size_t igemm_scratch_bytes(Kernel k) const {
     const std::int64_t taps = geometry.taps(), elements = layout.filter_elements(taps);
     if (k == kUpdat) return static_cast<std::size_t>(elements) * sizeof(float);
-    return taps > 1 ? static_cast<std::size_t>(elements) * dtype_size(options.dtype) : 0;
+    return taps > 1 || tma_bprop(k) ? static_cast<std::size_t>(elements) * dtype_size(options.dtype) : 0;
   }
 
   // Bytes of a caller's workspace for kernel k at n images: the 1×1 path's matmul workspace (first,
@@ -366,24 +381,29 @@ struct Conv::Impl {
       elementwise(kIgemmStore, store);
       return;
     }
+    const bool forward = k == kFprop;
+    const bool tma = engine(runtime::kernel_arch(options.arch, ctx), forward ? kIgemmFprop : kIgemmBprop) == "tma";
     const void* filter = b;
-    if (taps > 1) {  // packed per tap
+    if (taps > 1 || (tma && !forward)) {  // packed per tap (the TMA bprop: k and c exchanged, taps reversed)
       void* packed = reinterpret_cast<void*>(scratch(ctx, stream, igemm_scratch_bytes(k), call, 0));
       void* pack[] = {&filter, &packed, &blocks, &block, &taps};
-      elementwise(kIgemmPack, pack);
+      elementwise(tma && !forward ? kTmaPack : kIgemmPack, pack);
       filter = packed;
     }
-    const bool forward = k == kFprop;
-    if (forward && engine(runtime::kernel_arch(options.arch, ctx), kIgemmFprop) == "tma") {
-      // TMA's coordinates are 32-bit: launches of fewer than 2^31 output rows each
-      const std::int64_t chunk = std::min<std::int64_t>(n, INT_MAX / product(geometry.out()));
+    if (tma) {
+      // as a forward convolution (bprop: of dO, generator::conv_transposed_geometry), in launches of
+      // fewer than 2^31 output rows (TMA's coordinates are 32-bit)
+      const ConvGeometry& geo = forward ? geometry : *transposed;
+      const std::int64_t c_in = forward ? layout.C() : layout.K(), c_out = forward ? layout.K() : layout.C();
+      kernels::ConvDims td = generator::conv_dims(layout, geo, n);
+      td.c = static_cast<int>(c_in), td.k = static_cast<int>(c_out);
+      const std::int64_t chunk = std::min<std::int64_t>(n, INT_MAX / product(geo.out()));
       const std::size_t es = dtype_size(options.dtype);
       for (std::int64_t i = 0; i < n; i += chunk) {
         const std::int64_t m = std::min(chunk, n - i);
-        dims.n = static_cast<int>(m);
-        launch_tma(ctx, static_cast<const char*>(a) + i * layout.C() * product(geometry.in) * es, filter,
-                   static_cast<char*>(out) + i * layout.K() * product(geometry.out()) * es, m, stream, dims, gate,
-                   accumulate);
+        td.n = static_cast<int>(m);
+        launch_tma(ctx, !forward, geo, static_cast<const char*>(a) + i * c_in * product(geo.in) * es, filter,
+                   static_cast<char*>(out) + i * c_out * product(geo.out()) * es, m, stream, td, gate, accumulate);
       }
       return;
     }
@@ -401,13 +421,16 @@ struct Conv::Impl {
                               stream, args, nullptr));
   }
 
-  // fprop on conv_tma_fprop_kernel: the input's im2col map, the (packed) filter's tiled map as
-  // [blocks · taps · b rows, b], a persistent grid of at most one CTA per (tile, block column).
-  void launch_tma(const runtime::Context& ctx, const void* in, const void* filter, void* out, std::int64_t n,
-                  CUstream stream, kernels::ConvDims dims, const float* gate, int accumulate) {
+  // conv_tma_data_kernel on the forward convolution `geometry` (bprop: the transposed one) with dims
+  // of n images: the input's im2col map, the packed filter's tiled map as [blocks · taps · b rows,
+  // b], the output's as [rows, channels], a persistent grid of at most one CTA per (tile, block
+  // column).
+  void launch_tma(const runtime::Context& ctx, bool backward, const ConvGeometry& geometry, const void* in,
+                  const void* filter, void* out, std::int64_t n, CUstream stream, kernels::ConvDims dims,
+                  const float* gate, int accumulate) {
     const auto& t = *igemm->tma;
-    const int b = igemm->block;
-    const std::uint64_t es = dtype_size(options.dtype), c = static_cast<std::uint64_t>(layout.C());
+    const int b = igemm->block, rank = backward ? tma_rank_bprop : tma_rank;
+    const std::uint64_t es = dtype_size(options.dtype), c = static_cast<std::uint64_t>(dims.c);
     const auto& in_dims = geometry.in;  // D, H, W
     std::vector<std::uint64_t> sizes{c, static_cast<std::uint64_t>(in_dims[2]), static_cast<std::uint64_t>(in_dims[1])};
     const auto [lw, uw] = generator::conv_tma_box(geometry, 2);
@@ -415,7 +438,7 @@ struct Conv::Impl {
     std::vector<int> lower{lw, lh}, upper{uw, uh};
     std::vector<std::uint32_t> steps{static_cast<std::uint32_t>(geometry.stride[2]),
                                      static_cast<std::uint32_t>(geometry.stride[1])};
-    if (tma_rank == 5) {
+    if (rank == 5) {
       sizes.push_back(static_cast<std::uint64_t>(in_dims[0]));
       const auto [ld, ud] = generator::conv_tma_box(geometry, 0);
       lower.push_back(ld), upper.push_back(ud);
@@ -434,12 +457,12 @@ struct Conv::Impl {
                                      {static_cast<std::uint64_t>(b) * es}, {64, static_cast<std::uint32_t>(b)});
     const std::int64_t rows = n * product(geometry.out()), tiles = (rows + t.rows - 1) / t.rows;
     CUtensorMap map_out = runtime::swizzled_tensor_map(
-        options.dtype, out, {static_cast<std::uint64_t>(layout.K()), static_cast<std::uint64_t>(rows)},
-        {static_cast<std::uint64_t>(layout.K()) * es}, {64, 64});
-    CUfunction f = function(ctx, kIgemmFprop);
+        options.dtype, out, {static_cast<std::uint64_t>(dims.k), static_cast<std::uint64_t>(rows)},
+        {static_cast<std::uint64_t>(dims.k) * es}, {64, 64});
+    CUfunction f = function(ctx, backward ? kIgemmBprop : kIgemmFprop);
     const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.threads),
                                      static_cast<std::uint32_t>(t.shared_bytes)};
-    const std::int64_t items = tiles * (layout.K() / b);
+    const std::int64_t items = tiles * (dims.k / b);
     const auto grid = static_cast<unsigned>(std::min<std::int64_t>(items, runtime::resident_ctas(f, ctx, shape)));
     void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter, &map_out};
     BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, shape.threads, 1, 1, shape.shared_bytes, stream, args,
@@ -530,7 +553,11 @@ Conv::Conv(ConvLayout layout, ConvGeometry geometry, ConvOptions options)
   } else if (!m.options.direct_kernels) {
     m.igemm = generator::generate_conv_igemm(m.layout, m.options.dtype, m.options.order == ActivationOrder::ndhwc);
     if (m.igemm) m.igemm_hash = generator::tables_digest(m.igemm->tables);
-    if (m.igemm && m.igemm->tma) m.tma_rank = generator::conv_tma_rank(m.geometry);
+    if (m.igemm && m.igemm->tma) {
+      m.tma_rank = generator::conv_tma_rank(m.geometry);
+      m.transposed = generator::conv_transposed_geometry(m.geometry);
+      if (m.transposed) m.tma_rank_bprop = generator::conv_tma_rank(*m.transposed);
+    }
   }
 }
 
@@ -586,7 +613,10 @@ int Conv::precompile(const std::string& arch) const {
   std::vector<cache::Request> requests;
   for (Kernel k : impl_->kernels()) {
     if (k >= kIgemmFprop && k <= kIgemmUpdat) {  // every engine autotune may choose
-      for (const auto& e : impl_->engines(arch, k)) requests.push_back(impl_->request(k, arch, e));
+      for (const auto& e : impl_->engines(arch, k)) {
+        requests.push_back(impl_->request(k, arch, e));
+        if (k == kIgemmBprop && e == "tma") requests.push_back(impl_->request(kTmaPack, arch));
+      }
     } else {
       requests.push_back(impl_->request(k, arch));
     }
@@ -688,8 +718,9 @@ TuneResult Conv::autotune(ConvOp op, std::int64_t n, Stream stream) const {
 
 void Conv::load(bool strict) const {
   const runtime::Context ctx = runtime::current_context();
-  for (Kernel k : impl_->kernels())
-    impl_->function(ctx, k, strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss());
+  const cache::OnMiss on_miss = strict ? cache::OnMiss::fail : cache::KernelCache::global().run_time_on_miss();
+  for (Kernel k : impl_->kernels()) impl_->function(ctx, k, on_miss);
+  if (impl_->tma_bprop(kBprop)) impl_->function(ctx, kTmaPack, on_miss);  // its filter's packing
   if (impl_->matmul) impl_->matmul->prepare({Op::forward, Op::backward_data, Op::backward_weight});
   impl_->order_of(ctx);
 }

@@ -1,5 +1,8 @@
-// Block-sparse convolution fprop on Hopper (sm_90a) fed by TMA in im2col mode, warp-specialized and
-// persistent, for the uniform layouts of conv_igemm.cuh at b = 64 and 128, 16-bit, channels last.
+// Block-sparse convolution fprop, and bprop at stride 1, on Hopper (sm_90a) fed by TMA in im2col
+// mode, warp-specialized and persistent, for the uniform layouts of conv_igemm.cuh at b = 64 and
+// 128, 16-bit, channels last. bprop at stride 1 is the forward convolution of dO with the filter's
+// taps reversed and its k and c exchanged, padded by the filter's reach less the padding
+// (conv_tma_pack_backward_kernel, generator::conv_transposed_geometry): one kernel serves both.
 //
 // conv_wgmma_data_kernel (conv_wgmma.cuh) gathers each stage's rows with cp.async from every
 // thread, works out the rows' coordinates per tile and synchronises the CTA per stage; its short
@@ -77,9 +80,14 @@ struct ConvTmaOperands {
   static constexpr bool kTransW = true;
 };
 
-template <class Cfg, int RANK>
+// kBackward: bprop at stride 1 as the forward convolution of dO (ConvDims p describing it: dO's
+// positions and K channels the input, dI's and C the output, the padding (filter − 1) · dilation −
+// padding; generator::conv_transposed_geometry) with the filter packed by
+// conv_tma_pack_backward_kernel; the walk takes the bprop tables (per input block column, the
+// output blocks).
+template <class Cfg, int RANK, bool kBackward>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    conv_tma_fprop_kernel(typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int accumulate,
+    conv_tma_data_kernel(typename Cfg::T* __restrict__ out, const float* __restrict__ gate, int accumulate,
                           ConvDims p, const __grid_constant__ TensorMap map_in,
                           const __grid_constant__ TensorMap map_filter, const __grid_constant__ TensorMap map_out) {
   using T = typename Cfg::T;
@@ -87,7 +95,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int b = Cfg::kB, S = Cfg::kStages, kR = Plan::kR, kSlices = b / 64;
   constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
 #ifdef BSJIT_NO_WGMMA
-  static_assert(sizeof(Cfg) == 0, "conv_tma_fprop_kernel needs sm_90a");
+  static_assert(sizeof(Cfg) == 0, "conv_tma_data_kernel needs sm_90a");
 #endif
   static_assert(sizeof(T) == 2 && (b == 64 || b == 128), "16-bit, b = 64 or 128");
   static_assert(Cfg::kThreads == 128 + kConsumerThreads && Cfg::kConsumers % Plan::kGroups == 0 && Plan::kBM % 128 == 0,
@@ -97,7 +105,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const StageRing<S, Plan::kStageBytes> ring(smem_raw);
 
-  const ConvIgemmTables t = Cfg::tables();
+  const ConvIgemmTables tables = Cfg::tables();
+  const int* start = kBackward ? tables.bprop_start : tables.fprop_start;
+  const int* entries = kBackward ? tables.bprop_entries : tables.fprop_entries;
   const int columns = p.k / b;
   const long long out_positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
   const int rows = static_cast<int>(p.n * out_positions);  // the host keeps it below 2^31 (TMA's coordinates)
@@ -125,9 +135,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pos /= p.out[d];
         }
       }
-      const int first = t.fprop_start[col], count = t.fprop_start[col + 1] - first;
+      const int first = start[col], count = start[col + 1] - first;
       for (int e = 0; e < count; ++e) {
-        const int in_block = t.fprop_entries[2 * (first + e)], block = t.fprop_entries[2 * (first + e) + 1];
+        const int in_block = entries[2 * (first + e)], block = entries[2 * (first + e) + 1];
         if (gated_off(block)) continue;
         for (int tap = 0; tap < taps; ++tap) {
           const int f[3] = {tap % p.filter[2], tap / p.filter[2] % p.filter[1], tap / (p.filter[1] * p.filter[2])};
@@ -163,14 +173,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int step = 0, piece = 0;
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const int col = static_cast<int>(item % columns), row0 = static_cast<int>(item / columns) * Plan::kBM;
-    const int first = t.fprop_start[col], count = t.fprop_start[col + 1] - first;
+    const int first = start[col], count = start[col + 1] - first;
     float d[kR / 2];
 #pragma unroll
     for (int i = 0; i < kR / 2; ++i) d[i] = 0.0f;
     wgmma_fence_registers(d);
     int done = 0;  // stages of this item consumed
     for (int e = 0; e < count; ++e) {
-      const int block = t.fprop_entries[2 * (first + e) + 1];
+      const int block = entries[2 * (first + e) + 1];
       if (gated_off(block)) continue;
       const float g = gate == nullptr ? 1.0f : gate[block];
       for (int j = 0; j < taps * kSlices; ++j, ++step, ++done) {
@@ -215,6 +225,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   if (threadIdx.x % 128 == 0) bulk_wait_group<0>();  // the stores have read the staging tiles
+}
+
+// The filter as conv_tma_data_kernel's bprop reads it: per block and tap, the b × b slice with k
+// and c exchanged ([block][tap][c][k], k contiguous: K-major for the product's reduction over k), the
+// taps in reverse order (the flipped filter of the transposed convolution).
+template <class T>
+__global__ void conv_tma_pack_backward_kernel(const T* __restrict__ filter, T* __restrict__ packed, int blocks, int b,
+                                              int taps) {
+  conv_filter_elements(blocks, b, taps, [&](long long e, long long block, int within) {
+    const int k = within % b, c = within / b % b, tap = within / (b * b);
+    packed[e] = filter[block * b * b * taps + (static_cast<long long>(k) * b + c) * taps + (taps - 1 - tap)];
+  });
 }
 
 }  // namespace kernels

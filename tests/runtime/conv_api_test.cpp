@@ -79,9 +79,10 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
         EXPECT_NE(conv.generated_source().find("kIgemmFpropStart"), std::string::npos);
         const auto before = cache_stats();
         // fprop, bprop, updat, its store, the packing; l2_normalize's two; on sm_90a at b ≥ 64 the
-        // warpgroup fprop, bprop and updat as well, and fprop fed by TMA (autotune chooses)
+        // warpgroup fprop, bprop and updat as well, and fprop and bprop fed by TMA with the latter's
+        // filter packing (autotune chooses)
         const bool hopper = arch == "sm_90a" && b >= 64;
-        const int kernels = hopper ? 11 : 7;
+        const int kernels = hopper ? 13 : 7;
         EXPECT_EQ(conv.precompile(arch), kernels);
         // (l2_normalize's code is the direct kernels', compiled once per dtype and order)
         const auto compiled = cache_stats().compiles;
@@ -90,8 +91,9 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
                          ConvGeometry::valid({3, 5, 11}, {3, 1, 5}, {1, 1, 1}, {1, 1, 2}),
                          {dtype, ActivationOrder::ndhwc, true, ""});
         EXPECT_EQ(other.precompile(arch), kernels);
-        // a 3-D geometry: the TMA fprop's 5-D map is a kernel of its own, compiled once for them all
-        EXPECT_EQ(cache_stats().compiles, compiled + (hopper ? 1 : 0))
+        // a 3-D geometry: the TMA fprop's and bprop's 5-D maps are kernels of their own, compiled once
+        // for them all
+        EXPECT_EQ(cache_stats().compiles, compiled + (hopper ? 2 : 0))
             << "one compile serves every uniform layout of a block size";
       }
   std::vector<std::string> labels;
@@ -112,7 +114,7 @@ TEST(ConvApi, TensorCoreKernelsCompileForEveryBlockSize) {
           }
           // and fprop fed by TMA, with 4-D and 5-D input maps (conv_tma.cuh)
           if (arch == "sm_90a" && b >= 64 && kind == "fprop")
-            for (const char* rank : {"fprop4", "fprop5"}) {
+            for (const char* rank : {"fprop4", "fprop5", "bprop4", "bprop5", "pack_backward"}) {
               const auto tma = fmt::format("conv-tma-{}-b{}-{} {}", dtype, b, rank, arch);
               EXPECT_NE(std::find(labels.begin(), labels.end(), tma), labels.end()) << tma;
             }
@@ -161,6 +163,32 @@ TEST(ConvApi, TmaRankFollowsTheIm2colLimits) {
   EXPECT_EQ(conv_tma_rank(ConvGeometry::valid({1, 512, 512}, {1, 4, 4}, {1, 1, 1}, {1, 50, 50})), 0);  // reach 150
   EXPECT_EQ(conv_tma_rank(ConvGeometry::same({8, 8, 8}, {3, 3, 3}, {1, 1, 1}, {1, 9, 9})), 0);         // reach 18, 3-D
   EXPECT_EQ(conv_tma_rank(ConvGeometry::same({1, 512, 512}, {1, 5, 1}, {1, 1, 1}, {1, 64, 1})), 0);    // reach 256
+}
+
+// bprop at stride 1 as a forward convolution of dO: dO's positions the input, the padding the
+// filter's reach less the padding; its output the input's positions; no geometry with a stride or a
+// padding past the reach.
+TEST(ConvApi, TransposedGeometryRunsBpropForward) {
+  using generator::conv_transposed_geometry;
+  const ConvGeometry geometries[] = {ConvGeometry::same({1, 13, 15}, {1, 3, 3}),
+                                     ConvGeometry::valid({1, 12, 14}, {1, 5, 5}, {1, 1, 1}, {1, 2, 2}),
+                                     ConvGeometry::same({4, 7, 5}, {3, 3, 3}, {1, 1, 1}, {1, 2, 1}),
+                                     ConvGeometry::same({1, 1, 37}, {1, 1, 4})};  // even filter: uneven padding
+  for (const auto& g : geometries) {
+    const auto t = conv_transposed_geometry(g);
+    ASSERT_TRUE(t.has_value());
+    EXPECT_EQ(t->in, g.out());
+    EXPECT_EQ(t->out(), g.in);
+    for (int d = 0; d < 3; ++d) {
+      const std::int64_t reach = (g.filter[d] - 1) * g.dilation[d];
+      EXPECT_EQ(t->pad_before[d], reach - g.pad_before[d]);
+      EXPECT_EQ(t->pad_after[d], reach - g.pad_after[d]);
+    }
+  }
+  EXPECT_FALSE(conv_transposed_geometry(ConvGeometry::same({1, 8, 8}, {1, 3, 3}, {1, 2, 2})).has_value());
+  ConvGeometry wide = ConvGeometry::valid({1, 8, 8}, {1, 3, 3});
+  wide.pad_before = {0, 3, 0}, wide.pad_after = {0, 3, 0};  // more padding than the reach
+  EXPECT_FALSE(conv_transposed_geometry(wide).has_value());
 }
 
 // The TMA fprop's tile: a producer and two consumer warpgroups, at least two stages (one in the

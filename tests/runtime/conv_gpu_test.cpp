@@ -69,11 +69,12 @@ TEST_P(ConvGpu, TensorCoreCasesMatchTheReferenceOnMmaSync) {
   check_cases(GetParam(), testing::tensor_core_conv_cases(), 5607, "sm_90");
 }
 
-// fprop fed by TMA in im2col mode (conv_tma.cuh; sm_90a, b = 64 and 128), chosen by use_kernel, on
-// the tensor-core cases it takes and on 2-D ones whose tiles cross rows and images, with strides,
-// dilations, odd sizes and a filter wider than high (the map's W and H apart), plain, gated and
-// accumulating; as a deconvolution, the same kernel runs bprop.
-TEST_P(ConvGpu, TmaFpropMatchesTheReference) {
+// The kernels fed by TMA in im2col mode (conv_tma.cuh; sm_90a, b = 64 and 128), chosen by
+// use_kernel: fprop, and bprop at stride 1 (the transposed convolution), on the tensor-core cases
+// they take and on 2-D ones whose tiles cross rows and images, with strides, dilations, odd sizes
+// and a filter wider than high (the map's W and H apart), plain, gated and accumulating; as a
+// deconvolution each runs the other op.
+TEST_P(ConvGpu, TmaKernelsMatchTheReference) {
   const Param prm = GetParam();
   if (prm.dtype == DType::f32 || prm.order != ActivationOrder::ndhwc) GTEST_SKIP() << "the tensor-core cases' kernels";
   const std::string arch = runtime::kernel_arch("", runtime::current_context());
@@ -89,26 +90,32 @@ TEST_P(ConvGpu, TmaFpropMatchesTheReference) {
                    ConvGeometry::valid({1, 12, 14}, {1, 5, 5}, {1, 1, 1}, {1, 2, 2}), 2});
   cases.push_back({"tma b64 1x7 SAME stride 1x2", ConvLayout::from_mask(three, 64),
                    ConvGeometry::same({1, 5, 20}, {1, 1, 7}, {1, 1, 2}), 2});
-  const ConvOp op = prm.deconv ? ConvOp::bprop : ConvOp::fprop;
-  const check::ConvOp checked = prm.deconv ? check::ConvOp::bprop : check::ConvOp::fprop;
-  int ran = 0;
+  cases.push_back({"tma b128 1x4 SAME (uneven padding)", ConvLayout::from_mask(lower, 128),
+                   ConvGeometry::same({1, 6, 21}, {1, 1, 4}), 2});
+  int ran[2] = {0, 0};
   std::uint64_t seed = 5620;
   for (const auto& c : cases) {
     const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
-    const auto names = conv.kernel_names(op);
-    if (std::find(names.begin(), names.end(), "tma") == names.end()) continue;
-    conv.use_kernel(op, "tma");
-    ASSERT_EQ(conv.kernel_name(op), "tma");
-    ++ran;
-    for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
-      SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(checked), gated ? ", gated" : "",
-                               accumulate ? ", accumulating" : ""));
-      const auto r = check::run_and_check(conv, checked, {c.n, accumulate, gated, seed++});
-      EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
-      EXPECT_EQ(r.unwritten, 0);
+    for (const auto& [op, checked] :
+         {std::pair{ConvOp::fprop, check::ConvOp::fprop}, {ConvOp::bprop, check::ConvOp::bprop}}) {
+      const auto names = conv.kernel_names(op);
+      if (std::find(names.begin(), names.end(), "tma") == names.end()) continue;
+      conv.use_kernel(op, "tma");
+      ASSERT_EQ(conv.kernel_name(op), "tma");
+      ++ran[op == ConvOp::fprop ? 0 : 1];
+      for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
+        SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(checked), gated ? ", gated" : "",
+                                 accumulate ? ", accumulating" : ""));
+        const auto r = check::run_and_check(conv, checked, {c.n, accumulate, gated, seed++});
+        EXPECT_LE(r.relative_error, check::tolerance(prm.dtype));
+        EXPECT_EQ(r.unwritten, 0);
+      }
     }
   }
-  EXPECT_GE(ran, 6);  // three of the tensor-core cases and the four above
+  // the op that runs the forward kernel: three of the tensor-core cases and the five above; the
+  // transposed one at stride 1: two tensor-core cases and three above
+  EXPECT_GE(ran[prm.deconv ? 1 : 0], 8);
+  EXPECT_GE(ran[prm.deconv ? 0 : 1], 5);
 }
 
 // use_kernel takes the names kernel_names lists and nothing else.
