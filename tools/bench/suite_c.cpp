@@ -235,17 +235,19 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
             {"bprop", [&] { conv.bprop(y.get(), f.get(), gx.get(), kN, s_); }},
             {"updat", [&] { conv.updat(x.get(), y.get(), gf.get(), kN, s_); }}};
         const check::ConvOp check_ops[] = {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat};
-        // the ops with the kernels Conv chooses, then fprop with the one fed by TMA where it has one
-        // ("fprop tma"; conv_tma.cuh), in the same process
-        auto has_tma = [](const Conv& c) {
-          const auto names = c.kernel_names(ConvOp::fprop);
+        // the ops with the kernels Conv chooses, then fprop and bprop with the ones fed by TMA where
+        // they have them ("fprop tma", "bprop tma"; conv_tma.cuh), in the same process
+        auto has_tma = [](const Conv& c, ConvOp op) {
+          const auto names = c.kernel_names(op);
           return std::find(names.begin(), names.end(), "tma") != names.end();
         };
-        const bool tma = has_tma(conv) && has_tma(small);
-        for (int o = 0; o < (tma ? 4 : 3); ++o) {
-          if (o == 3) conv.use_kernel(ConvOp::fprop, "tma"), small.use_kernel(ConvOp::fprop, "tma");
+        std::vector<int> runs{0, 1, 2};  // 3 + op: op on the TMA kernel
+        for (int op : {0, 1})
+          if (has_tma(conv, static_cast<ConvOp>(op)) && has_tma(small, static_cast<ConvOp>(op))) runs.push_back(3 + op);
+        for (int o : runs) {
           const int op = o % 3;
-          ConvRow r{s.name, m.name, o == 3 ? "fprop tma" : ops[op].first, b, density};
+          if (o >= 3) conv.use_kernel(static_cast<ConvOp>(op), "tma"), small.use_kernel(static_cast<ConvOp>(op), "tma");
+          ConvRow r{s.name, m.name, o >= 3 ? fmt::format("{} tma", ops[op].first) : ops[op].first, b, density};
           r.ms = time_ms(ops[op].second, stream, 2, reps);
           r.tflops = flops / (r.ms * 1e9);
           r.dense_ms = dense[op];
