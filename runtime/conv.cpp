@@ -134,14 +134,11 @@ struct Conv::Impl {
     e.push_back("mma.sync");
     return e;
   }
-  // Without a tuning record: the warpgroup kernels where there are, else mma.sync. The TMA fprop
-  // runs where autotune or use_kernel chose it: it passed the conv GPU tests and ran 1.2-1.5× the
-  // warpgroup fprop on every suite C cell (docs/PERFORMANCE.md, "fprop fed by TMA", 7ece5eb), but
-  // the rest of the GPU programs (bsjit run, the PyTorch tests) have not run with it by default.
-  std::string default_engine(const std::string& arch, Kernel k) const {
-    const auto e = engines(arch, k);
-    return std::find(e.begin(), e.end(), "wgmma") != e.end() ? "wgmma" : "mma.sync";
-  }
+  // Without a tuning record: the first of engines(), the kernel fed by TMA where there is one (on
+  // suite C's b = 64 cells the plain TMA fprop of 7ece5eb ran 1.2-1.5× the warpgroup one; the
+  // swapped one and the TMA bprop are not yet measured: docs/PERFORMANCE.md), else the warpgroup
+  // kernel, else mma.sync.
+  std::string default_engine(const std::string& arch, Kernel k) const { return engines(arch, k).front(); }
   // The engine tensor-core kernel k runs on for arch (kIgemmStore and kIgemmPack: "mma.sync", their
   // only one).
   std::string engine(const std::string& arch, Kernel k) const {
