@@ -101,12 +101,16 @@ std::optional<ConvWgmmaTile> conv_wgmma_tile(int b);
 // bytes of slack for the swizzle's alignment, 1024 for the mbarriers, two 8 KiB staging tiles a
 // consumer for the epilogue's TMA stores.
 struct ConvTmaTile {
-  int stages, consumers;
+  int stages, consumers, updat_stages;
   constexpr int bm(int b) const { return 128 * consumers / (b / 64); }
   constexpr int threads() const { return 128 * (1 + consumers); }
   constexpr int shared_bytes(int b) const {
     return 1024 + stages * (bm(b) * 128 + b * 128) + 1024 + consumers * 2 * 64 * 128;
   }
+  // updat (conv_tma_updat_kernel, ConvTmaUpdatPlan): a producer and b / 64 consumer warpgroups,
+  // stages of 64 rows of dO and 64 input pixels, b channels each
+  static constexpr int updat_threads(int b) { return 128 * (1 + b / 64); }
+  constexpr int updat_shared_bytes(int b) const { return 1024 + updat_stages * 2 * 64 * b * 2 + 1024; }
 };
 std::optional<ConvTmaTile> conv_tma_tile(int b);
 // The rank of conv_tma_fprop_kernel's input map for a geometry: 4 without depth (D, T and the
@@ -141,8 +145,10 @@ struct GeneratedConvIgemm {
   // fprop fed by TMA in im2col mode (templates/bsjit/conv_tma.cuh, sm_90a), a source of its own
   // with the same tables; fprop4 / fprop5 take a 4-D (N, H, W, C) or 5-D input map.
   struct Tma {
-    std::string source, label, fprop4, fprop5, bprop4, bprop5, pack_backward;  // name expressions
+    std::string source, label, fprop4, fprop5, bprop4, bprop5, updat4, updat5, pack_backward;  // name expressions
     int threads = 0, rows = 0, shared_bytes = 0;
+    int updat_threads = 0, updat_shared_bytes = 0;
+    std::uint32_t updat_copy_rows = 64;  // positions a stage of updat (ConvUpdatRange's chunks are multiples)
     std::uint32_t copy_rows = 128;  // pixels an im2col copy brings (the kernel's ConvTmaPlan::kR)
   };
   std::optional<Tma> tma;

@@ -128,7 +128,8 @@ struct Conv::Impl {
   std::vector<std::string> engines(const std::string& arch, Kernel k) const {
     std::vector<std::string> e;
     if (igemm && igemm->hopper && arch == "sm_90a" && (k == kIgemmFprop || k == kIgemmBprop || k == kIgemmUpdat)) {
-      if (igemm->tma && ((k == kIgemmFprop && tma_rank) || (k == kIgemmBprop && tma_rank_bprop))) e.push_back("tma");
+      if (igemm->tma && (((k == kIgemmFprop || k == kIgemmUpdat) && tma_rank) || (k == kIgemmBprop && tma_rank_bprop)))
+        e.push_back("tma");
       e.push_back("wgmma");
     }
     e.push_back("mma.sync");
@@ -197,6 +198,12 @@ struct Conv::Impl {
     if (k >= kIgemmFprop) {
       const auto& i = *igemm;
       if (!e) e = engine(arch, k);
+      if (*e == "tma" && k == kIgemmUpdat) {
+        const auto& t = *i.tma;
+        return runtime::named_kernel_request(t.source, i.tables, tma_rank == 4 ? t.updat4 : t.updat5,
+                                             t.label + "-updat" + std::to_string(tma_rank), t.updat_shared_bytes, arch,
+                                             igemm_hash);
+      }
       if (*e == "tma") {
         const auto& t = *i.tma;
         const bool back = k == kIgemmBprop;
@@ -356,24 +363,28 @@ struct Conv::Impl {
     if (k == kUpdat) {  // fp32 sums of the filter gradient per block and tap, then the store
       float* sums = reinterpret_cast<float*>(scratch(ctx, stream, igemm_scratch_bytes(k), call, 0));
       BSJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sums), 0, filter_elements, stream));
-      CUfunction f = function(ctx, kIgemmUpdat);
-      const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat);
-      const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(h ? h->updat_threads : i.updat_threads),
-                                       static_cast<std::uint32_t>(h ? h->updat_shared_bytes : 0)};
-      const std::int64_t stage_rows = h ? h->updat_rows : i.updat_rows;
-      // Position ranges: enough CTAs for two waves, whole stages each, at most 65535 ranges and 2^30
-      // positions a range.
-      const std::int64_t rows = n * product(geometry.out()), units = static_cast<std::int64_t>(blocks) * taps;
-      const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
-      std::int64_t ranges =
-          std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
-      ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
-      std::int64_t per = (rows + ranges - 1) / ranges;
-      per = (per + stage_rows - 1) / stage_rows * stage_rows;
-      int chunk = static_cast<int>(per);
-      void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
-      BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
-                                shape.threads, 1, 1, shape.shared_bytes, stream, args, nullptr));
+      if (engine(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat) == "tma") {
+        launch_tma_updat(ctx, a, b, sums, n, stream, gate);
+      } else {
+        CUfunction f = function(ctx, kIgemmUpdat);
+        const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat);
+        const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(h ? h->updat_threads : i.updat_threads),
+                                         static_cast<std::uint32_t>(h ? h->updat_shared_bytes : 0)};
+        const std::int64_t stage_rows = h ? h->updat_rows : i.updat_rows;
+        // Position ranges: enough CTAs for two waves, whole stages each, at most 65535 ranges and 2^30
+        // positions a range.
+        const std::int64_t rows = n * product(geometry.out()), units = static_cast<std::int64_t>(blocks) * taps;
+        const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
+        std::int64_t ranges =
+            std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
+        ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
+        std::int64_t per = (rows + ranges - 1) / ranges;
+        per = (per + stage_rows - 1) / stage_rows * stage_rows;
+        int chunk = static_cast<int>(per);
+        void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
+        BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
+                                  shape.threads, 1, 1, shape.shared_bytes, stream, args, nullptr));
+      }
       void* store[] = {&sums, &out, &gate, &accumulate, &blocks, &block, &taps};
       elementwise(kIgemmStore, store);
       return;
@@ -428,25 +439,8 @@ struct Conv::Impl {
     const auto& t = *igemm->tma;
     const int b = igemm->block, rank = backward ? tma_rank_bprop : tma_rank;
     const std::uint64_t es = dtype_size(options.dtype), c = static_cast<std::uint64_t>(dims.c);
-    const auto& in_dims = geometry.in;  // D, H, W
-    std::vector<std::uint64_t> sizes{c, static_cast<std::uint64_t>(in_dims[2]), static_cast<std::uint64_t>(in_dims[1])};
-    const auto [lw, uw] = generator::conv_tma_box(geometry, 2);
-    const auto [lh, uh] = generator::conv_tma_box(geometry, 1);
-    std::vector<int> lower{lw, lh}, upper{uw, uh};
-    std::vector<std::uint32_t> steps{static_cast<std::uint32_t>(geometry.stride[2]),
-                                     static_cast<std::uint32_t>(geometry.stride[1])};
-    if (rank == 5) {
-      sizes.push_back(static_cast<std::uint64_t>(in_dims[0]));
-      const auto [ld, ud] = generator::conv_tma_box(geometry, 0);
-      lower.push_back(ld), upper.push_back(ud);
-      steps.push_back(static_cast<std::uint32_t>(geometry.stride[0]));
-    }
-    sizes.push_back(static_cast<std::uint64_t>(n));
-    std::vector<std::uint64_t> strides{c * es};
-    for (std::size_t i = 1; i + 1 < sizes.size(); ++i) strides.push_back(strides.back() * sizes[i]);
     // a copy: 128 pixels (a consumer's rows; a tile of t.rows takes t.rows / 128 copies) × 64 channels
-    CUtensorMap map_in =
-        runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64, t.copy_rows);
+    CUtensorMap map_in = im2col_map(geometry, rank, c, in, n, t.copy_rows);
     const std::uint64_t filter_rows = static_cast<std::uint64_t>(layout.blocks().size()) *
                                       static_cast<std::uint64_t>(geometry.taps()) * static_cast<std::uint64_t>(b);
     CUtensorMap map_filter =
@@ -464,6 +458,68 @@ struct Conv::Impl {
     void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter, &map_out};
     BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, shape.threads, 1, 1, shape.shared_bytes, stream, args,
                                               nullptr));
+  }
+
+  // The input's im2col map (the forward geometry) of n images at `in`: copies of `pixels` pixels × 64
+  // channels.
+  CUtensorMap im2col_map(const ConvGeometry& geometry, int rank, std::uint64_t channels, const void* in, std::int64_t n,
+                         std::uint32_t pixels) const {
+    const std::uint64_t es = dtype_size(options.dtype);
+    const auto& in_dims = geometry.in;  // D, H, W
+    std::vector<std::uint64_t> sizes{channels, static_cast<std::uint64_t>(in_dims[2]),
+                                     static_cast<std::uint64_t>(in_dims[1])};
+    const auto [lw, uw] = generator::conv_tma_box(geometry, 2);
+    const auto [lh, uh] = generator::conv_tma_box(geometry, 1);
+    std::vector<int> lower{lw, lh}, upper{uw, uh};
+    std::vector<std::uint32_t> steps{static_cast<std::uint32_t>(geometry.stride[2]),
+                                     static_cast<std::uint32_t>(geometry.stride[1])};
+    if (rank == 5) {
+      sizes.push_back(static_cast<std::uint64_t>(in_dims[0]));
+      const auto [ld, ud] = generator::conv_tma_box(geometry, 0);
+      lower.push_back(ld), upper.push_back(ud);
+      steps.push_back(static_cast<std::uint32_t>(geometry.stride[0]));
+    }
+    sizes.push_back(static_cast<std::uint64_t>(n));
+    std::vector<std::uint64_t> strides{channels * es};
+    for (std::size_t i = 1; i + 1 < sizes.size(); ++i) strides.push_back(strides.back() * sizes[i]);
+    return runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64, pixels);
+  }
+
+  // updat on conv_tma_updat_kernel into the fp32 sums (zeroed): the grid of conv_wgmma_updat_kernel
+  // (blocks · taps, ranges of whole 64-position stages for two waves), in launches of fewer than
+  // 2^31 output rows (TMA's coordinates are 32-bit), each adding to the sums.
+  void launch_tma_updat(const runtime::Context& ctx, const void* in, const void* grad_out, float* sums, std::int64_t n,
+                        CUstream stream, const float* gate) {
+    const auto& t = *igemm->tma;
+    const std::uint64_t es = dtype_size(options.dtype);
+    CUfunction f = function(ctx, kIgemmUpdat);
+    const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.updat_threads),
+                                     static_cast<std::uint32_t>(t.updat_shared_bytes)};
+    const std::int64_t positions = product(geometry.out()),
+                       units = static_cast<std::int64_t>(layout.blocks().size()) * geometry.taps();
+    const std::int64_t stage_rows = t.updat_copy_rows, waves = 2 * runtime::resident_ctas(f, ctx, shape);
+    const std::int64_t chunk_images = std::min<std::int64_t>(n, INT_MAX / positions);
+    for (std::int64_t i0 = 0; i0 < n; i0 += chunk_images) {
+      const std::int64_t m = std::min(chunk_images, n - i0), rows = m * positions;
+      kernels::ConvDims dims = generator::conv_dims(layout, geometry, m);
+      const void* x = static_cast<const char*>(in) + i0 * layout.C() * product(geometry.in) * es;
+      const void* dy = static_cast<const char*>(grad_out) + i0 * layout.K() * positions * es;
+      CUtensorMap map_in =
+          im2col_map(geometry, tma_rank, static_cast<std::uint64_t>(layout.C()), x, m, t.updat_copy_rows);
+      CUtensorMap map_dy = runtime::swizzled_tensor_map(
+          options.dtype, dy, {static_cast<std::uint64_t>(layout.K()), static_cast<std::uint64_t>(rows)},
+          {static_cast<std::uint64_t>(layout.K()) * es}, {64, 64});
+      std::int64_t ranges =
+          std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
+      ranges = std::min<std::int64_t>(ranges, 65535);
+      std::int64_t per = (rows + ranges - 1) / ranges;
+      per = (per + stage_rows - 1) / stage_rows * stage_rows;
+      int chunk = static_cast<int>(per);
+      void* args[] = {&sums, &gate, &chunk, &dims, &map_in, &map_dy};
+      BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(units),
+                                                static_cast<unsigned>((rows + per - 1) / per), 1, shape.threads, 1, 1,
+                                                shape.shared_bytes, stream, args, nullptr));
+    }
   }
 
   // Kernel k (l2_normalize or its gradient) over the filter's rows.

@@ -1,6 +1,6 @@
-// Block-sparse convolution fprop, and bprop at stride 1, on Hopper (sm_90a) fed by TMA in im2col
-// mode, warp-specialized and persistent, for the uniform layouts of conv_igemm.cuh at b = 64 and
-// 128, 16-bit, channels last. bprop at stride 1 is the forward convolution of dO with the filter's
+// Block-sparse convolution fprop, updat, and bprop at stride 1, on Hopper (sm_90a) fed by TMA in
+// im2col mode, warp-specialized (the data kernel persistent), for the uniform layouts of
+// conv_igemm.cuh at b = 64 and 128, 16-bit, channels last. bprop at stride 1 is the forward convolution of dO with the filter's
 // taps reversed and its k and c exchanged, padded by the filter's reach less the padding
 // (conv_tma_pack_backward_kernel, generator::conv_transposed_geometry): one kernel serves both.
 //
@@ -225,6 +225,106 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   if (threadIdx.x % 128 == 0) bulk_wait_group<0>();  // the stores have read the staging tiles
+}
+
+// updat fed by TMA: as conv_wgmma_updat_kernel (CTA (x, y): block and tap x, output positions
+// [y · chunk, ...) in stages of 64; workspace[block][tap][k][c] += Σ dO[pos, k] · I[in(pos, tap), c]
+// in fp32 atomics), with a producer warpgroup: a stage is 64 rows of dO's block (a tiled copy per 64
+// channels of map_dy, [rows, K]) and the 64 input pixels the tap joins to them (an im2col copy per
+// 64 channels, offsets the tap's, zeros where it reaches padding), both in 128-byte-swizzled groups
+// of 64 channels, MN-major for the wgmmas (positions the reduction). b / 64 consumer warpgroups own
+// 64 k rows of the block each, all its c. Cfg::kUpdatStages stages, kUpdatSharedBytes
+// (ConvTmaUpdatPlan).
+template <class Cfg>
+struct ConvTmaUpdatPlan {
+  static constexpr int kGroups = Cfg::kB / 64, kGroupBytes = 64 * kSwizzleRowBytes;
+  static constexpr int kStageBytes = 2 * kGroups * kGroupBytes;  // dO's groups, then I's
+  static constexpr int kSharedBytes = kSwizzleAtomBytes + Cfg::kUpdatStages * kStageBytes + kSwizzleAtomBytes;
+};
+
+template <class Cfg, int RANK>
+__global__ void __launch_bounds__(128 * (1 + Cfg::kB / 64), 1)
+    conv_tma_updat_kernel(float* __restrict__ workspace, const float* __restrict__ gate, int chunk, ConvDims p,
+                          const __grid_constant__ TensorMap map_in, const __grid_constant__ TensorMap map_dy) {
+  using T = typename Cfg::T;
+  using Plan = ConvTmaUpdatPlan<Cfg>;
+  constexpr int b = Cfg::kB, S = Cfg::kUpdatStages, kGroups = Plan::kGroups, kGroupBytes = Plan::kGroupBytes;
+#ifdef BSJIT_NO_WGMMA
+  static_assert(sizeof(Cfg) == 0, "conv_tma_updat_kernel needs sm_90a");
+#endif
+  static_assert(sizeof(T) == 2 && (b == 64 || b == 128), "16-bit, b = 64 or 128");
+  static_assert(S >= 2 && Plan::kSharedBytes == Cfg::kUpdatSharedBytes, "host and device disagree on shared memory");
+  static_assert(2 * S * 8 <= kSwizzleAtomBytes, "the mbarriers fit their padding");
+  extern __shared__ unsigned char smem_raw[];
+  const StageRing<S, Plan::kStageBytes> ring(smem_raw);
+  const ConvIgemmTables t = Cfg::tables();
+  const ConvUpdatRange range(p, chunk);
+  if ((gate != nullptr && gate[range.block] == 0.0f) || range.length <= 0) return;  // the whole CTA
+  ring.init(128 * kGroups);
+  const int steps = (range.length + 63) / 64;
+
+  if (threadIdx.x < 128) {  // producer
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) prefetch_tensormap(map_in), prefetch_tensormap(map_dy);
+    const int kb = t.coords[2 * range.block], cb = t.coords[2 * range.block + 1];
+    const int f[3] = {range.tap % p.filter[2], range.tap / p.filter[2] % p.filter[1],
+                      range.tap / (p.filter[1] * p.filter[2])};
+    const unsigned short off[3] = {static_cast<unsigned short>(f[0] * p.dilation[2]),
+                                   static_cast<unsigned short>(f[1] * p.dilation[1]),
+                                   static_cast<unsigned short>(f[2] * p.dilation[0])};
+    const long long positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
+    for (int step = 0; step < steps; ++step) {
+      const int round = step / S;
+      if (round > 0) mbarrier_wait(&ring.empty[step % S], (round - 1) & 1);  // the whole warp
+      if (lane == 0) {
+        const long long row = range.begin + 64LL * step;
+        const int image = static_cast<int>(row / positions);
+        long long pos = row - image * positions;
+        int at[3];
+        for (int d = 2; d >= 0; --d) {
+          at[2 - d] = static_cast<int>(pos % p.out[d]) * p.stride[d] - p.pad[d];
+          pos /= p.out[d];
+        }
+        unsigned long long* bar = &ring.full[step % S];
+        unsigned char* stage = ring.stage(step);
+        mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
+#pragma unroll
+        for (int q = 0; q < kGroups; ++q) {
+          tma_load_2d(stage + q * kGroupBytes, map_dy, kb * b + 64 * q, static_cast<int>(row), bar);
+          tma_load_im2col<RANK>(stage + (kGroups + q) * kGroupBytes, map_in, cb * b + 64 * q, at, image, off, bar);
+        }
+      }
+      __syncwarp();
+    }
+    return;
+  }
+
+  const int consumer = threadIdx.x / 128 - 1;  // k rows 64 · consumer ..
+  float d[b / 2];
+#pragma unroll
+  for (int i = 0; i < b / 2; ++i) d[i] = 0.0f;
+  wgmma_fence_registers(d);
+  for (int step = 0; step < steps; ++step) {
+    mbarrier_wait(&ring.full[step % S], (step / S) & 1);
+    const unsigned char* as = ring.stage(step) + consumer * kGroupBytes;
+    const unsigned char* bs = ring.stage(step) + kGroups * kGroupBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // 16 positions further on per k16
+      wgmma_m64k16<T, b, 1, 1>(d, smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kGroupBytes, kSwizzleAtomBytes),
+                               smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kGroupBytes, kSwizzleAtomBytes));
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (step > 0) mbarrier_arrive(&ring.empty[(step - 1) % S]);
+  }
+  wgmma_wait<0>();
+  wgmma_fence_registers(d);
+  float* w = workspace + (static_cast<long long>(range.block) * range.taps + range.tap) * b * b;
+  wgmma_epilogue<b>(d, consumer * 64, [&](int r, int c, float v0, float v1) {
+    atomicAdd(w + r * b + c, v0);
+    atomicAdd(w + r * b + c + 1, v1);
+  });
 }
 
 // The filter as conv_tma_data_kernel's bprop reads it: per block and tap, the b × b slice with k

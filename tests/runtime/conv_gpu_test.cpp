@@ -70,7 +70,7 @@ TEST_P(ConvGpu, TensorCoreCasesMatchTheReferenceOnMmaSync) {
 }
 
 // The kernels fed by TMA in im2col mode (conv_tma.cuh; sm_90a, b = 64 and 128), chosen by
-// use_kernel: fprop, and bprop at stride 1 (the transposed convolution), on the tensor-core cases
+// use_kernel: fprop, updat, and bprop at stride 1 (the transposed convolution), on the tensor-core cases
 // they take and on 2-D ones whose tiles cross rows and images, with strides, dilations, odd sizes
 // and a filter wider than high (the map's W and H apart), plain, gated and accumulating; as a
 // deconvolution each runs the other op.
@@ -92,17 +92,18 @@ TEST_P(ConvGpu, TmaKernelsMatchTheReference) {
                    ConvGeometry::same({1, 5, 20}, {1, 1, 7}, {1, 1, 2}), 2});
   cases.push_back({"tma b128 1x4 SAME (uneven padding)", ConvLayout::from_mask(lower, 128),
                    ConvGeometry::same({1, 6, 21}, {1, 1, 4}), 2});
-  int ran[2] = {0, 0};
+  int ran[3] = {0, 0, 0};  // per ConvOp
   std::uint64_t seed = 5620;
   for (const auto& c : cases) {
     const Conv conv(c.layout, c.geometry, {prm.dtype, prm.order, prm.deconv, ""});
-    for (const auto& [op, checked] :
-         {std::pair{ConvOp::fprop, check::ConvOp::fprop}, {ConvOp::bprop, check::ConvOp::bprop}}) {
+    for (const auto& [op, checked] : {std::pair{ConvOp::fprop, check::ConvOp::fprop},
+                                      {ConvOp::bprop, check::ConvOp::bprop},
+                                      {ConvOp::updat, check::ConvOp::updat}}) {
       const auto names = conv.kernel_names(op);
       if (std::find(names.begin(), names.end(), "tma") == names.end()) continue;
       conv.use_kernel(op, "tma");
       ASSERT_EQ(conv.kernel_name(op), "tma");
-      ++ran[op == ConvOp::fprop ? 0 : 1];
+      ++ran[static_cast<int>(op)];
       for (const auto& [gated, accumulate] : {std::pair{false, false}, {true, false}, {false, true}}) {
         SCOPED_TRACE(fmt::format("{}: {}{}{}", c.name, check::to_string(checked), gated ? ", gated" : "",
                                  accumulate ? ", accumulating" : ""));
@@ -116,6 +117,7 @@ TEST_P(ConvGpu, TmaKernelsMatchTheReference) {
   // transposed one at stride 1: two tensor-core cases and three above
   EXPECT_GE(ran[prm.deconv ? 1 : 0], 8);
   EXPECT_GE(ran[prm.deconv ? 0 : 1], 5);
+  EXPECT_GE(ran[2], 8);  // updat: the forward geometry's
 }
 
 // use_kernel takes the names kernel_names lists and nothing else.

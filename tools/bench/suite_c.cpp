@@ -235,14 +235,14 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
             {"bprop", [&] { conv.bprop(y.get(), f.get(), gx.get(), kN, s_); }},
             {"updat", [&] { conv.updat(x.get(), y.get(), gf.get(), kN, s_); }}};
         const check::ConvOp check_ops[] = {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat};
-        // the ops with the kernels Conv chooses, then fprop and bprop with the ones fed by TMA where
-        // they have them ("fprop tma", "bprop tma"; conv_tma.cuh), in the same process
+        // the ops with the kernels Conv chooses, then each op with the kernel fed by TMA where it has
+        // one ("fprop tma", ...; conv_tma.cuh), in the same process
         auto has_tma = [](const Conv& c, ConvOp op) {
           const auto names = c.kernel_names(op);
           return std::find(names.begin(), names.end(), "tma") != names.end();
         };
         std::vector<int> runs{0, 1, 2};  // 3 + op: op on the TMA kernel
-        for (int op : {0, 1})
+        for (int op : {0, 1, 2})
           if (has_tma(conv, static_cast<ConvOp>(op)) && has_tma(small, static_cast<ConvOp>(op))) runs.push_back(3 + op);
         for (int o : runs) {
           const int op = o % 3;
