@@ -349,6 +349,7 @@ struct Conv::Impl {
                       "kernels' 2^30; ConvOptions::direct_kernels runs the direct ones",
                       product(geometry.in), product(geometry.out())));
     const runtime::Context ctx = runtime::current_context();
+    const std::string arch = runtime::kernel_arch(options.arch, ctx);
     const auto& i = *igemm;
     const runtime::Driver& d = runtime::driver();
     kernels::ConvDims dims = generator::conv_dims(layout, geometry, n);
@@ -363,23 +364,16 @@ struct Conv::Impl {
     if (k == kUpdat) {  // fp32 sums of the filter gradient per block and tap, then the store
       float* sums = reinterpret_cast<float*>(scratch(ctx, stream, igemm_scratch_bytes(k), call, 0));
       BSJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sums), 0, filter_elements, stream));
-      if (engine(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat) == "tma") {
+      if (engine(arch, kIgemmUpdat) == "tma") {
         launch_tma_updat(ctx, a, b, sums, n, stream, gate);
       } else {
         CUfunction f = function(ctx, kIgemmUpdat);
-        const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), kIgemmUpdat);
+        const auto* h = hopper(arch, kIgemmUpdat);
         const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(h ? h->updat_threads : i.updat_threads),
                                          static_cast<std::uint32_t>(h ? h->updat_shared_bytes : 0)};
-        const std::int64_t stage_rows = h ? h->updat_rows : i.updat_rows;
-        // Position ranges: enough CTAs for two waves, whole stages each, at most 65535 ranges and 2^30
-        // positions a range.
         const std::int64_t rows = n * product(geometry.out()), units = static_cast<std::int64_t>(blocks) * taps;
-        const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
-        std::int64_t ranges =
-            std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
-        ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
-        std::int64_t per = (rows + ranges - 1) / ranges;
-        per = (per + stage_rows - 1) / stage_rows * stage_rows;
+        const std::int64_t per =
+            updat_range(rows, units, 2 * runtime::resident_ctas(f, ctx, shape), h ? h->updat_rows : i.updat_rows);
         int chunk = static_cast<int>(per);
         void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
         BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
@@ -390,7 +384,7 @@ struct Conv::Impl {
       return;
     }
     const bool forward = k == kFprop;
-    const bool tma = engine(runtime::kernel_arch(options.arch, ctx), forward ? kIgemmFprop : kIgemmBprop) == "tma";
+    const bool tma = engine(arch, forward ? kIgemmFprop : kIgemmBprop) == "tma";
     const void* filter = b;
     if (taps > 1 || (tma && !forward)) {  // packed per tap (the TMA bprop: k and c exchanged, taps reversed)
       void* packed = reinterpret_cast<void*>(scratch(ctx, stream, igemm_scratch_bytes(k), call, 0));
@@ -415,7 +409,7 @@ struct Conv::Impl {
       }
       return;
     }
-    const auto* h = hopper(runtime::kernel_arch(options.arch, ctx), forward ? kIgemmFprop : kIgemmBprop);
+    const auto* h = hopper(arch, forward ? kIgemmFprop : kIgemmBprop);
     const std::int64_t rows = n * product(forward ? geometry.out() : geometry.in);
     const std::int64_t columns = (forward ? layout.K() : layout.C()) / block;
     // bprop's rows come in stride[0] · stride[1] · stride[2] classes (conv_igemm.cuh), each with a last tile
@@ -485,6 +479,16 @@ struct Conv::Impl {
     return runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64, pixels);
   }
 
+  // The updat kernels' positions per CTA over `rows` output positions (a multiple of stage_rows):
+  // ranges enough for `ctas` CTAs over the `units` (block, tap) pairs, at most 65535 ranges and 2^30
+  // positions a range.
+  static std::int64_t updat_range(std::int64_t rows, std::int64_t units, std::int64_t ctas, std::int64_t stage_rows) {
+    std::int64_t ranges = std::clamp<std::int64_t>((ctas + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
+    ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
+    const std::int64_t per = (rows + ranges - 1) / ranges;
+    return (per + stage_rows - 1) / stage_rows * stage_rows;
+  }
+
   // updat on conv_tma_updat_kernel into the fp32 sums (zeroed): the grid of conv_wgmma_updat_kernel
   // (blocks · taps, ranges of whole 64-position stages for two waves), in launches of fewer than
   // 2^31 output rows (TMA's coordinates are 32-bit), each adding to the sums.
@@ -497,7 +501,7 @@ struct Conv::Impl {
                                      static_cast<std::uint32_t>(t.updat_shared_bytes)};
     const std::int64_t positions = product(geometry.out()),
                        units = static_cast<std::int64_t>(layout.blocks().size()) * geometry.taps();
-    const std::int64_t stage_rows = t.updat_copy_rows, waves = 2 * runtime::resident_ctas(f, ctx, shape);
+    const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
     const std::int64_t chunk_images = std::min<std::int64_t>(n, INT_MAX / positions);
     for (std::int64_t i0 = 0; i0 < n; i0 += chunk_images) {
       const std::int64_t m = std::min(chunk_images, n - i0), rows = m * positions;
@@ -509,11 +513,7 @@ struct Conv::Impl {
       CUtensorMap map_dy = runtime::swizzled_tensor_map(
           options.dtype, dy, {static_cast<std::uint64_t>(layout.K()), static_cast<std::uint64_t>(rows)},
           {static_cast<std::uint64_t>(layout.K()) * es}, {64, 64});
-      std::int64_t ranges =
-          std::clamp<std::int64_t>((waves + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
-      ranges = std::min<std::int64_t>(ranges, 65535);
-      std::int64_t per = (rows + ranges - 1) / ranges;
-      per = (per + stage_rows - 1) / stage_rows * stage_rows;
+      const std::int64_t per = updat_range(rows, units, waves, t.updat_copy_rows);
       int chunk = static_cast<int>(per);
       void* args[] = {&sums, &gate, &chunk, &dims, &map_in, &map_dy};
       BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(units),

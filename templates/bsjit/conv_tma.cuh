@@ -73,6 +73,27 @@ struct ConvTmaPlan {
       kSwizzleAtomBytes + Cfg::kStages * kStageBytes + kBarrierBytes + Cfg::kConsumers * kOutTileBytes;
 };
 
+// The im2col copy's first pixel for output row `row` (over images and positions): its image, and in
+// at[] its filter window's corner in the input (W, H, D: innermost first), row · stride − pad.
+__device__ __forceinline__ int conv_tma_corner(const ConvDims& p, long long row, int (&at)[3]) {
+  const long long positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
+  const int image = static_cast<int>(row / positions);
+  long long pos = row - image * positions;
+  for (int d = 2; d >= 0; --d) {
+    at[2 - d] = static_cast<int>(pos % p.out[d]) * p.stride[d] - p.pad[d];
+    pos /= p.out[d];
+  }
+  return image;
+}
+
+// The im2col offsets of filter tap `tap` (W, H, D): its position in the window times the dilation.
+__device__ __forceinline__ void conv_tma_offsets(const ConvDims& p, int tap, unsigned short (&off)[3]) {
+  int f[3];  // T, R, S
+  conv_tap_split(p, tap, f);
+#pragma unroll
+  for (int d = 0; d < 3; ++d) off[2 - d] = static_cast<unsigned short>(f[d] * p.dilation[d]);
+}
+
 // swapped_wgmmas' view of the operands: the filter slice (A) K-major, as backward-data's W.
 template <class Cfg>
 struct ConvTmaOperands {
@@ -126,24 +147,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // each 128-pixel copy's first output position: its image and window corner (W, H, D)
       int image[Plan::kBM / 128], at[Plan::kBM / 128][3];
 #pragma unroll
-      for (int h = 0; h < Plan::kBM / 128; ++h) {
-        const int row = row0 + 128 * h;
-        image[h] = static_cast<int>(row / out_positions);
-        long long pos = row - image[h] * out_positions;
-        for (int d = 2; d >= 0; --d) {
-          at[h][2 - d] = static_cast<int>(pos % p.out[d]) * p.stride[d] - p.pad[d];
-          pos /= p.out[d];
-        }
-      }
+      for (int h = 0; h < Plan::kBM / 128; ++h) image[h] = conv_tma_corner(p, row0 + 128 * h, at[h]);
       const int first = start[col], count = start[col + 1] - first;
       for (int e = 0; e < count; ++e) {
         const int in_block = entries[2 * (first + e)], block = entries[2 * (first + e) + 1];
         if (gated_off(block)) continue;
         for (int tap = 0; tap < taps; ++tap) {
-          const int f[3] = {tap % p.filter[2], tap / p.filter[2] % p.filter[1], tap / (p.filter[1] * p.filter[2])};
-          const unsigned short off[3] = {static_cast<unsigned short>(f[0] * p.dilation[2]),
-                                         static_cast<unsigned short>(f[1] * p.dilation[1]),
-                                         static_cast<unsigned short>(f[2] * p.dilation[0])};
+          unsigned short off[3];
+          conv_tma_offsets(p, tap, off);
           const int filter_row = (block * taps + tap) * b;  // the tap's slice in the [blocks · taps · b, b] view
           for (int slice = 0; slice < kSlices; ++slice, ++step) {
             const int round = step / S;
@@ -268,24 +279,15 @@ __global__ void __launch_bounds__(128 * (1 + Cfg::kB / 64), 1)
     const int lane = threadIdx.x;
     if (lane == 0) prefetch_tensormap(map_in), prefetch_tensormap(map_dy);
     const int kb = t.coords[2 * range.block], cb = t.coords[2 * range.block + 1];
-    const int f[3] = {range.tap % p.filter[2], range.tap / p.filter[2] % p.filter[1],
-                      range.tap / (p.filter[1] * p.filter[2])};
-    const unsigned short off[3] = {static_cast<unsigned short>(f[0] * p.dilation[2]),
-                                   static_cast<unsigned short>(f[1] * p.dilation[1]),
-                                   static_cast<unsigned short>(f[2] * p.dilation[0])};
-    const long long positions = static_cast<long long>(p.out[0]) * p.out[1] * p.out[2];
+    unsigned short off[3];
+    conv_tma_offsets(p, range.tap, off);
     for (int step = 0; step < steps; ++step) {
       const int round = step / S;
       if (round > 0) mbarrier_wait(&ring.empty[step % S], (round - 1) & 1);  // the whole warp
       if (lane == 0) {
         const long long row = range.begin + 64LL * step;
-        const int image = static_cast<int>(row / positions);
-        long long pos = row - image * positions;
         int at[3];
-        for (int d = 2; d >= 0; --d) {
-          at[2 - d] = static_cast<int>(pos % p.out[d]) * p.stride[d] - p.pad[d];
-          pos /= p.out[d];
-        }
+        const int image = conv_tma_corner(p, row, at);
         unsigned long long* bar = &ring.full[step % S];
         unsigned char* stage = ring.stage(step);
         mbarrier_arrive_expect_tx(bar, Plan::kStageBytes);
