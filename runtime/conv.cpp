@@ -432,18 +432,16 @@ struct Conv::Impl {
                   const float* gate, int accumulate) {
     const auto& t = *igemm->tma;
     const int b = igemm->block, rank = backward ? tma_rank_bprop : tma_rank;
-    const std::uint64_t es = dtype_size(options.dtype), c = static_cast<std::uint64_t>(dims.c);
+    const std::uint64_t c = static_cast<std::uint64_t>(dims.c);
     // a copy: 128 pixels (a consumer's rows; a tile of t.rows takes t.rows / 128 copies) × 64 channels
     CUtensorMap map_in = im2col_map(geometry, rank, c, in, n, t.copy_rows);
     const std::uint64_t filter_rows = static_cast<std::uint64_t>(layout.blocks().size()) *
                                       static_cast<std::uint64_t>(geometry.taps()) * static_cast<std::uint64_t>(b);
-    CUtensorMap map_filter =
-        runtime::swizzled_tensor_map(options.dtype, filter, {static_cast<std::uint64_t>(b), filter_rows},
-                                     {static_cast<std::uint64_t>(b) * es}, {64, static_cast<std::uint32_t>(b)});
+    CUtensorMap map_filter = runtime::tensor_map_2d(options.dtype, filter, static_cast<std::uint64_t>(b), filter_rows,
+                                                    64, static_cast<std::uint32_t>(b));
     const std::int64_t rows = n * product(geometry.out()), tiles = (rows + t.rows - 1) / t.rows;
-    CUtensorMap map_out = runtime::swizzled_tensor_map(
-        options.dtype, out, {static_cast<std::uint64_t>(dims.k), static_cast<std::uint64_t>(rows)},
-        {static_cast<std::uint64_t>(dims.k) * es}, {64, 64});
+    CUtensorMap map_out = runtime::tensor_map_2d(options.dtype, out, static_cast<std::uint64_t>(dims.k),
+                                                 static_cast<std::uint64_t>(rows), 64, 64);
     CUfunction f = function(ctx, backward ? kIgemmBprop : kIgemmFprop);
     const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.threads),
                                      static_cast<std::uint32_t>(t.shared_bytes)};
@@ -510,9 +508,8 @@ struct Conv::Impl {
       const void* dy = static_cast<const char*>(grad_out) + i0 * layout.K() * positions * es;
       CUtensorMap map_in =
           im2col_map(geometry, tma_rank, static_cast<std::uint64_t>(layout.C()), x, m, t.updat_copy_rows);
-      CUtensorMap map_dy = runtime::swizzled_tensor_map(
-          options.dtype, dy, {static_cast<std::uint64_t>(layout.K()), static_cast<std::uint64_t>(rows)},
-          {static_cast<std::uint64_t>(layout.K()) * es}, {64, 64});
+      CUtensorMap map_dy = runtime::tensor_map_2d(options.dtype, dy, static_cast<std::uint64_t>(layout.K()),
+                                                  static_cast<std::uint64_t>(rows), 64, 64);
       const std::int64_t per = updat_range(rows, units, waves, t.updat_copy_rows);
       int chunk = static_cast<int>(per);
       void* args[] = {&sums, &gate, &chunk, &dims, &map_in, &map_dy};

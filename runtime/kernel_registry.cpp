@@ -220,17 +220,6 @@ LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {
   return shape;
 }
 
-namespace {
-
-// A row-major [outer, inner] 16-bit tensor at base, copied in boxes of box_inner × box_outer
-// elements into shared memory swizzled over `swizzle` bytes; rows past `outer` read as zeros.
-CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, std::uint64_t outer,
-                          std::uint32_t box_inner, std::uint32_t box_outer, int swizzle) {
-  return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer}, swizzle);
-}
-
-}  // namespace
-
 void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,
                      CUstream stream, KernelArgs& args) {
   const auto& g = kernel.generated;

@@ -380,6 +380,11 @@ CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_
   return map;
 }
 
+CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, std::uint64_t outer,
+                          std::uint32_t box_inner, std::uint32_t box_outer, int swizzle) {
+  return swizzled_tensor_map(dtype, base, {inner, outer}, {inner * 2}, {box_inner, box_outer}, swizzle);
+}
+
 CUtensorMap im2col_tensor_map(DType dtype, const void* base, const std::vector<std::uint64_t>& dims,
                               const std::vector<std::uint64_t>& strides, const std::vector<int>& lower,
                               const std::vector<int>& upper, const std::vector<std::uint32_t>& steps,

@@ -152,6 +152,10 @@ void launch(CUfunction function, const LaunchShape& shape, CUstream stream, Kern
 CUtensorMap swizzled_tensor_map(DType dtype, const void* base, std::initializer_list<std::uint64_t> dims,
                                 std::initializer_list<std::uint64_t> strides, std::initializer_list<std::uint32_t> box,
                                 int swizzle = 128);
+// A row-major [outer, inner] 16-bit tensor at base, copied in boxes of box_inner × box_outer
+// elements into shared memory swizzled over `swizzle` bytes; rows past `outer` read as zeros.
+CUtensorMap tensor_map_2d(DType dtype, const void* base, std::uint64_t inner, std::uint64_t outer,
+                          std::uint32_t box_inner, std::uint32_t box_outer, int swizzle = 128);
 
 // A TMA descriptor in im2col mode (cuTensorMapEncodeIm2col through the loaded driver) of a 16-bit
 // activation stored channels last, dims (C, W, H, N) or (C, W, H, D, N) and strides in bytes of
