@@ -74,6 +74,48 @@ std::vector<int> launch_order(const Lists& lists, std::int64_t lines, std::size_
   return order;
 }
 
+// The footprint of `order`: per mask, a window of 2^i tiles slid along it, counting the distinct
+// blocks its lines' lists hold at each place; the count that 9 places in 10 stay within (a few
+// heavy tiles, a window mask's global columns, touch every block, but the wave passes them once),
+// the most over the masks. Up to windows of every tile, of 7/8 of the blocks (a causal mask's from
+// the first: one pass over its lists), or of kMaxRun tiles (more than a GPU runs of one head at
+// once); TileFootprint::of counts longer runs as all lines.
+TileFootprint tile_footprint(const Lists& lists, std::int64_t lines, std::size_t masks, std::int64_t other,
+                             const std::vector<int>& order, int tile, int block) {
+  constexpr std::int64_t kMaxRun = 4096;
+  TileFootprint f;
+  f.tiles = static_cast<std::int64_t>(order.size()), f.lines = other;
+  std::vector<int> count(other);
+  std::vector<std::int64_t> places;
+  for (std::int64_t w = 1;; w *= 2) {
+    std::int64_t most = 0;
+    for (std::size_t m = 0; m < masks; ++m) {
+      std::fill(count.begin(), count.end(), 0);
+      places.clear();
+      std::int64_t distinct = 0;
+      const auto touch = [&](std::int64_t t, int delta) {
+        for (std::int64_t line = t * tile / block; line < std::min(lines, ((t + 1) * tile + block - 1) / block); ++line)
+          for (int j = lists.starts[m * lines + line]; j < lists.starts[m * lines + line + 1]; ++j) {
+            int& c = count[lists.indices[j]];
+            if (delta > 0 ? c++ == 0 : --c == 0) distinct += delta;
+          }
+      };
+      for (std::int64_t i = 0; i < f.tiles; ++i) {
+        touch(order[i], 1);
+        if (i >= w) touch(order[i - w], -1);
+        if (i + 1 >= std::min(w, f.tiles)) places.push_back(distinct);
+      }
+      if (places.empty()) continue;
+      auto nth = places.begin() + static_cast<std::ptrdiff_t>((places.size() - 1) * 9 / 10);
+      std::nth_element(places.begin(), nth, places.end());
+      most = std::max(most, *nth);
+    }
+    f.blocks.push_back(most);
+    if (w >= f.tiles || 8 * most >= 7 * other || w >= kMaxRun) break;
+  }
+  return f;
+}
+
 // The kernels' sources hold no sequence length: the masks' block lists are pointer tables,
 // and the number of query and key blocks a constant table (kDims), which the Config reads through
 // q_blocks() and k_blocks() (the decomposed ops add the masks' blocks, `more`). One compile serves
@@ -90,22 +132,31 @@ constexpr const char* kDimsAccessors =
 
 // The fused forward's tables (by_column: the backward's): per block row (column) of each mask the
 // start of its list of key (query) blocks, the lists, the tiles of `tile` positions in launch
-// order; then the dims.
+// order; then the dims. The launch order's footprint into `footprint`.
 std::string fused_tables(DeviceTables& tables, const std::vector<Layout>& masks, bool by_column, std::int64_t tiles,
-                         int tile, int block) {
+                         int tile, int block, TileFootprint& footprint) {
   const Lists lists = block_lists(masks, by_column);
   const std::int64_t lines = by_column ? masks[0].cols() : masks[0].rows();
+  const std::int64_t other = by_column ? masks[0].rows() : masks[0].cols();
   constexpr TableStorage kPointer = TableStorage::pointer;
+  std::vector<int> order = launch_order(lists, lines, masks.size(), tiles, tile, block);
+  footprint = tile_footprint(lists, lines, masks.size(), other, order, tile, block);
   std::string text = add_table(tables, by_column ? "kColStart" : "kRowStart", lists.starts, kPointer);
   text += add_table(tables, by_column ? "kQueryBlocks" : "kKeys", lists.indices, kPointer);
-  text += add_table(tables, by_column ? "kKeyTileOrder" : "kTileOrder",
-                    launch_order(lists, lines, masks.size(), tiles, tile, block), kPointer);
+  text += add_table(tables, by_column ? "kKeyTileOrder" : "kTileOrder", std::move(order), kPointer);
   return text + add_dims(tables, masks);
 }
 
 const char* type_name(DType dt) { return dt == DType::bf16 ? "bsjit::kernels::bfloat16_t" : "bsjit::kernels::half_t"; }
 
 }  // namespace
+
+std::int64_t TileFootprint::of(std::int64_t t) const {
+  t = std::min(t, tiles);  // a run of every tile: the last window
+  std::size_t i = 0;
+  while (i < blocks.size() && (std::int64_t{1} << i) < t) ++i;
+  return i < blocks.size() ? blocks[i] : lines;
+}
 
 GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& o,
                                               const std::string& arch) {
@@ -140,7 +191,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, o.head_dim, label_tail(o),
                         g.tma ? "-tma" : "");
 
-  const std::string tables = fused_tables(g.tables, masks, false, g.query_tiles, qt, o.block);
+  const std::string tables = fused_tables(g.tables, masks, false, g.query_tiles, qt, o.block, g.footprint);
   g.name_expression = g.tma ? "bsjit::kernels::attention_forward_tma_kernel<bsjit_generated::Config>"
                             : "bsjit::kernels::attention_forward_kernel<bsjit_generated::Config>";
   g.source = fmt::format(
@@ -213,7 +264,7 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
                             masks[0].rows() * o.block, masks[0].cols() * o.block));
   g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, d, label_tail(o),
                         g.tma ? "-tma" : "");
-  const std::string tables = fused_tables(g.tables, masks, true, g.key_tiles, tile, o.block);
+  const std::string tables = fused_tables(g.tables, masks, true, g.key_tiles, tile, o.block, g.footprint);
   g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
   g.main = g.tma ? "bsjit::kernels::attention_backward_tma_kernel<bsjit_generated::Config>"
                  : "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";

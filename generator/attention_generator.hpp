@@ -15,6 +15,20 @@
 
 namespace bsjit::generator {
 
+// What consecutive tiles of a fused kernel's launch order read of the other side (key blocks for
+// the forward's query tiles, query blocks for the backward's key tiles): blocks[i], the distinct
+// blocks that 2^i consecutive tiles touch in one mask, at 9 places of 10 along the order (the most
+// over the masks). A causal mask's run touches nearly all; a window mask's run of t tiles about
+// t · tile / block plus the window, its few global tiles aside. The runtime sizes the grid's bands
+// of heads by it (runtime::head_band).
+struct TileFootprint {
+  std::vector<std::int64_t> blocks;
+  std::int64_t tiles = 0, lines = 0;  // tiles in the order; blocks of the other side
+  // Blocks that t consecutive tiles touch: blocks[⌈log2 t⌉], or all lines past the runs measured
+  // (runs stop at every tile, at 7/8 of the lines, or at 4096 tiles).
+  std::int64_t of(std::int64_t t) const;
+};
+
 struct GeneratedAttention {
   std::string source, name_expression, label;
   int threads = 0, shared_bytes = 0;
@@ -24,6 +38,7 @@ struct GeneratedAttention {
   // of 64 head-dim columns × q_rows (Q) or kv_rows (K, V) positions.
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
+  TileFootprint footprint;  // of the query tiles' launch order, in key blocks
   DeviceTables tables;  // kRowStart, kKeys, kTileOrder (pointers); kDims (constant)
 };
 
@@ -47,6 +62,7 @@ struct GeneratedAttentionBackward {
   std::int64_t key_tiles = 0, query_rows16 = 0, key_rows16 = 0;
   bool tma = false;
   int q_rows = 0, kv_rows = 0;
+  TileFootprint footprint;  // of the main kernel's key tiles' launch order, in query blocks
   DeviceTables tables;  // kColStart, kQueryBlocks, kKeyTileOrder (pointers); kDims (constant)
 };
 GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks,

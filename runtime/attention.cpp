@@ -66,8 +66,10 @@ struct Attention::Impl {
 
   // (batch, head) pairs per band of the fused kernels' one-dimensional grid of pairs · tiles CTAs
   // (kernels::BandedTile): the forward streams K and V (shared by a key/value group), the backward
-  // Q and dO.
-  int band(const runtime::Context& ctx, std::int64_t pairs, std::int64_t tiles, bool backward) {
+  // Q and dO; the lines that a wave of kernel f's CTAs reads of them from the launch order's
+  // footprint.
+  int band(const runtime::Context& ctx, std::int64_t pairs, std::int64_t tiles, bool backward,
+           const generator::TileFootprint& footprint, CUfunction f, int threads, int shared_bytes) {
     if (pairs * tiles > INT_MAX)
       throw Error(fmt::format("bsjit: attention: batch · heads = {} with {} tiles a head is past the grid's {} CTAs",
                               pairs, tiles, INT_MAX));
@@ -79,8 +81,10 @@ struct Attention::Impl {
       l2 = it->second;
     }
     const std::int64_t row_bytes = 2 * options.head_dim * 2;  // K and V, or Q and dO: 16-bit
-    const std::int64_t bytes = backward ? row_bytes * seq_q() : row_bytes * seq_k() / options.kv_group;
-    return runtime::head_band(pairs, bytes, l2, options.kv_group);
+    const std::int64_t line_bytes = row_bytes * options.block / (backward ? 1 : options.kv_group);
+    const std::int64_t wave = runtime::resident_ctas(
+        f, ctx, {1, 1, static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(shared_bytes)});
+    return runtime::head_band(pairs, line_bytes, footprint, wave, l2, options.kv_group);
   }
   std::int64_t seq_q() const { return masks[0].rows() * options.block; }
   std::int64_t seq_k() const { return masks[0].cols() * options.block; }
@@ -202,7 +206,7 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
   const unsigned char* padding = key_padding;
   // one-dimensional: batch · heads · query tiles CTAs in bands of heads (kernels::BandedTile)
   const auto grid = static_cast<unsigned>(batch * heads * g->query_tiles);
-  int band = impl_->band(ctx, batch * heads, g->query_tiles, false);
+  int band = impl_->band(ctx, batch * heads, g->query_tiles, false, g->footprint, f, g->threads, g->shared_bytes);
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
   if (!g->tma) {
     void* args[] = {&q, &k, &v, &out, &lse, &padding, &heads_arg, &band, &scale_log2};
@@ -257,7 +261,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   // the main kernel: batch · heads · key tiles CTAs in bands of heads (kernels::BandedTile)
   const auto main_grid = static_cast<unsigned>(batch * heads * g.key_tiles), threads = static_cast<unsigned>(g.threads),
              shared = static_cast<unsigned>(g.shared_bytes);
-  int band = impl_->band(ctx, batch * heads, g.key_tiles, true);
+  int band = impl_->band(ctx, batch * heads, g.key_tiles, true, g.footprint, bw.main(), g.threads, g.shared_bytes);
   if (g.tma) {
     CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g.q_rows),
                 mk = impl_->tensor_map(k, batch, kv_heads, seq_k(), g.kv_rows),

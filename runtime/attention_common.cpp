@@ -49,10 +49,26 @@ std::string kernel_arch(const std::string& arch, const Context& ctx) {
   return arch.empty() ? default_kernel_arch(context_arch(ctx)) : arch;
 }
 
-int head_band(std::int64_t pairs, std::int64_t bytes_per_pair, std::int64_t l2_bytes, int group) {
-  std::int64_t band = std::max<std::int64_t>(1, l2_bytes / 2 / std::max<std::int64_t>(1, bytes_per_pair));
+int head_band(std::int64_t pairs, std::int64_t line_bytes, const generator::TileFootprint& footprint, std::int64_t wave,
+              std::int64_t l2_bytes, int group) {
+  pairs = std::max<std::int64_t>(1, pairs), wave = std::max<std::int64_t>(1, wave);
+  const std::int64_t budget = std::max<std::int64_t>(0, l2_bytes / 2);
+  // A band of w pairs runs ⌈wave / w⌉ tiles of each at once. The bands whose run is in (2^(i-1), 2^i]
+  // all read footprint.of(2^i) lines a pair: the widest of them that fits, widest class first.
+  std::int64_t band = 1;
+  for (int i = 0; i < 62; ++i) {
+    const std::int64_t run = std::int64_t{1} << i, lo = (wave + run - 1) / run;
+    const std::int64_t hi = std::min(pairs, i == 0 ? pairs : (wave + run / 2 - 1) / (run / 2) - 1);
+    const std::int64_t per_pair = line_bytes * footprint.of(run);
+    const std::int64_t fits = per_pair > 0 ? budget / per_pair : pairs;
+    if (std::min(hi, fits) >= lo) {
+      band = std::min(hi, fits);
+      break;
+    }
+    if (lo == 1) break;
+  }
   if (band >= group) band -= band % group;
-  return static_cast<int>(std::clamp<std::int64_t>(band, 1, std::max<std::int64_t>(1, pairs)));
+  return static_cast<int>(std::clamp<std::int64_t>(band, 1, pairs));
 }
 
 cache::Request named_kernel_request(const std::string& source, const generator::DeviceTables& tables,

@@ -13,6 +13,7 @@
 
 #include "bsjit/attention.hpp"
 #include "cache/kernel_cache.hpp"
+#include "generator/attention_generator.hpp"
 #include "module.hpp"
 
 namespace bsjit::runtime {
@@ -30,9 +31,14 @@ float check_attention_call(const char* op, std::initializer_list<std::pair<const
 std::string kernel_arch(const std::string& arch, const Context& ctx);
 
 // (batch, head) pairs per band of the fused kernels' grid (kernels::BandedTile in
-// templates/bsjit/attention.cuh): as many as stream their `bytes_per_pair` within half of an L2 of
-// l2_bytes, whole key/value groups of `group` pairs where one fits, at least 1 and at most `pairs`.
-int head_band(std::int64_t pairs, std::int64_t bytes_per_pair, std::int64_t l2_bytes, int group);
+// templates/bsjit/attention.cuh): as many as fit half of an L2 of l2_bytes the lines that a wave of
+// `wave` CTAs reads, whole key/value groups of `group` pairs where one fits, at least 1 and at most
+// `pairs`. A band of w pairs runs ⌈wave / w⌉ consecutive tiles of each at once, which read
+// footprint.of(that many) lines of line_bytes a pair: with a causal mask every line from the first
+// tile (a band then holds the pairs whose whole streamed tensors fit), with a window mask few, so
+// that the band widens and a wave runs few tiles of each pair.
+int head_band(std::int64_t pairs, std::int64_t line_bytes, const generator::TileFootprint& footprint, std::int64_t wave,
+              std::int64_t l2_bytes, int group);
 
 // The cache request for kernel `name` (a name expression) of source with its tables for arch: its
 // key, code key and compile (which copies what it needs). layout_hash tags the entry.

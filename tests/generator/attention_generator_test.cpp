@@ -132,6 +132,65 @@ TEST(AttentionGenerator, HopperBackwardPairsBlocksOf64) {
   EXPECT_EQ(mma.key_tiles, 5);
 }
 
+// The footprint by its definition: for runs of 2^i consecutive tiles of the launch order, the
+// other-side blocks a run touches at each place along it (every tile when fewer), the count that
+// 9 places in 10 stay within; up to a run of every tile or of 7/8 of the blocks.
+std::vector<std::int64_t> footprint_by_definition(const Layout& mask, bool by_column, const std::vector<int>& order,
+                                                  int tile, int block) {
+  const std::int64_t other = by_column ? mask.rows() : mask.cols();
+  const std::int64_t tiles = static_cast<std::int64_t>(order.size());
+  std::vector<std::int64_t> out;
+  for (std::int64_t w = 1;; w *= 2) {
+    std::vector<std::int64_t> places;
+    for (std::int64_t first = 0; first + std::min(w, tiles) <= tiles; ++first) {
+      std::vector<bool> seen(other, false);
+      for (std::int64_t i = first; i < first + std::min(w, tiles); ++i)
+        for (const auto& [r, c] : mask.coords()) {
+          const std::int64_t line = by_column ? c : r;
+          if (line * block >= order[i] * tile && line * block < (order[i] + 1) * tile) seen[by_column ? r : c] = true;
+        }
+      places.push_back(std::count(seen.begin(), seen.end(), true));
+    }
+    std::sort(places.begin(), places.end());
+    out.push_back(places[(places.size() - 1) * 9 / 10]);
+    if (w >= tiles || 8 * out.back() >= 7 * other) break;
+  }
+  return out;
+}
+
+TEST(AttentionGenerator, FootprintCountsTheBlocksARunOfTilesTouches) {
+  const AttentionOptions b64{64, 64, DType::bf16, QkvOrder::bshd, false, ""};
+  const Layout window = layouts::sliding_window(32, 4, false), causal = layouts::causal(32);
+  const Layout global = layouts::unite(layouts::sliding_window(32, 3), layouts::global_tokens(32, 2));
+  for (const Layout* mask : {&window, &causal, &global})
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      const auto f = generate_attention_forward({*mask}, b64, arch);
+      EXPECT_EQ(f.footprint.blocks, footprint_by_definition(*mask, false, array_of(f, "kTileOrder"), 64, 64)) << arch;
+      const auto g = generate_attention_backward({*mask}, b64, arch);
+      const int tile = static_cast<int>(32 * 64 / g.key_tiles);  // 128 on sm_90a: two columns a tile
+      EXPECT_EQ(g.footprint.blocks, footprint_by_definition(*mask, true, array_of(g, "kKeyTileOrder"), tile, 64))
+          << arch;
+      EXPECT_EQ(g.footprint.lines, 32);
+    }
+  // a bidirectional window of 7 blocks: a run of t query tiles reads about t + 6 key blocks
+  const auto w = generate_attention_forward({window}, b64, "sm_80").footprint;
+  ASSERT_GE(w.blocks.size(), 5u);
+  EXPECT_EQ(w.blocks[0], 7);
+  EXPECT_EQ(w.of(1), 7);
+  EXPECT_EQ(w.of(3), w.blocks[2]);
+  EXPECT_LE(w.blocks[3], 8 + 6 + 2);
+  EXPECT_EQ(w.of(1000), w.blocks.back()) << "a run of more than every tile is every tile";
+  // a causal mask's runs read nearly every block: bands as if each pair streamed its whole tensors
+  const auto c = generate_attention_forward({causal}, b64, "sm_80").footprint;
+  EXPECT_EQ(c.blocks.size(), 1u);
+  EXPECT_GE(c.blocks[0], 28);
+  EXPECT_EQ(c.of(2), 32);
+  // the window's two global rows and columns touch every block, but 9 runs in 10 do not
+  const auto gb = generate_attention_backward({global}, b64, "sm_80").footprint;
+  EXPECT_LE(gb.blocks[0], 3 + 2);
+  EXPECT_EQ(gb.of(1 << 20), 32);
+}
+
 // The tables are not in the source: masks of one shape and block count whose blocks sit elsewhere
 // (columns permuted) have one source per kernel, and a long sequence's source stays small.
 TEST(AttentionGenerator, MasksOfOneShapeShareTheSource) {

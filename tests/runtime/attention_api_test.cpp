@@ -13,21 +13,28 @@
 namespace bsjit {
 namespace {
 
+// A launch order whose runs read every line (a causal mask's, near enough): a band then holds the
+// pairs whose whole streamed tensors fit.
+generator::TileFootprint every_line(std::int64_t lines) { return {{lines}, lines, lines}; }
+
 // The fused kernels' grid runs in bands of (batch, head) pairs whose streamed tensors fit half the
-// L2 (kernels::BandedTile): the H100's 50 MiB at S = 8192, d = 128 (K and V 4 MiB a head).
+// L2 (kernels::BandedTile): the H100's 50 MiB at S = 8192, d = 128 (K and V 4 MiB a head, 64 lines
+// of 128 positions), 132 CTAs a wave.
 TEST(AttentionBands, BandsOfHeadsFitHalfTheL2) {
-  const std::int64_t l2 = 50 << 20, kv = 2 * 8192 * 128 * 2;
-  EXPECT_EQ(runtime::head_band(64, kv, l2, 1), 6);
-  EXPECT_EQ(runtime::head_band(64, kv / 8, l2, 8), 48) << "8 query heads a key/value head: 50 pairs, whole groups";
-  EXPECT_EQ(runtime::head_band(64, kv / 16, l2, 16), 64) << "never past the pairs there are";
-  EXPECT_EQ(runtime::head_band(64, kv, l2, 16), 6) << "a group wider than the band: the band as it is";
-  EXPECT_EQ(runtime::head_band(3, 1024, l2, 1), 3);
-  EXPECT_EQ(runtime::head_band(64, std::int64_t{1} << 40, l2, 1), 1) << "at least one pair";
-  EXPECT_EQ(runtime::head_band(64, 0, l2, 1), 64);
-  EXPECT_EQ(runtime::head_band(64, kv, 0, 4), 1) << "no L2 reported";
+  const std::int64_t l2 = 50 << 20, line = 2 * 128 * 128 * 2, wave = 132;
+  const auto all = every_line(64);
+  EXPECT_EQ(runtime::head_band(64, line, all, wave, l2, 1), 6);
+  EXPECT_EQ(runtime::head_band(64, line / 8, all, wave, l2, 8), 48)
+      << "8 query heads a key/value head: 50 pairs, whole groups";
+  EXPECT_EQ(runtime::head_band(64, line / 16, all, wave, l2, 16), 64) << "never past the pairs there are";
+  EXPECT_EQ(runtime::head_band(64, line, all, wave, l2, 16), 6) << "a group wider than the band: the band as it is";
+  EXPECT_EQ(runtime::head_band(3, 16, all, wave, l2, 1), 3);
+  EXPECT_EQ(runtime::head_band(64, std::int64_t{1} << 34, all, wave, l2, 1), 1) << "at least one pair";
+  EXPECT_EQ(runtime::head_band(64, 0, all, wave, l2, 1), 64);
+  EXPECT_EQ(runtime::head_band(64, line, all, wave, 0, 4), 1) << "no L2 reported";
   for (int group : {1, 2, 4, 8})
     for (std::int64_t bytes = 1 << 16; bytes <= (std::int64_t{1} << 26); bytes *= 2) {
-      const int band = runtime::head_band(256, bytes, l2, group);
+      const int band = runtime::head_band(256, bytes / 64, all, wave, l2, group);
       ASSERT_GE(band, 1);
       ASSERT_LE(band, 256);
       if (band >= group) {
@@ -37,6 +44,34 @@ TEST(AttentionBands, BandsOfHeadsFitHalfTheL2) {
         EXPECT_LE(band * bytes, l2 / 2) << bytes << " bytes, group " << group;
       }
     }
+}
+
+// With a window mask a wave's run of t tiles a pair reads about t + 20 lines (S = 8192 in blocks
+// of 64: 128 lines), so the band widens until the wave's runs fill the L2's half: the widest band
+// that does, found by trying every width.
+TEST(AttentionBands, AWindowMasksBandWidensToWhatAWavesRunsRead) {
+  generator::TileFootprint window{{}, 128, 128};
+  for (std::int64_t w = 1;; w *= 2) {
+    window.blocks.push_back(std::min<std::int64_t>(128, w + 20));
+    if (w >= 128) break;
+  }
+  const std::int64_t l2 = 50 << 20, line = 2 * 64 * 64 * 2;  // Q and dO at d = 64: 16 KiB a block
+  for (std::int64_t wave : {1, 132, 264, 1000})
+    for (std::int64_t pairs : {1, 7, 64, 512})
+      for (int group : {1, 4}) {
+        std::int64_t want = 1;
+        for (std::int64_t w = pairs; w >= 1; --w)
+          if (w * line * window.of((wave + w - 1) / w) <= l2 / 2) {
+            want = w;
+            break;
+          }
+        if (want >= group) want -= want % group;
+        EXPECT_EQ(runtime::head_band(pairs, line, window, wave, l2, group), want)
+            << pairs << " pairs, " << wave << " CTAs a wave, group " << group;
+      }
+  // the backward at d = 64, 2 CTAs an SM on 132 SMs: 12 pairs a band with every line, 57 with the window's
+  EXPECT_EQ(runtime::head_band(64, line, every_line(128), 264, l2, 1), 12);
+  EXPECT_GT(runtime::head_band(64, line, window, 264, l2, 1), 40);
 }
 
 TEST(AttentionApi, PrecompilesForwardBackwardAndOpsWithoutAGpu) {
