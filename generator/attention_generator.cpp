@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "bsjit/error.hpp"
 #include "device_tables.hpp"
@@ -58,6 +59,11 @@ Lists block_lists(const std::vector<Layout>& masks, bool transposed) {
   return out;
 }
 
+// The lines (block rows or columns) that tile t of `tile` positions covers: [first, end).
+std::pair<std::int64_t, std::int64_t> tile_lines(std::int64_t t, int tile, int block, std::int64_t lines) {
+  return {t * tile / block, std::min(lines, ((t + 1) * tile + block - 1) / block)};
+}
+
 // Tiles of `tile` positions in launch order, the most blocks (summed over the masks and the lines
 // a tile covers) first: with causal or uneven masks the long rows start in the first wave instead
 // of trailing the last one.
@@ -66,7 +72,8 @@ std::vector<int> launch_order(const Lists& lists, std::int64_t lines, std::size_
   std::vector<int> order(tiles), work(tiles, 0);
   for (std::int64_t t = 0; t < tiles; ++t) {
     order[t] = static_cast<int>(t);
-    for (std::int64_t line = t * tile / block; line < std::min(lines, ((t + 1) * tile + block - 1) / block); ++line)
+    const auto [first, end] = tile_lines(t, tile, block, lines);
+    for (std::int64_t line = first; line < end; ++line)
       for (std::size_t i = 0; i < masks; ++i)
         work[t] += lists.starts[i * lines + line + 1] - lists.starts[i * lines + line];
   }
@@ -94,7 +101,8 @@ TileFootprint tile_footprint(const Lists& lists, std::int64_t lines, std::size_t
       places.clear();
       std::int64_t distinct = 0;
       const auto touch = [&](std::int64_t t, int delta) {
-        for (std::int64_t line = t * tile / block; line < std::min(lines, ((t + 1) * tile + block - 1) / block); ++line)
+        const auto [first, end] = tile_lines(t, tile, block, lines);
+        for (std::int64_t line = first; line < end; ++line)
           for (int j = lists.starts[m * lines + line]; j < lists.starts[m * lines + line + 1]; ++j) {
             int& c = count[lists.indices[j]];
             if (delta > 0 ? c++ == 0 : --c == 0) distinct += delta;
