@@ -251,9 +251,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       if (g.splits > 1) partials = static_cast<std::int64_t>(g.splits) * t.bm * t.bn * units;
     }
     if (partials > 0) {
-      if (counters > kernels::kSplitCounters)
+      if (counters > kernels::kPieceCounters)
         throw Error(fmt::format("internal: {} split counters needed, the workspace holds {}", counters,
-                                kernels::kSplitCounters));
+                                kernels::kPieceCounters));
       g.workspace_bytes = (kernels::kSplitCounters + partials) * 4;
     }
     tables = t.row_blocks > 0
@@ -320,9 +320,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
         g.grid_x = split.ctas;
         g.split = true;
         g.max_rows = kSmallBatchRows;
-        if (row_tiles * max_ctas > kernels::kSplitCounters)
+        if (row_tiles * max_ctas > kernels::kPieceCounters)
           throw Error(fmt::format("internal: {} split counters needed, the workspace holds {}", row_tiles * max_ctas,
-                                  kernels::kSplitCounters));
+                                  kernels::kPieceCounters));
         if (split.planes > 0)
           g.workspace_bytes = (kernels::kSplitCounters + row_tiles * split.planes * t.bm * b) * 4;
         tables += "// The small batch's CTAs (one wave): CTA p takes item p of kItems, then items kCtaItems[p] ..\n"
@@ -391,6 +391,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
+  // The persistent dsd kernels (TMA, grouped, paired) pace their wave (kernels::WaveGate), whose
+  // counters lie in the workspace's: such a kernel takes the workspace even where nothing splits.
+  const bool wave_gate = !sdd && t.tma && t.persistent && !t.split && !spec.small_batch;
+  if (wave_gate && g.workspace_bytes == 0) g.workspace_bytes = kernels::kSplitCounters * 4;
   if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
     // staged: dW as [blocks · b, b], stored in boxes of a warp's 16 rows × min(b, 64) features
     const int dy_box = t.row_blocks > 0 ? static_cast<int>(std::min<std::int64_t>(b, 64)) : 64;
@@ -433,6 +437,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       "  static constexpr long long kInDim = {in_dim}, kOutDim = {out_dim};\n"
       "  static constexpr int kOutBlocks = {out_blocks};  // output block columns (dsd)\n"
       "  static constexpr bool kPersistent = {persistent}, kSwapped = {swapped}, kSplit = {split};\n"
+      "  static constexpr bool kWaveGate = {wave_gate};  // CTAs paced to within WaveGate::kLead rounds\n"
       "  static constexpr bool kPlain = {plain};  // built for calls with neither accumulate nor gate\n"
       "{grouped}"
       "{units}"
@@ -452,7 +457,8 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
       fmt::arg("out_dim", g.out_features), fmt::arg("out_blocks", out_blocks),
       fmt::arg("persistent", t.persistent ? "true" : "false"), fmt::arg("swapped", t.swapped ? "true" : "false"),
       fmt::arg("split", t.split || planes > 0 ? "true" : "false"), fmt::arg("plain", spec.plain ? "true" : "false"),
-      fmt::arg("accessors", accessors), fmt::arg("header", kernel_header(kernel)),
+      fmt::arg("wave_gate", wave_gate ? "true" : "false"), fmt::arg("accessors", accessors),
+      fmt::arg("header", kernel_header(kernel)),
       fmt::arg("units",
                sdd && t.tma ? fmt::format("  static constexpr bool kStagedStore = {};\n", t.staged) : std::string()),
       fmt::arg(

@@ -45,11 +45,12 @@ struct MatMulOptions {
 struct OpOptions {
   bool accumulate = false;      // out += result (beta = 1) instead of out = result
   const float* gate = nullptr;  // device array [layout.blocks()]: W block i scaled by gate[i]; 0 skips it
-  // The device workspace of a kernel that needs one (MatMul::workspace_size; backward-weight's split
-  // over N), given by the caller instead of the one bsjit keeps per stream: for allocators and CUDA
-  // graph capture, where bsjit must not allocate. 16-byte aligned, at least workspace_size bytes, its
-  // first workspace_counter_bytes() zero before the call (every call leaves them zero again); one
-  // call at a time uses it. Null: bsjit's own. Not a kernel option: it keeps the call plain.
+  // The device workspace of a kernel that needs one (MatMul::workspace_size: backward-weight's split
+  // over N, the small batch's split columns, the counters that pace a Hopper kernel's wave), given by the caller
+  // instead of the one bsjit keeps per stream: for allocators and CUDA graph capture, where bsjit must not allocate.
+  // 16-byte aligned, at least workspace_size bytes, its first workspace_counter_bytes() zero before the call (every
+  // call leaves them zero again); one call at a time uses it. Null: bsjit's own. Not a kernel option: it keeps the call
+  // plain.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };

@@ -101,8 +101,8 @@ def _launch(op: str, handle: int, w: Tensor, a: Tensor, b: Tensor, out: Tensor, 
     mm = matmul_object(handle, int(w.shape[1]), w.dtype, feature_axis)
     with _direct.on_device(out.device):
         stream = _direct.stream(out.device)
-        # the split kernels' workspace (backward-weight's only)
-        bytes_ = mm.workspace_size(op, n, gate is not None) if op == "backward_weight" else 0
+        # the workspace of the kernels that split or pace their wave (0 bytes: none)
+        bytes_ = mm.workspace_size(op, n, gate is not None)
         _held, ptr, size = workspace(bytes_, out.device)
         mm.run(op, a.data_ptr(), b.data_ptr(), out.data_ptr(), n, stream, False,
                gate.data_ptr() if gate is not None else 0, ptr, size)

@@ -86,7 +86,7 @@ struct DsdTile {
 // Cfg::cta_items()[blockIdx.x] to the next CTA's (the first read beside its offsets).
 template <class Cfg>
 struct DsdTiles {
-  int count, first, stride, items;
+  int count, first, stride, items, tiles;  // tiles: of the whole launch (persistent, unsplit)
   __device__ __forceinline__ explicit DsdTiles(int n) {
     const int row_tiles = (n + Cfg::kBM - 1) / Cfg::kBM;
     if constexpr (Cfg::kSplit) {
@@ -94,8 +94,9 @@ struct DsdTiles {
       items = 1 + Cfg::cta_items()[blockIdx.x + 1] - first;
       stride = 0;
       count = items * row_tiles;
+      tiles = 0;
     } else {
-      const int tiles = Cfg::kOutBlocks * row_tiles;
+      tiles = Cfg::kOutBlocks * row_tiles;
       first = Cfg::kPersistent ? blockIdx.x : blockIdx.y * Cfg::kOutBlocks + blockIdx.x;
       stride = Cfg::kPersistent ? gridDim.x : tiles;
       items = 0;
@@ -191,10 +192,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (lane == 0) prefetch_tensormap(map_a), prefetch_tensormap(map_w);
     int step = 0;  // this CTA's stages so far, over all its tiles
     DsdTile next = work.count > 0 ? work.at(0) : DsdTile{};
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, work.tiles);
     for (int i = 0; i < work.count; ++i) {
       const DsdTile tile = next;
       const int m0 = tile.m0, begin = tile.begin, entries = tile.end - begin, total = entries * kSlicesPerEntry;
       if (i + 1 < work.count) next = work.at(i + 1);
+      wave.wait(i);
       int in_block = 0, w_block = 0;  // lane l: entry 32·⌊j / 32⌋ + l
       for (int s = 0; s < total; ++s, ++step) {
         const int j = s / kSlicesPerEntry, k0 = (s % kSlicesPerEntry) * kSlice;
@@ -219,7 +222,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         __syncwarp();
       }
+      if (lane == 0) wave.arrive(i);
     }
+    if (lane == 0) wave.finish();
     return;
   }
 

@@ -152,9 +152,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     unsigned zeroed = 0;  // warp 2, bit s: slot lane of stage s holds zeros
     RingCursor<S> pos;    // this CTA's steps so far, over all its tiles
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, tiles);  // paced by warp 0, which copies X
+    int round = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
       const int group = tile % groups, m0 = tile / groups * BM;
       const int begin = Cfg::group_steps()[group * kClasses], end = Cfg::group_steps()[(group + 1) * kClasses];
+      if (pwarp == 0) wave.wait(round);
       Read next{};
       if (begin < end) next = read(begin);
       for (int s = begin; s < end; ++s, pos.advance()) {
@@ -204,7 +207,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         __syncwarp();
         if (lane == 0) mbarrier_arrive(bar);
       }
+      if (pwarp == 0 && lane == 0) wave.arrive(round);
     }
+    if (pwarp == 0 && lane == 0) wave.finish();
     return;
   }
 

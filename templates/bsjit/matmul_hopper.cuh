@@ -153,6 +153,89 @@ __device__ __forceinline__ void store_features(float (&d)[R / 2], typename Cfg::
   store_feature_pieces(0, tile, map_out, out_tile, piece, n, consumer);
 }
 
+// The GPU's nanosecond clock, and a counter read and added to at GPU scope without ordering (the
+// gate below only paces CTAs; nothing it guards is data).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned load_relaxed_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_add_relaxed_gpu(unsigned* p, unsigned v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Keeps the CTAs of a persistent kernel within kLead rounds of each other (round k: every CTA's
+// k-th tile; CTA p takes tiles p, p + P, ...). A wave shares X's row tiles and W's blocks in L2
+// only while its CTAs run in step, and left alone they drift apart in proportion to time, by their
+// SMs' speeds: at C = K = 12288, b = 32, d = 0.25 the forward read 2.4 GB from DRAM at N = 8192
+// and 23.4 GB at 32768 (Nsight Compute, H200, a9c199c), where a model of L2 (tools/probes/
+// wave_l2_model.cpp: LRU over the X tiles and W blocks each step reads, 50 MB) counts 2.1 and 8.3
+// GB with the CTAs in step, 2.2 and 22 GB with their speeds spread by 3% (σ), and 2.1 and 8.5 GB
+// with this gate at kLead = 2, the time unchanged (docs/PERFORMANCE.md, "The long-N cells").
+// The producer's copying warp waits, before its round k's first copy, until every CTA has issued
+// round k - kLead's last, and counts each of its rounds as it issues that round's last copy. A
+// hint, never needed for correctness: a wait gives up after twice the CTA's previous round plus
+// kSlackNs (a CTA that is not resident, while another kernel holds SMs, would stall the wave), and
+// a CTA that gave up waits no more in this launch. Only rounds every CTA has (tiles / P) count, and
+// only launches of more than kLead of them wait at all.
+// Workspace: the kWaveGateCounters counters at kPieceCounters. Round r counts at r mod
+// kWaveGateRounds, so its counter reaches P·(⌊r / kWaveGateRounds⌋ + 1) once every CTA has issued it
+// (no CTA is kWaveGateRounds rounds ahead of one it waits for); the last CTA to finish sets every
+// counter back to 0 for the next launch on the stream.
+struct WaveGate {
+  static constexpr int kLead = 2;
+  static constexpr unsigned long long kSlackNs = 50000;
+  unsigned* counters;  // nullptr: off
+  int rounds;
+  bool waiting = true;
+  unsigned long long round_start = 0, last_round = 0;
+
+  __device__ __forceinline__ WaveGate(float* workspace, int tiles)
+      : counters(workspace != nullptr && tiles / static_cast<int>(gridDim.x) > kLead
+                     ? reinterpret_cast<unsigned*>(workspace) + kPieceCounters
+                     : nullptr),
+        rounds(tiles / static_cast<int>(gridDim.x)) {}
+
+  // Before round k's first copy; the whole warp (lane 0 polls).
+  __device__ __forceinline__ void wait(int k) {
+    if (counters != nullptr && threadIdx.x % 32 == 0) {
+      const unsigned long long now = global_timer_ns();
+      if (k > 0) last_round = now - round_start;
+      round_start = now;
+      const int r = k - kLead;
+      if (waiting && r >= 0 && r < rounds) {
+        const unsigned* counter = counters + r % kWaveGateRounds;
+        const unsigned target = gridDim.x * static_cast<unsigned>(r / kWaveGateRounds + 1);
+        while (load_relaxed_gpu(counter) < target) {
+          if (global_timer_ns() - now > 2 * last_round + kSlackNs) {
+            waiting = false;
+            break;
+          }
+          __nanosleep(256);
+        }
+      }
+    }
+    __syncwarp();
+  }
+  // After round k's last copy; one thread.
+  __device__ __forceinline__ void arrive(int k) const {
+    if (counters != nullptr && k < rounds) red_add_relaxed_gpu(counters + k % kWaveGateRounds, 1u);
+  }
+  // After the CTA's last round; one thread, the one that arrived.
+  __device__ __forceinline__ void finish() const {
+    if (counters == nullptr) return;
+    __threadfence();
+    if (atomicAdd(counters + kWaveGateRounds, 1u) != gridDim.x - 1) return;
+    __threadfence();
+    for (int i = 0; i < kWaveGateCounters; ++i) counters[i] = 0;
+  }
+};
+
 // The reduction of split pieces (backward-weight's SddSchedule pieces, the small batch's split
 // columns): a piece's accumulators d (TILES m64 tiles of N columns a consumer thread) go to its
 // plane; the last of the `pieces` to arrive (counter) adds every plane, in piece order

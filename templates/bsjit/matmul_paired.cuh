@@ -109,9 +109,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = threadIdx.x;
     if (lane == 0) prefetch_tensormap(map_a), prefetch_tensormap(map_w);
     int step = 0;  // this CTA's stages so far, over all its tiles
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, tiles);
+    int round = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
       const int pair = tile % groups, m0 = tile / groups * BM;  // n ≤ 2^31 - 1
       const int begin = Cfg::group_steps()[kClasses * pair], end = Cfg::group_steps()[kClasses * (pair + 1)];
+      wave.wait(round);
       int record[kRecord] = {0, 0, 0, 0};  // lane l: step begin + 32·⌊i / 32⌋ + l
       for (int s = begin; s < end; ++s, ++step) {
         const int j = (s - begin) % 32;
@@ -133,7 +136,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         __syncwarp();
       }
+      if (lane == 0) wave.arrive(round);
     }
+    if (lane == 0) wave.finish();
     return;
   }
 

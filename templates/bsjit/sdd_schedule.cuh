@@ -20,6 +20,13 @@ namespace kernels {
 // planes, where another kernel's partials lay). The generator checks that a kernel's counters fit.
 inline constexpr int kSplitCounters = 4096;
 
+// The last kWaveGateCounters of those counters belong to WaveGate (matmul_hopper.cuh): the round
+// counters of the persistent kernels' wave, then its finish counter. The split counters of any
+// kernel stay below them.
+inline constexpr int kWaveGateRounds = 16;
+inline constexpr int kWaveGateCounters = kWaveGateRounds + 1;
+inline constexpr int kPieceCounters = kSplitCounters - kWaveGateCounters;
+
 // One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.
 struct SddItem {
   int unit, first, last, piece;

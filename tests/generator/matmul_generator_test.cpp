@@ -1506,6 +1506,33 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
   }
 }
 
+// The persistent Hopper dsd kernels (TMA, grouped, paired) pace their wave (kernels::WaveGate) and
+// so ask for the workspace's counters; the small batch, the kernels of a tile per CTA and the
+// sm_80 kernels do not. Every kernel's split counters stay below the gate's.
+TEST(Generator, PersistentHopperDsdKernelsPaceTheirWave) {
+  int paced = 0;
+  for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
+    for (int b : {16, 32, 64, 128})
+      for (bool wgmma : {false, true}) {
+        MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+        spec.wgmma = wgmma;
+        const Layout layout = random_layout(4096 / b, 2048 / b, 7 + b);
+        for (const MatMulSpec& v : variants(spec)) {
+          const GeneratedSource g = generate_matmul(layout, v);
+          SCOPED_TRACE(g.label + (wgmma ? " sm_90a" : " sm_80"));
+          const bool expect = wgmma && op != Op::backward_weight && !v.small_batch && g.tiles.tma &&
+                              g.tiles.persistent && !g.tiles.split;
+          EXPECT_NE(g.source.find(expect ? "kWaveGate = true" : "kWaveGate = false"), std::string::npos);
+          if (expect) {
+            EXPECT_GE(g.workspace_bytes, kernels::kSplitCounters * 4);
+          }
+          paced += expect;
+        }
+      }
+  EXPECT_GE(paced, 8) << "forward and backward-data at every block size";
+  static_assert(kernels::kPieceCounters + kernels::kWaveGateCounters == kernels::kSplitCounters);
+}
+
 // Backward-weight splits N across CTAs when the layout has too few blocks to fill the GPU, and
 // asks for the workspace its partials and arrival counters need.
 TEST(Generator, BackwardWeightSplitsFewBlocks) {

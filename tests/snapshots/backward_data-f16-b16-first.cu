@@ -25,6 +25,7 @@ struct Config {
   static constexpr long long kInDim = 64, kOutDim = 48;
   static constexpr int kOutBlocks = 3;  // output block columns (dsd)
   static constexpr bool kPersistent = false, kSwapped = false, kSplit = false;
+  static constexpr bool kWaveGate = false;  // CTAs paced to within WaveGate::kLead rounds
   static constexpr bool kPlain = false;  // built for calls with neither accumulate nor gate
   __device__ static const int* out_columns() { return kOutColumns; }
   __device__ static const int* lut_offsets() { return kLutOffsets; }

@@ -22,6 +22,7 @@ struct Config {
   static constexpr long long kInDim = 24, kOutDim = 32;
   static constexpr int kOutBlocks = 0;  // output block columns (dsd)
   static constexpr bool kPersistent = false, kSwapped = false, kSplit = false;
+  static constexpr bool kWaveGate = false;  // CTAs paced to within WaveGate::kLead rounds
   static constexpr bool kPlain = true;  // built for calls with neither accumulate nor gate
   __device__ static const int* coords() { return kCoords; }
 };
