@@ -391,9 +391,10 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
-  // The persistent dsd kernels (TMA, grouped, paired) pace their wave (kernels::WaveGate), whose
-  // counters lie in the workspace's: such a kernel takes the workspace even where nothing splits.
-  const bool wave_gate = !sdd && t.tma && t.persistent && !t.split && !spec.small_batch;
+  // The persistent Hopper kernels (dsd: TMA, grouped, paired; every backward-weight one) pace their
+  // wave (kernels::WaveGate), whose counters lie in the workspace's: such a kernel takes the
+  // workspace even where nothing splits. Not the small batch's: one row tile, one round a unit.
+  const bool wave_gate = t.tma && (sdd || (t.persistent && !t.split)) && !spec.small_batch;
   if (wave_gate && g.workspace_bytes == 0) g.workspace_bytes = kernels::kSplitCounters * 4;
   if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
     // staged: dW as [blocks · b, b], stored in boxes of a warp's 16 rows × min(b, 64) features

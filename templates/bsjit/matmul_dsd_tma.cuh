@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (lane == 0) prefetch_tensormap(map_a), prefetch_tensormap(map_w);
     int step = 0;  // this CTA's stages so far, over all its tiles
     DsdTile next = work.count > 0 ? work.at(0) : DsdTile{};
-    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, work.tiles);
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, work.tiles / static_cast<int>(gridDim.x));
     for (int i = 0; i < work.count; ++i) {
       const DsdTile tile = next;
       const int m0 = tile.m0, begin = tile.begin, entries = tile.end - begin, total = entries * kSlicesPerEntry;

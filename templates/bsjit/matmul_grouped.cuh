@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     unsigned zeroed = 0;  // warp 2, bit s: slot lane of stage s holds zeros
     RingCursor<S> pos;    // this CTA's steps so far, over all its tiles
-    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, tiles);  // paced by warp 0, which copies X
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, tiles / static_cast<int>(gridDim.x));  // paced by warp 0, which copies X
     int round = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
       const int group = tile % groups, m0 = tile / groups * BM;

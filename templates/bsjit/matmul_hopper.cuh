@@ -181,8 +181,8 @@ __device__ __forceinline__ void red_add_relaxed_gpu(unsigned* p, unsigned v) {
 // round k - kLead's last, and counts each of its rounds as it issues that round's last copy. A
 // hint, never needed for correctness: a wait gives up after twice the CTA's previous round plus
 // kSlackNs (a CTA that is not resident, while another kernel holds SMs, would stall the wave), and
-// a CTA that gave up waits no more in this launch. Only rounds every CTA has (tiles / P) count, and
-// only launches of more than kLead of them wait at all.
+// a CTA that gave up waits no more in this launch. Only rounds every CTA has count, and only
+// launches of more than kLead of them wait at all.
 // Workspace: the kWaveGateCounters counters at kPieceCounters. Round r counts at r mod
 // kWaveGateRounds, so its counter reaches P·(⌊r / kWaveGateRounds⌋ + 1) once every CTA has issued it
 // (no CTA is kWaveGateRounds rounds ahead of one it waits for); the last CTA to finish sets every
@@ -195,11 +195,11 @@ struct WaveGate {
   bool waiting = true;
   unsigned long long round_start = 0, last_round = 0;
 
-  __device__ __forceinline__ WaveGate(float* workspace, int tiles)
-      : counters(workspace != nullptr && tiles / static_cast<int>(gridDim.x) > kLead
-                     ? reinterpret_cast<unsigned*>(workspace) + kPieceCounters
-                     : nullptr),
-        rounds(tiles / static_cast<int>(gridDim.x)) {}
+  // rounds: those every CTA has (a persistent dsd kernel's tiles / P)
+  __device__ __forceinline__ WaveGate(float* workspace, int rounds_)
+      : counters(workspace != nullptr && rounds_ > kLead ? reinterpret_cast<unsigned*>(workspace) + kPieceCounters
+                                                         : nullptr),
+        rounds(rounds_) {}
 
   // Before round k's first copy; the whole warp (lane 0 polls).
   __device__ __forceinline__ void wait(int k) {

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = threadIdx.x;
     if (lane == 0) prefetch_tensormap(map_a), prefetch_tensormap(map_w);
     int step = 0;  // this CTA's stages so far, over all its tiles
-    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, tiles);
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, tiles / static_cast<int>(gridDim.x));
     int round = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
       const int pair = tile % groups, m0 = tile / groups * BM;  // n ≤ 2^31 - 1
