@@ -16,6 +16,7 @@
 #include <set>
 
 #include "bsjit/bsjit.hpp"
+#include "generator/matmul_plan.hpp"
 #include "op_check.hpp"
 #include "runtime/compiler.hpp"
 #include "runtime/driver.hpp"
@@ -447,41 +448,53 @@ TEST(MatMulGpuWorkspace, CallerWorkspaceServesTheSplitKernels) {
   }
 }
 
-// The persistent Hopper dsd kernels pace their wave through counters in the workspace
+// The persistent Hopper kernels pace their wave through counters in the workspace
 // (kernels::WaveGate), which the last CTA sets back to 0: the grouped (b = 32), paired (b = 64) and
-// swapped (b = 128) kernels at enough rows that every CTA has more than WaveGate's lead in rounds,
-// forward and backward-data, each three times on a workspace the caller gives, each against the
-// reference, the counters read back as zeros after each.
+// swapped (b = 128) dsd kernels and three backward-weight kernels, on layouts where every CTA of
+// an H100 (132 SMs) has more rounds than the gate's lead of 2, each three times (plain, gated,
+// accumulating) on a workspace the caller gives, each against the reference, the counters read
+// back as zeros after each. The layouts are long and thin: the reference is dense (N · C · K).
 TEST(MatMulGpuWorkspace, PacedKernelsLeaveTheirCountersAtZero) {
   std::string why;
   if (!runtime::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   const std::string arch = runtime::default_kernel_arch(runtime::context_arch(runtime::current_context()));
   if (!generator::has_wgmma(arch)) GTEST_SKIP() << "the paced kernels are Hopper's (" << arch << ")";
   struct Case {
-    int block, blocks, one_in;  // a square layout of blocks × blocks, Bernoulli(1 / one_in)
-    std::int64_t n;
+    Op op;
+    int block;
+    std::int64_t rows, cols, n;  // blocks of a Bernoulli(1/2) layout; rows of N
   };
+  const std::vector<Case> cases = {{Op::forward, 32, 4, 512, 2048},          {Op::backward_data, 32, 512, 4, 2048},
+                                   {Op::forward, 64, 4, 256, 2048},          {Op::backward_data, 64, 256, 4, 2048},
+                                   {Op::forward, 128, 4, 64, 2048},          {Op::backward_data, 128, 64, 4, 2048},
+                                   {Op::backward_weight, 32, 1024, 4, 2048}, {Op::backward_weight, 64, 64, 32, 2048}};
   std::uint64_t seed = 17000;
-  for (const Case c : {Case{32, 64, 10, 8192}, Case{64, 64, 20, 6144}, Case{128, 32, 10, 4096}}) {
+  for (const Case& c : cases) {
     std::mt19937_64 rng(seed);
-    std::vector<std::uint8_t> m(c.blocks * c.blocks);
-    for (auto& v : m) v = rng() % c.one_in == 0;
+    std::vector<std::uint8_t> m(c.rows * c.cols);
+    for (auto& v : m) v = rng() % 2;
     m[0] = 1;
-    const MatMul mm(Layout::from_dense(c.blocks, c.blocks, m), MatMulOptions{c.block, DType::bf16, FeatureAxis::last});
-    for (Op op : {Op::forward, Op::backward_data}) {
-      SCOPED_TRACE(fmt::format("b{} {}", c.block, to_string(op)));
-      const std::size_t bytes = mm.workspace_size(op, c.n);
-      ASSERT_GE(bytes, MatMul::workspace_counter_bytes()) << "the paced kernel takes the workspace";
-      runtime::DeviceMemory memory(bytes);
-      BSJIT_CU(runtime::driver().cuMemsetD8(memory.ptr, 0, MatMul::workspace_counter_bytes()));
-      for (int round = 0; round < 3; ++round) {
-        auto r = check::run_and_check(mm, op, {c.n, round == 2, round == 1, seed++, memory.get(), bytes});
-        EXPECT_EQ(r.unwritten, 0) << "round " << round;
-        EXPECT_LE(r.relative_error, check::tolerance(DType::bf16)) << "round " << round;
-        std::vector<unsigned> counters(kernels::kSplitCounters, 1u);
-        BSJIT_CU(runtime::driver().cuMemcpyDtoH(counters.data(), memory.ptr, counters.size() * sizeof(unsigned)));
-        EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), kernels::kSplitCounters) << "round " << round;
-      }
+    const Layout layout = Layout::from_dense(c.rows, c.cols, m);
+    const MatMul mm(layout, MatMulOptions{c.block, DType::bf16, FeatureAxis::last});
+    generator::MatMulSpec spec{c.op, c.block, DType::bf16, FeatureAxis::last};
+    spec.wgmma = true;
+    const auto g = generator::generate_matmul(layout, generator::variants(spec)[0]);
+    SCOPED_TRACE(fmt::format("{} {} x {} blocks, n = {}", g.label, c.rows, c.cols, c.n));
+    const std::int64_t ctas = generator::resident_ctas(g.tiles, generator::kDefaultSms);
+    const std::int64_t rounds =
+        c.op == Op::backward_weight ? g.grid_x / ctas * ((c.n / 64 + 7) / 8) : g.grid_x * (c.n / g.rows_per_cta) / ctas;
+    ASSERT_GT(rounds, 2) << "rounds every CTA has: the gate must wait";
+    const std::size_t bytes = mm.workspace_size(c.op, c.n);
+    ASSERT_GE(bytes, MatMul::workspace_counter_bytes()) << "the paced kernel takes the workspace";
+    runtime::DeviceMemory memory(bytes);
+    BSJIT_CU(runtime::driver().cuMemsetD8(memory.ptr, 0, MatMul::workspace_counter_bytes()));
+    for (int round = 0; round < 3; ++round) {
+      auto r = check::run_and_check(mm, c.op, {c.n, round == 2, round == 1, seed++, memory.get(), bytes});
+      EXPECT_EQ(r.unwritten, 0) << "round " << round;
+      EXPECT_LE(r.relative_error, check::tolerance(DType::bf16)) << "round " << round;
+      std::vector<unsigned> counters(kernels::kSplitCounters, 1u);
+      BSJIT_CU(runtime::driver().cuMemcpyDtoH(counters.data(), memory.ptr, counters.size() * sizeof(unsigned)));
+      EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), kernels::kSplitCounters) << "round " << round;
     }
   }
 }
