@@ -176,7 +176,9 @@ __device__ __forceinline__ void red_add_relaxed_gpu(unsigned* p, unsigned v) {
 // and 23.4 GB at 32768 (Nsight Compute, H200, a9c199c), where a model of L2 (tools/probes/
 // wave_l2_model.cpp: LRU over the X tiles and W blocks each step reads, 50 MB) counts 2.1 and 8.3
 // GB with the CTAs in step, 2.2 and 22 GB with their speeds spread by 3% (σ), and 2.1 and 8.5 GB
-// with this gate at kLead = 2, the time unchanged (docs/PERFORMANCE.md, "The long-N cells").
+// with this gate at kLead = 2. Measured on an H100 (91aff75 against a1fd959): 12288² at N = 32768
+// ×1.07-2.68 on every op and block size, suite W level but for b = 64 backward-weight, ×0.96
+// (docs/PERFORMANCE.md, "The wave paced").
 // The producer's copying warp waits, before its round k's first copy, until every CTA has issued
 // round k - kLead's last, and counts each of its rounds as it issues that round's last copy. A
 // hint, never needed for correctness: a wait gives up after twice the CTA's previous round plus
