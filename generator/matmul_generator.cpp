@@ -391,10 +391,15 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   g.shared_bytes = t.shared_bytes;
   g.dtype = spec.dtype;
   g.persistent = g.persistent || t.persistent;
-  // The persistent Hopper kernels (dsd: TMA, grouped, paired; every backward-weight one) pace their
-  // wave (kernels::WaveGate), whose counters lie in the workspace's: such a kernel takes the
-  // workspace even where nothing splits. Not the small batch's: one row tile, one round a unit.
-  const bool wave_gate = t.tma && (sdd || (t.persistent && !t.split)) && !spec.small_batch;
+  // The persistent Hopper kernels (dsd: TMA, grouped, paired; backward-weight's) pace their wave
+  // (kernels::WaveGate), whose counters lie in the workspace's: such a kernel takes the workspace
+  // even where nothing splits. Not the small batch's: one row tile, one round a unit. Backward-weight
+  // only with two waves of whole units or more: one wave starts together and walks N once, and on
+  // suite W (b = 64, 256 units: one wave) paced it ran ×0.96, where 12288² layers of 8 to 18 waves
+  // gained ×1.18 at N = 8192 and ×1.47-2.68 at 32768 (H100, 91aff75; docs/PERFORMANCE.md, "The wave
+  // paced").
+  const bool wave_gate =
+      t.tma && !spec.small_batch && (sdd ? g.grid_x >= 2 * resident_ctas(t, spec.sms) : t.persistent && !t.split);
   if (wave_gate && g.workspace_bytes == 0) g.workspace_bytes = kernels::kSplitCounters * 4;
   if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
     // staged: dW as [blocks · b, b], stored in boxes of a warp's 16 rows × min(b, 64) features

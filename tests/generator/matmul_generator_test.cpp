@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "bsjit/error.hpp"
+#include "generator/matmul_plan.hpp"
 #include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit::generator {
@@ -1507,30 +1508,37 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
   }
 }
 
-// The persistent Hopper kernels (dsd: TMA, grouped, paired; every backward-weight one) pace their
-// wave (kernels::WaveGate) and so ask for the workspace's counters; the small batch, the kernels of
-// a tile per CTA and the sm_80 kernels do not. Every kernel's split counters stay below the gate's.
+// The persistent Hopper kernels (dsd: TMA, grouped, paired; backward-weight's with two waves of
+// units or more) pace their wave (kernels::WaveGate) and so ask for the workspace's counters; the
+// small batch, the kernels of a tile per CTA, backward-weight's of one wave and the sm_80 kernels
+// do not. Every kernel's split counters stay below the gate's.
 TEST(Generator, PersistentHopperKernelsPaceTheirWave) {
-  int paced = 0;
+  int paced = 0, one_wave = 0, waves = 0;
   for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
     for (int b : {16, 32, 64, 128})
-      for (bool wgmma : {false, true}) {
-        MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
-        spec.wgmma = wgmma;
-        const Layout layout = random_layout(4096 / b, 2048 / b, 7 + b);
-        for (const MatMulSpec& v : variants(spec)) {
-          const GeneratedSource g = generate_matmul(layout, v);
-          SCOPED_TRACE(g.label + (wgmma ? " sm_90a" : " sm_80"));
-          const bool expect = wgmma && !v.small_batch && g.tiles.tma &&
-                              (op == Op::backward_weight || (g.tiles.persistent && !g.tiles.split));
-          EXPECT_NE(g.source.find(expect ? "kWaveGate = true" : "kWaveGate = false"), std::string::npos);
-          if (expect) {
-            EXPECT_GE(g.workspace_bytes, kernels::kSplitCounters * 4);
+      for (std::int64_t features : {2048, 8192})
+        for (bool wgmma : {false, true}) {
+          MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+          spec.wgmma = wgmma;
+          const Layout layout = random_layout(features / b, features / b, 7 + b);
+          for (const MatMulSpec& v : variants(spec)) {
+            const GeneratedSource g = generate_matmul(layout, v);
+            SCOPED_TRACE(g.label + (wgmma ? " sm_90a " : " sm_80 ") + std::to_string(features));
+            const bool hopper = wgmma && !v.small_batch && g.tiles.tma;
+            const bool two_waves = g.grid_x >= 2 * resident_ctas(g.tiles, kDefaultSms);
+            const bool expect =
+                hopper && (op == Op::backward_weight ? two_waves : g.tiles.persistent && !g.tiles.split);
+            EXPECT_NE(g.source.find(expect ? "kWaveGate = true" : "kWaveGate = false"), std::string::npos);
+            if (expect) {
+              EXPECT_GE(g.workspace_bytes, kernels::kSplitCounters * 4);
+            }
+            paced += expect;
+            if (hopper && op == Op::backward_weight) (two_waves ? waves : one_wave) += 1;
           }
-          paced += expect;
         }
-      }
-  EXPECT_GE(paced, 12) << "every op at every block size";
+  EXPECT_GE(paced, 20) << "forward and backward-data at every block size, backward-weight of two waves";
+  EXPECT_GE(one_wave, 1) << "a backward-weight kernel of one wave, not paced";
+  EXPECT_GE(waves, 4) << "backward-weight kernels of two waves or more, paced";
   static_assert(kernels::kPieceCounters + kernels::kWaveGateCounters == kernels::kSplitCounters);
 }
 
