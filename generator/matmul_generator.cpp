@@ -400,6 +400,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   // paced").
   const bool wave_gate =
       t.tma && !spec.small_batch && (sdd ? g.grid_x >= 2 * resident_ctas(t, spec.sms) : t.persistent && !t.split);
+  g.paced = wave_gate;
   if (wave_gate && g.workspace_bytes == 0) g.workspace_bytes = kernels::kSplitCounters * 4;
   if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
     // staged: dW as [blocks · b, b], stored in boxes of a warp's 16 rows × min(b, 64) features
@@ -489,6 +490,13 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
                                  : "\nstatic_assert(bsjit::kernels::SmemBytes<Config>::value <= 48 * 1024, "
                                    "\"static shared memory is 48 KB\");\n"));
   return g;
+}
+
+std::int64_t paced_rounds(const GeneratedSource& g, std::int64_t ctas, std::int64_t n) {
+  if (!g.paced || ctas <= 0 || n <= 0) return 0;
+  if (g.rows_per_cta > 0) return g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta) / ctas;
+  const std::int64_t steps = (n + 63) / 64;
+  return g.grid_x / ctas * ((steps + kernels::kWaveGateSteps - 1) / kernels::kWaveGateSteps);
 }
 
 }  // namespace bsjit::generator

@@ -125,6 +125,10 @@ struct GeneratedSource {
   std::int64_t rows_per_cta = 0;  // grid y = ceil(N / rows_per_cta); 0: grid y is `splits`
   int splits = 1;                 // backward-weight: CTAs per block, each reducing a part of N
   std::int64_t workspace_bytes = 0;  // device scratch the launch needs (split partials); 0: none
+  // The kernel paces its wave (kernels::WaveGate, whose counters lie in the workspace): a launch
+  // whose CTAs have kernels::kWaveGateLead rounds or fewer may pass no workspace where nothing else
+  // needs one (runtime::workspace_bytes).
+  bool paced = false;
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
   // TMA kernels take one tensor map per operand (a, then b, then out where the kernel stores by
@@ -164,6 +168,11 @@ bool supported_block(int block);
 // except where the layout decides (backward-weight at b ≤ 32 on sm_90a: the tiled kernel only for
 // well-filled tiles); g.tiles and g.label say what was generated.
 GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& spec);
+
+// The rounds every CTA of a launch of g on `ctas` CTAs over n rows has, as its wave's gate counts
+// them (kernels::WaveGate): a persistent dsd kernel's tiles / ctas; a backward-weight kernel's
+// whole waves of units times kernels::kWaveGateSteps-step rounds of N. 0 where g does not pace.
+std::int64_t paced_rounds(const GeneratedSource& g, std::int64_t ctas, std::int64_t n);
 
 // Partial planes the Hopper backward-weight kernels' schedule (templates/bsjit/sdd_schedule.cuh)
 // needs for `units` units on any grid of up to max_ctas CTAs: its workspace.

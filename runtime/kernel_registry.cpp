@@ -18,6 +18,7 @@
 #include "generator/templates.hpp"
 #include "module.hpp"
 #include "parallel.hpp"
+#include "templates/bsjit/sdd_schedule.cuh"
 
 namespace bsjit::runtime {
 
@@ -220,8 +221,8 @@ LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n) {
   return shape;
 }
 
-void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,
-                     CUstream stream, KernelArgs& args) {
+LaunchShape launch_shape(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op,
+                         std::int64_t n) {
   const auto& g = kernel.generated;
   LaunchShape shape;
   if (g.persistent) {
@@ -249,6 +250,22 @@ void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Co
   } else {
     shape = launch_shape(kernel, op, n);
   }
+  return shape;
+}
+
+std::size_t workspace_bytes(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op,
+                            std::int64_t n) {
+  const auto& g = kernel.generated;
+  const auto bytes = static_cast<std::size_t>(g.workspace_bytes);
+  if (!g.paced || bytes > sizeof(unsigned) * kernels::kSplitCounters) return bytes;  // partials too
+  const std::int64_t rounds = generator::paced_rounds(g, launch_shape(kernel, function, ctx, op, n).grid_x, n);
+  return rounds > kernels::kWaveGateLead ? bytes : 0;
+}
+
+void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,
+                     CUstream stream, KernelArgs& args) {
+  const auto& g = kernel.generated;
+  const LaunchShape shape = launch_shape(kernel, function, ctx, op, n);
   if (shape.grid_x == 0) return;  // no output blocks (backward-weight of an empty layout)
   for (std::size_t i = 0; i < g.tensor_maps.size() && i < 3; ++i) {
     const auto& m = g.tensor_maps[i];

@@ -50,6 +50,16 @@ cache::Request cache_request(const generator::GeneratedSource& g, const std::str
 // row tiles than a grid holds.
 LaunchShape launch_shape(const PreparedKernel& kernel, Op op, std::int64_t n);
 
+// The grid of a launch of kernel over n rows in ctx: launch_shape's, or for a persistent kernel as
+// many CTAs as the GPU holds (at most its tiles).
+LaunchShape launch_shape(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n);
+
+// The workspace bytes a launch of kernel over n rows needs: the generator's workspace_bytes, or 0
+// for a paced kernel (kernels::WaveGate) that needs the workspace for nothing else and whose CTAs
+// have too few rounds at n for the gate to wait (as the kernel counts them).
+std::size_t workspace_bytes(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op,
+                            std::int64_t n);
+
 // Launches kernel (its function in ctx, the current context) over n rows on stream: the grid of
 // launch_shape (nothing when it is empty), and for TMA kernels the tensor maps of args' operands.
 void launch_prepared(const PreparedKernel& kernel, CUfunction function, const Context& ctx, Op op, std::int64_t n,

@@ -58,9 +58,10 @@ struct MatMul::Impl {
   // long as this object may launch with it.
   std::map<std::pair<runtime::Context, CUstream>, std::shared_ptr<runtime::DeviceMemory>> workspaces;
 
-  // The workspace kernel takes: its split partials and counters, or nothing.
-  static std::size_t workspace_need(const runtime::PreparedKernel& kernel) {
-    const std::size_t bytes = kernel.generated.workspace_bytes;
+  // The workspace a launch over n rows takes: its split partials and counters, its wave's counters
+  // where the gate would wait, or nothing (runtime::workspace_bytes).
+  static std::size_t workspace_need(const Launchable& l, const runtime::Context& ctx, Op op, std::int64_t n) {
+    const std::size_t bytes = runtime::workspace_bytes(*l.prepared, l.loaded->function, ctx, op, n);
     return bytes > 0 ? std::max(bytes, MatMul::workspace_counter_bytes()) : 0;
   }
 
@@ -160,7 +161,7 @@ struct MatMul::Impl {
     Launchable l = launchable(op, variant(op, n), runtime::plain_call(o), ctx);
     const CUstream s = reinterpret_cast<CUstream>(stream);
     runtime::KernelArgs args{a, b, out, o.gate, static_cast<int>(n), o.accumulate ? 1 : 0, nullptr};
-    if (const std::size_t need = workspace_need(*l.prepared); need > 0 && o.workspace != nullptr) {
+    if (const std::size_t need = workspace_need(l, ctx, op, n); need > 0 && o.workspace != nullptr) {
       if (o.workspace_bytes < need || reinterpret_cast<std::uintptr_t>(o.workspace) % 16 != 0)
         throw Error(
             fmt::format("bsjit: {}: the workspace given ({} bytes at {}) must hold {} bytes and be 16-byte "
@@ -313,7 +314,7 @@ std::size_t MatMul::workspace_size(Op op, std::int64_t n, const OpOptions& call)
   if (n <= 0 || n > INT_MAX)
     throw Error(fmt::format("bsjit: {}: n = {} is out of range; expected 1 ≤ n ≤ {}", to_string(op), n, INT_MAX));
   const runtime::Context ctx = runtime::current_context();
-  return Impl::workspace_need(*impl_->launchable(op, impl_->variant(op, n), runtime::plain_call(call), ctx).prepared);
+  return Impl::workspace_need(impl_->launchable(op, impl_->variant(op, n), runtime::plain_call(call), ctx), ctx, op, n);
 }
 
 std::size_t MatMul::workspace_counter_bytes() { return sizeof(unsigned) * kernels::kSplitCounters; }

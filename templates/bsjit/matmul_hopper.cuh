@@ -190,7 +190,7 @@ __device__ __forceinline__ void red_add_relaxed_gpu(unsigned* p, unsigned v) {
 // (no CTA is kWaveGateRounds rounds ahead of one it waits for); the last CTA to finish sets every
 // counter back to 0 for the next launch on the stream.
 struct WaveGate {
-  static constexpr int kLead = 2;
+  static constexpr int kLead = kWaveGateLead;
   static constexpr unsigned long long kSlackNs = 50000;
   unsigned* counters;  // nullptr: off
   int rounds;

@@ -268,7 +268,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
     // share from L2 (at C = K = 12288, b = 32, N = 32768 the kernel read 71.8 GB from DRAM, 45 times
     // X and dY; paced, it ran ×2.20 / 2.68 / 1.47 at b = 32 / 64 / 128 on an H100: docs/PERFORMANCE.md,
     // "The wave paced"). The leftover pieces are not paced.
-    constexpr int kGateSteps = 8;
+    constexpr int kGateSteps = kWaveGateSteps;
     const int unit_rounds = (schedule.steps + kGateSteps - 1) / kGateSteps;
     WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, schedule.waves * unit_rounds);
     int i = 0;  // position in the ring, over all items

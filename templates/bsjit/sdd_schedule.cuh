@@ -25,6 +25,10 @@ inline constexpr int kSplitCounters = 4096;
 // kernel stay below them.
 inline constexpr int kWaveGateRounds = 16;
 inline constexpr int kWaveGateCounters = kWaveGateRounds + 1;
+// How far a CTA may run ahead of the slowest, in rounds, and a backward-weight round's steps (of 64
+// rows of N): the kernels and the runtime, which passes no workspace where the gate would not wait.
+inline constexpr int kWaveGateLead = 2;
+inline constexpr int kWaveGateSteps = 8;
 inline constexpr int kPieceCounters = kSplitCounters - kWaveGateCounters;
 
 // One unit's share of a CTA's work: steps [first, last) of 64 rows of N; piece < 0: the whole unit.

@@ -1513,7 +1513,7 @@ TEST(Generator, WgmmaWhereTheTargetHasIt) {
 // small batch, the kernels of a tile per CTA, backward-weight's of one wave and the sm_80 kernels
 // do not. Every kernel's split counters stay below the gate's.
 TEST(Generator, PersistentHopperKernelsPaceTheirWave) {
-  int paced = 0, one_wave = 0, waves = 0;
+  int paced = 0, one_wave = 0, waves = 0, checked = 0;
   for (Op op : {Op::forward, Op::backward_data, Op::backward_weight})
     for (int b : {16, 32, 64, 128})
       for (std::int64_t features : {2048, 8192})
@@ -1534,9 +1534,33 @@ TEST(Generator, PersistentHopperKernelsPaceTheirWave) {
             }
             paced += expect;
             if (hopper && op == Op::backward_weight) (two_waves ? waves : one_wave) += 1;
+            // paced_rounds (the runtime's: no workspace where the gate would not wait) against the
+            // rounds the kernels count: the fewest tiles of any CTA (dsd), SddSchedule's whole waves
+            // times kWaveGateSteps-step rounds (backward-weight); 0 where the kernel does not pace
+            for (std::int64_t ctas : {78, 132})
+              for (std::int64_t n : {129, 1000, 8192}) {
+                std::int64_t rounds = 0;
+                if (expect && g.rows_per_cta > 0) {
+                  const std::int64_t tiles = g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta);
+                  rounds = tiles;
+                  for (std::int64_t p = 0; p < ctas; ++p) {
+                    std::int64_t mine = 0;
+                    for (std::int64_t t = p; t < tiles; t += ctas) ++mine;
+                    rounds = std::min(rounds, mine);
+                  }
+                } else if (expect) {
+                  const kernels::SddSchedule schedule(static_cast<int>(g.grid_x), static_cast<int>(ctas), 0,
+                                                      static_cast<int>((n + 63) / 64));
+                  rounds = static_cast<std::int64_t>(schedule.waves) *
+                           ((schedule.steps + kernels::kWaveGateSteps - 1) / kernels::kWaveGateSteps);
+                }
+                EXPECT_EQ(paced_rounds(g, ctas, n), rounds) << ctas << " CTAs, n = " << n;
+                ++checked;
+              }
           }
         }
   EXPECT_GE(paced, 20) << "forward and backward-data at every block size, backward-weight of two waves";
+  EXPECT_GT(checked, 0);
   EXPECT_GE(one_wave, 1) << "a backward-weight kernel of one wave, not paced";
   EXPECT_GE(waves, 4) << "backward-weight kernels of two waves or more, paced";
   static_assert(kernels::kPieceCounters + kernels::kWaveGateCounters == kernels::kSplitCounters);
