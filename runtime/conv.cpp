@@ -60,6 +60,14 @@ runtime::SplitWorkspaces& conv_scratch() {
 
 std::int64_t product(const std::array<std::int64_t, 3>& a) { return a[0] * a[1] * a[2]; }
 
+// fn(first image, images) over n images in runs of fewer than 2^31 rows of rows_per_image each: the
+// TMA kernels' launches (TMA's coordinates are 32-bit).
+template <class Fn>
+void in_image_runs(std::int64_t n, std::int64_t rows_per_image, Fn fn) {
+  const std::int64_t run = std::min<std::int64_t>(n, INT_MAX / rows_per_image);
+  for (std::int64_t i = 0; i < n; i += run) fn(i, std::min(run, n - i));
+}
+
 }  // namespace
 
 struct Conv::Impl {
@@ -399,14 +407,12 @@ struct Conv::Impl {
       const std::int64_t c_in = forward ? layout.C() : layout.K(), c_out = forward ? layout.K() : layout.C();
       kernels::ConvDims td = generator::conv_dims(layout, geo, n);
       td.c = static_cast<int>(c_in), td.k = static_cast<int>(c_out);
-      const std::int64_t chunk = std::min<std::int64_t>(n, INT_MAX / product(geo.out()));
       const std::size_t es = dtype_size(options.dtype);
-      for (std::int64_t i = 0; i < n; i += chunk) {
-        const std::int64_t m = std::min(chunk, n - i);
+      in_image_runs(n, product(geo.out()), [&](std::int64_t i, std::int64_t m) {
         td.n = static_cast<int>(m);
         launch_tma(ctx, !forward, geo, static_cast<const char*>(a) + i * c_in * product(geo.in) * es, filter,
                    static_cast<char*>(out) + i * c_out * product(geo.out()) * es, m, stream, td, gate, accumulate);
-      }
+      });
       return;
     }
     const auto* h = hopper(arch, forward ? kIgemmFprop : kIgemmBprop);
@@ -500,9 +506,8 @@ struct Conv::Impl {
     const std::int64_t positions = product(geometry.out()),
                        units = static_cast<std::int64_t>(layout.blocks().size()) * geometry.taps();
     const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
-    const std::int64_t chunk_images = std::min<std::int64_t>(n, INT_MAX / positions);
-    for (std::int64_t i0 = 0; i0 < n; i0 += chunk_images) {
-      const std::int64_t m = std::min(chunk_images, n - i0), rows = m * positions;
+    in_image_runs(n, positions, [&](std::int64_t i0, std::int64_t m) {
+      const std::int64_t rows = m * positions;
       kernels::ConvDims dims = generator::conv_dims(layout, geometry, m);
       const void* x = static_cast<const char*>(in) + i0 * layout.C() * product(geometry.in) * es;
       const void* dy = static_cast<const char*>(grad_out) + i0 * layout.K() * positions * es;
@@ -516,7 +521,7 @@ struct Conv::Impl {
       BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(units),
                                                 static_cast<unsigned>((rows + per - 1) / per), 1, shape.threads, 1, 1,
                                                 shape.shared_bytes, stream, args, nullptr));
-    }
+    });
   }
 
   // Kernel k (l2_normalize or its gradient) over the filter's rows.
