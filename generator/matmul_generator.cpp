@@ -495,8 +495,9 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
 std::int64_t paced_rounds(const GeneratedSource& g, std::int64_t ctas, std::int64_t n) {
   if (!g.paced || ctas <= 0 || n <= 0) return 0;
   if (g.rows_per_cta > 0) return g.grid_x * ((n + g.rows_per_cta - 1) / g.rows_per_cta) / ctas;
-  const std::int64_t steps = (n + 63) / 64;
-  return g.grid_x / ctas * ((steps + kernels::kWaveGateSteps - 1) / kernels::kWaveGateSteps);
+  // the kernel's own schedule (its partial planes play no part in the whole waves)
+  return kernels::SddSchedule(static_cast<int>(g.grid_x), static_cast<int>(ctas), 0, static_cast<int>((n + 63) / 64))
+      .paced_rounds();
 }
 
 }  // namespace bsjit::generator

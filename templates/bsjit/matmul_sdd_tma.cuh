@@ -263,14 +263,13 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
       return c;
     };
     constexpr bool kAhead = Units::kGaps;
-    // The whole waves' units walk N paced (WaveGate): a round is kGateSteps steps of a unit, so a
+    // The whole waves' units walk N paced (WaveGate): a round is kWaveGateSteps steps of a unit, so a
     // wave's CTAs stay within 2 · 512 rows of N of each other and read the rows of X and dY they
     // share from L2 (at C = K = 12288, b = 32, N = 32768 the kernel read 71.8 GB from DRAM, 45 times
     // X and dY; paced, it ran ×2.20 / 2.68 / 1.47 at b = 32 / 64 / 128 on an H100: docs/PERFORMANCE.md,
     // "The wave paced"). The leftover pieces are not paced.
-    constexpr int kGateSteps = kWaveGateSteps;
-    const int unit_rounds = (schedule.steps + kGateSteps - 1) / kGateSteps;
-    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, schedule.waves * unit_rounds);
+    const int unit_rounds = schedule.unit_rounds();
+    WaveGate wave(Cfg::kWaveGate ? workspace : nullptr, schedule.paced_rounds());
     int i = 0;  // position in the ring, over all items
     Coords next = kAhead && items > 0 ? coords(0) : Coords{};
     for (int it = 0; it < items; ++it) {
@@ -286,7 +285,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
       const int round0 = it * unit_rounds;
       int arrived = 0;  // this unit's rounds counted
       for (int k = item.first; k < item.last; ++k, ++i) {
-        if (paced && k % kGateSteps == 0) wave.wait(round0 + k / kGateSteps);
+        if (paced && k % kWaveGateSteps == 0) wave.wait(round0 + k / kWaveGateSteps);
         if (i >= S) mbarrier_wait(&empty[i % S], ((i / S) - 1) & 1);
         unsigned long long* bar = &full[i % S];
         mbarrier_arrive_expect_tx(bar, Plan::kOperandBytes + boxes * kDyBoxBytes);
@@ -297,7 +296,7 @@ __device__ __forceinline__ void sdd_tma_body(int n, const Units& units, const Te
           if (j < kDyBoxes && (!Units::kGaps || columns[j] >= 0))
             tma_load_2d(stage_b(i) + j * kDyBoxBytes, map_dy, columns[j], n0, bar);
         }
-        if (paced && (k + 1) % kGateSteps == 0) wave.arrive(round0 + arrived++);
+        if (paced && (k + 1) % kWaveGateSteps == 0) wave.arrive(round0 + arrived++);
       }
       if (paced)
         for (; arrived < unit_rounds; ++arrived) wave.arrive(round0 + arrived);

@@ -63,6 +63,10 @@ struct SddSchedule {
   }
   // Partial planes the split uses.
   BSJIT_HOST_DEVICE int planes() const { return q > 1 ? left * q : 0; }
+  // The rounds a whole unit makes when paced (WaveGate: kWaveGateSteps steps each), and the rounds
+  // every CTA has (its whole waves'; the leftover pieces are not paced).
+  BSJIT_HOST_DEVICE int unit_rounds() const { return (steps + kWaveGateSteps - 1) / kWaveGateSteps; }
+  BSJIT_HOST_DEVICE int paced_rounds() const { return waves * unit_rounds(); }
   // Items of CTA p.
   BSJIT_HOST_DEVICE int items(int p) const { return waves + (p < left * q ? 1 : 0); }
   // Item i of CTA p.
