@@ -33,6 +33,21 @@ std::string_view kernel_header(std::string_view kernel) {
   return "matmul_sdd_tma.cuh";  // sdd_tma, sdd_tiled, sdd_rows, sdd_cols
 }
 
+// The steps of each unit of a persistent dsd kernel in position order, from its tables: the TMA
+// kernel's columns (LUT entries, each b / dsd_slice(b) stages), the grouped and paired kernels'
+// groups (kGroupSteps: three offsets a group).
+std::vector<std::int64_t> dsd_unit_steps(const DeviceTables& tables, std::int64_t b) {
+  std::vector<std::int64_t> steps;
+  for (const DeviceTable& table : tables) {
+    const std::vector<int>& v = table.values;
+    if (table.name == "kLutOffsets")
+      for (std::size_t j = 0; j + 1 < v.size(); ++j) steps.push_back((v[j + 1] - v[j]) * (b / dsd_slice(b)));
+    else if (table.name == "kGroupSteps")
+      for (std::size_t g = 0; g + 3 < v.size(); g += 3) steps.push_back(v[g + 3] - v[g]);
+  }
+  return steps;
+}
+
 std::string_view device_type(DType dtype) {
   switch (dtype) {
     case DType::f32: return "float";
@@ -400,8 +415,14 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
   // paced").
   const bool wave_gate =
       t.tma && !spec.small_batch && (sdd ? g.grid_x >= 2 * resident_ctas(t, spec.sms) : t.persistent && !t.split);
-  g.paced = wave_gate;
-  if (wave_gate && g.workspace_bytes == 0) g.workspace_bytes = kernels::kSplitCounters * 4;
+  // A dsd kernel's gate only where this layout's units leave the paced CTAs little to wait for
+  // (paced_slowdown): the source keeps its gate, which a launch without the workspace leaves open, so
+  // every layout of the shape still shares one compile.
+  g.pace_slowdown = wave_gate && !sdd ? paced_slowdown(dsd_unit_steps(g.tables, b), resident_ctas(t, spec.sms),
+                                                       kernels::kWaveGateLead, t.stages)
+                                      : 1.0;
+  g.paced = wave_gate && g.pace_slowdown <= kPacedSlowdownMax;
+  if (g.paced && g.workspace_bytes == 0) g.workspace_bytes = kernels::kSplitCounters * 4;
   if (t.tma && sdd) {  // X and dY: 64 rows of N × 64 features per box; row bands at b ≤ 32: dY's boxes b wide
     // staged: dW as [blocks · b, b], stored in boxes of a warp's 16 rows × min(b, 64) features
     const int dy_box = t.row_blocks > 0 ? static_cast<int>(std::min<std::int64_t>(b, 64)) : 64;

@@ -105,6 +105,10 @@ TileConfig choose_tiles(const MatMulSpec& spec);
 // Rows of N at or below which every op runs its small-batch variant.
 constexpr std::int64_t kSmallBatchRows = 128;
 
+// The most a layout's tiles may slow a persistent dsd kernel's paced wave in the model
+// (GeneratedSource::pace_slowdown) for its launches to pace it.
+constexpr double kPacedSlowdownMax = 1.10;
+
 // The kernels an op needs: [0] for any N; [1], where it exists, for N ≤ kSmallBatchRows (a shorter
 // row tile, so a small batch does not load and multiply rows of zeros).
 std::vector<MatMulSpec> variants(const MatMulSpec& spec);
@@ -125,10 +129,14 @@ struct GeneratedSource {
   std::int64_t rows_per_cta = 0;  // grid y = ceil(N / rows_per_cta); 0: grid y is `splits`
   int splits = 1;                 // backward-weight: CTAs per block, each reducing a part of N
   std::int64_t workspace_bytes = 0;  // device scratch the launch needs (split partials); 0: none
-  // The kernel paces its wave (kernels::WaveGate, whose counters lie in the workspace): a launch
-  // whose CTAs have kernels::kWaveGateLead rounds or fewer may pass no workspace where nothing else
-  // needs one (runtime::workspace_bytes).
+  // Its launches pace the wave (kernels::WaveGate, whose counters lie in the workspace): the kernel
+  // is built with the gate and, a dsd kernel, this layout's tiles are even enough (pace_slowdown). A
+  // launch whose CTAs have kernels::kWaveGateLead rounds or fewer may pass no workspace where nothing
+  // else needs one (runtime::workspace_bytes).
   bool paced = false;
+  // Persistent dsd kernels built with the gate: the modelled time of this layout's tiles paced over
+  // running free (paced_slowdown); over kPacedSlowdownMax the launch leaves the gate open (paced false).
+  double pace_slowdown = 1.0;
   std::int64_t in_features = 0, out_features = 0;
   int shared_bytes = 0;  // dynamic shared memory to launch with
   // TMA kernels take one tensor map per operand (a, then b, then out where the kernel stores by

@@ -86,6 +86,7 @@ std::vector<std::int64_t> l2_unit_order(const std::vector<std::int64_t>& row, co
 void permute_units(std::vector<int>& table, std::int64_t per_unit, const std::vector<std::int64_t>& order);
 std::vector<int> one_wave_order(const std::vector<std::int64_t>& steps, std::int64_t ctas);
 std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int64_t ctas, bool smooth);
+double paced_slowdown(const std::vector<std::int64_t>& unit_steps, std::int64_t ctas, int lead, int stages);
 SplitColumns split_columns(const std::vector<int>& offsets, std::int64_t max_ctas, std::int64_t block, std::int64_t bm);
 std::int64_t ctas_per_sm(const TileConfig& t);
 std::int64_t resident_ctas(const TileConfig& t, std::int64_t sms);

@@ -142,6 +142,32 @@ std::vector<int> balanced_order(const std::vector<std::int64_t>& steps, std::int
   return order;
 }
 
+// The time a persistent dsd kernel takes with its CTAs paced (kernels::WaveGate: a CTA's producer
+// starts round k once every CTA has issued round k - lead) over the time they take running free, on
+// a model: tile t is the unit at position t % units of row tile t / units (unit_steps in position
+// order), CTA p of P takes tiles p, p + P, ..., a tile costs its steps and one more (its epilogue),
+// and a CTA's producer issues a round's last copy `stages` steps before its consumers end it. Where
+// the units of a round differ (columns of a power-law layout, whose longest holds ten times the
+// mean), a CTA that drew a long one holds every other back at the gate, where running free it only
+// shifts its own later rounds. Simulated over two cycles of the positions (a CTA meets every
+// position of its class once a cycle), at least 16 rounds.
+double paced_slowdown(const std::vector<std::int64_t>& unit_steps, std::int64_t ctas, int lead, int stages) {
+  const auto units = static_cast<std::int64_t>(unit_steps.size());
+  if (units == 0 || ctas <= 0) return 1.0;
+  const std::int64_t rounds = std::clamp<std::int64_t>(2 * units / std::gcd(ctas, units), 16, 1024);
+  std::vector<double> end(ctas, 0.0), work(ctas, 0.0), issued(rounds, 0.0);
+  for (std::int64_t k = 0; k < rounds; ++k) {
+    const double gate = k >= lead ? issued[k - lead] : 0.0;
+    for (std::int64_t p = 0; p < ctas; ++p) {
+      const double cost = static_cast<double>(unit_steps[(p + k * ctas) % units]) + 1.0;
+      end[p] = std::max(end[p], gate) + cost;
+      work[p] += cost;
+      issued[k] = std::max(issued[k], end[p] - std::min(cost, static_cast<double>(stages)));
+    }
+  }
+  return *std::max_element(end.begin(), end.end()) / *std::max_element(work.begin(), work.end());
+}
+
 // The small batch's columns split (TileConfig::split): the layout's blocks, column j reading LUT
 // entries offsets[j] .. offsets[j + 1], dealt to at most max_ctas CTAs (one wave) so that no CTA
 // copies much more than the mean share. First whole columns, longest first, each to the CTA with

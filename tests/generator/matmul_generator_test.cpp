@@ -1529,6 +1529,8 @@ TEST(Generator, PersistentHopperKernelsPaceTheirWave) {
             const bool expect =
                 hopper && (op == Op::backward_weight ? two_waves : g.tiles.persistent && !g.tiles.split);
             EXPECT_NE(g.source.find(expect ? "kWaveGate = true" : "kWaveGate = false"), std::string::npos);
+            // random columns are even enough for the gate (UnevenColumnsLeaveTheGateOpen for others)
+            EXPECT_EQ(g.paced, expect) << "slowdown " << g.pace_slowdown;
             if (expect) {
               EXPECT_GE(g.workspace_bytes, kernels::kSplitCounters * 4);
             }
@@ -1564,6 +1566,67 @@ TEST(Generator, PersistentHopperKernelsPaceTheirWave) {
   EXPECT_GE(one_wave, 1) << "a backward-weight kernel of one wave, not paced";
   EXPECT_GE(waves, 4) << "backward-weight kernels of two waves or more, paced";
   static_assert(kernels::kPieceCounters + kernels::kWaveGateCounters == kernels::kSplitCounters);
+}
+
+// paced_slowdown, the model of a paced wave: even units cost nothing paced; a long unit that one
+// CTA always meets holds the free run as much as the paced one; a long unit that moves from CTA to
+// CTA holds every round paced, where running free each CTA meets it once a cycle.
+TEST(Generator, PacedSlowdownModel) {
+  using generator::paced_slowdown;
+  const int lead = kernels::kWaveGateLead;
+  EXPECT_DOUBLE_EQ(paced_slowdown(std::vector<std::int64_t>(96, 24), 132, lead, 4), 1.0);
+  EXPECT_DOUBLE_EQ(paced_slowdown({}, 132, lead, 4), 1.0);
+  // 100 units, P = 10: CTA p meets units p, p + 10, ... (mod 100), so CTA 0 alone meets unit 0
+  std::vector<std::int64_t> steps(100, 1);
+  steps[0] = 40;
+  EXPECT_NEAR(paced_slowdown(steps, 10, lead, 1), 1.0, 0.05);
+  // 11 units, P = 10: CTA p meets unit (p + 10k) mod 11 in round k, so the long unit is in 10 rounds
+  // of 11, each time another CTA's: free, every CTA takes 41 + 10 · 2 steps a cycle; paced, the
+  // rounds after each long one wait for it (within the lead)
+  std::vector<std::int64_t> moving(11, 1);
+  moving[3] = 40;
+  const double held = paced_slowdown(moving, 10, lead, 1);
+  EXPECT_GT(held, 2.0) << "the rounds wait for the long unit";
+  // more lead leaves more room: the same units paced within more rounds of each other cost less
+  EXPECT_LT(paced_slowdown(moving, 10, lead + 4, 1), held);
+}
+
+// A dsd kernel's launches pace its wave only where the layout's units are even enough
+// (GeneratedSource::pace_slowdown within kPacedSlowdownMax): output columns of a power law (a few
+// dense, most sparse) would hold the CTAs at the gate, so the kernel keeps its gate in its source
+// (one compile for the shape) and its launches take no workspace, which leaves the gate open.
+TEST(Generator, UnevenColumnsLeaveTheGateOpen) {
+  for (int b : {64, 128}) {
+    const std::int64_t blocks = 8192 / b;
+    std::vector<std::pair<std::int64_t, std::int64_t>> even, uneven;
+    std::mt19937_64 rng(5 + b);
+    for (std::int64_t c = 0; c < blocks; ++c) {
+      std::vector<std::int64_t> rows(blocks);
+      std::iota(rows.begin(), rows.end(), 0);
+      std::shuffle(rows.begin(), rows.end(), rng);
+      // Zipf-like: column c at rank r holds about blocks / (r + 1) · 4 blocks (at least 1)
+      const std::int64_t zipf = std::clamp<std::int64_t>(4 * blocks / (1 + (c * 7919) % blocks), 1, blocks);
+      for (std::int64_t i = 0; i < zipf; ++i) uneven.emplace_back(rows[i], c);
+      for (std::int64_t i = 0; i < blocks / 4; ++i) even.emplace_back(rows[i], c);
+    }
+    for (Op op : {Op::forward, Op::backward_data}) {
+      MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+      spec.wgmma = true, spec.plain = true;
+      const GeneratedSource paced = generate_matmul(Layout::from_coords(blocks, blocks, even), spec);
+      SCOPED_TRACE(paced.label);
+      ASSERT_NE(paced.source.find("kWaveGate = true"), std::string::npos);
+      EXPECT_TRUE(paced.paced);
+      EXPECT_LE(paced.pace_slowdown, 1.01);
+      const Layout layout = op == Op::forward ? Layout::from_coords(blocks, blocks, uneven)
+                                              : Layout::from_coords(blocks, blocks, uneven).transposed();
+      const GeneratedSource open = generate_matmul(layout, spec);
+      EXPECT_NE(open.source.find("kWaveGate = true"), std::string::npos) << "the shape's source keeps its gate";
+      EXPECT_FALSE(open.paced) << "slowdown " << open.pace_slowdown;
+      EXPECT_GT(open.pace_slowdown, generator::kPacedSlowdownMax);
+      EXPECT_EQ(open.workspace_bytes, 0) << "nothing else takes the workspace";
+      EXPECT_EQ(paced_rounds(open, 132, 32768), 0);
+    }
+  }
 }
 
 // Backward-weight splits N across CTAs when the layout has too few blocks to fill the GPU, and
