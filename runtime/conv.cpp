@@ -143,11 +143,15 @@ struct Conv::Impl {
     e.push_back("mma.sync");
     return e;
   }
-  // Without a tuning record: the first of engines(), the kernel fed by TMA where there is one (on
-  // suite C's b = 64 cells the plain TMA fprop of 7ece5eb ran 1.2-1.5× the warpgroup one; the
-  // swapped one and the TMA bprop are not yet measured: docs/PERFORMANCE.md), else the warpgroup
-  // kernel, else mma.sync.
-  std::string default_engine(const std::string& arch, Kernel k) const { return engines(arch, k).front(); }
+  // Without a tuning record: fprop and bprop the first of engines(), the kernel fed by TMA where
+  // there is one, else the warpgroup kernel, else mma.sync; updat the warpgroup kernel where there is
+  // one. Suite C on an H100 (docs/PERFORMANCE.md, "Fed by TMA, swapped"), TMA over warpgroup: fprop
+  // and bprop 1.3-2.4× at b = 64 and 128; updat 0.53-0.72× at b = 64, 0.97-1.05× at b = 128.
+  std::string default_engine(const std::string& arch, Kernel k) const {
+    const auto e = engines(arch, k);
+    if (k == kIgemmUpdat && e.front() == "tma") return e[1];
+    return e.front();
+  }
   // The engine tensor-core kernel k runs on for arch (kIgemmStore and kIgemmPack: "mma.sync", their
   // only one).
   std::string engine(const std::string& arch, Kernel k) const {
