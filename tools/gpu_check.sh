@@ -5,9 +5,10 @@
 # libbsjit.so through $ORIGIN and need only the driver and libnvrtc on this machine.
 #   tools/gpu_check.sh [build-dir] [gtest filter]
 # BSJIT_GPU_TESTS: the test programs to run (default: all); BSJIT_GPU_PARALLEL=N: run them side by
-# side, matmul_gpu_test in N shards (GTEST_TOTAL_SHARDS), each with a kernel cache of its own: the
-# whole suite in about 450 s instead of about 900 (N = 3; the programs compile on the CPU cores
-# while others run); BSJIT_BENCH_ARGS: the benchmark's arguments ("none": no benchmark);
+# side, matmul_gpu_test and attention_gpu_test in N shards each (GTEST_TOTAL_SHARDS), each with a
+# kernel cache of its own: the whole suite in about 450 s instead of about 900 (N = 3; the programs
+# compile and compute their double references on the CPU cores while others run; on an H100 with
+# 16 cores at 358ea85 attention_gpu_test alone did not end within 430 s, its 8 shards in 164); BSJIT_BENCH_ARGS: the benchmark's arguments ("none": no benchmark);
 # BSJIT_GPU_DEADLINE=S: stop the tests S seconds after the start (exit 124 in the summary), so that
 # a call's own time limit never cuts off the summary (give S under that limit, with room for the
 # rest). A line is printed as each program (or shard) ends; the shards' logs are merged into one
@@ -37,7 +38,7 @@ if [ -n "${BSJIT_GPU_PARALLEL:-}" ]; then
   runs=()
   for t in $tests; do
     shards=1
-    [ "$t" = matmul_gpu_test ] && shards=$BSJIT_GPU_PARALLEL
+    [ "$t" = matmul_gpu_test ] || [ "$t" = attention_gpu_test ] && shards=$BSJIT_GPU_PARALLEL
     for s in $(seq 0 $((shards - 1))); do
       log="$out/$t.$s.log"
       runs+=("$log")
