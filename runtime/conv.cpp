@@ -130,28 +130,26 @@ struct Conv::Impl {
                                         : "updat",
                        arch);
   }
-  // The engines tensor-core kernel k (kIgemmFprop, kIgemmBprop, kIgemmUpdat) has on arch: on
-  // sm_90a at b = 64 and 128 the warpgroup kernels (conv_wgmma.cuh), for fprop also the one fed by
-  // TMA (conv_tma.cuh) where the geometry suits it; the mma.sync ones everywhere.
+  // The engines tensor-core kernel k (kIgemmFprop, kIgemmBprop, kIgemmUpdat) has on arch, in the
+  // order of preference without a tuning record (default_engine: the first): on sm_90a at b = 64 and
+  // 128 the kernels fed by TMA (conv_tma.cuh) where the geometry suits them and the warpgroup kernels
+  // (conv_wgmma.cuh); the mma.sync ones everywhere. updat prefers the warpgroup kernel to the one fed
+  // by TMA. Suite C on an H100 (docs/PERFORMANCE.md, "Fed by TMA, swapped"), TMA over warpgroup:
+  // fprop and bprop 1.3-2.4× at b = 64 and 128; updat 0.53-0.72× at b = 64, 0.97-1.05× at b = 128.
   std::vector<std::string> engines(const std::string& arch, Kernel k) const {
     std::vector<std::string> e;
     if (igemm && igemm->hopper && arch == "sm_90a" && (k == kIgemmFprop || k == kIgemmBprop || k == kIgemmUpdat)) {
-      if (igemm->tma && (((k == kIgemmFprop || k == kIgemmUpdat) && tma_rank) || (k == kIgemmBprop && tma_rank_bprop)))
-        e.push_back("tma");
+      const bool tma =
+          igemm->tma && (((k == kIgemmFprop || k == kIgemmUpdat) && tma_rank) || (k == kIgemmBprop && tma_rank_bprop));
+      if (tma && k != kIgemmUpdat) e.push_back("tma");
       e.push_back("wgmma");
+      if (tma && k == kIgemmUpdat) e.push_back("tma");
     }
     e.push_back("mma.sync");
     return e;
   }
-  // Without a tuning record: fprop and bprop the first of engines(), the kernel fed by TMA where
-  // there is one, else the warpgroup kernel, else mma.sync; updat the warpgroup kernel where there is
-  // one. Suite C on an H100 (docs/PERFORMANCE.md, "Fed by TMA, swapped"), TMA over warpgroup: fprop
-  // and bprop 1.3-2.4× at b = 64 and 128; updat 0.53-0.72× at b = 64, 0.97-1.05× at b = 128.
-  std::string default_engine(const std::string& arch, Kernel k) const {
-    const auto e = engines(arch, k);
-    if (k == kIgemmUpdat && e.front() == "tma") return e[1];
-    return e.front();
-  }
+  // Without a tuning record: the first of engines().
+  std::string default_engine(const std::string& arch, Kernel k) const { return engines(arch, k).front(); }
   // The engine tensor-core kernel k runs on for arch (kIgemmStore and kIgemmPack: "mma.sync", their
   // only one).
   std::string engine(const std::string& arch, Kernel k) const {
