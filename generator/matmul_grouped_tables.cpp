@@ -20,6 +20,17 @@
 #include "bsjit/error.hpp"
 
 namespace bsjit::generator {
+namespace {
+
+// The chunks of `sub` input blocks that per_out's columns reach: the last one's index plus one.
+int chunk_count(const Columns& per_out, int sub) {
+  int count = 0;
+  for (const auto& entries : per_out)
+    for (auto [in, w] : entries) count = std::max(count, in / sub + 1);
+  return count;
+}
+
+}  // namespace
 
 // Tables of the grouped and paired kernels (templates/bsjit/matmul_grouped.cuh says what each
 // holds). per_out[j] lists output block column j's (input block, W block index) pairs; order lists
@@ -36,20 +47,24 @@ std::string grouped_tables(const Columns& per_out, const std::vector<int>& order
   const int groups = (positions + columns - 1) / columns, per = columns / consumers;
   std::vector<int> group_steps, steps, group_columns;
   std::int64_t computed = 0, filled = 0;  // sub-blocks computed by a consumer, those holding its blocks
+  // a group's chunks: chunk → W block per slot j · columns + c (-1: none), the chunks it touched
+  std::vector<std::vector<int>> chunk_slots(chunk_count(per_out, sub));
+  std::vector<int> touched;
   for (int gi = 0; gi < groups; ++gi) {
-    std::map<int, std::vector<int>> chunks;  // chunk → W block per slot j · columns + c (-1: none)
     for (int c = 0; c < columns; ++c) {
       const int at = gi * columns + c, col = at < positions ? order[at] : -1;
       group_columns.push_back(col);
       if (col < 0) continue;
       for (auto [in, wblock] : per_out[col]) {
-        auto& slots = chunks[in / sub];
-        slots.resize(sub * columns, -1);
+        auto& slots = chunk_slots[in / sub];
+        if (slots.empty()) slots.assign(sub * columns, -1), touched.push_back(in / sub);
         slots[in % sub * columns + c] = wblock;
       }
     }
+    std::sort(touched.begin(), touched.end());  // the chunks ascending
     std::vector<int> by_class[3];
-    for (auto& [chunk, slots] : chunks) {
+    for (int chunk : touched) {
+      const std::vector<int>& slots = chunk_slots[chunk];
       unsigned pattern = 0;
       bool held[2] = {false, false};
       for (int i = 0; i < sub * columns; ++i)
@@ -65,6 +80,8 @@ std::string grouped_tables(const Columns& per_out, const std::vector<int>& order
       out.push_back(chunk), out.push_back(static_cast<int>(pattern));
       for (int i = 0; i < sub * columns; ++i) out.push_back(std::max(slots[i], 0));
     }
+    for (int chunk : touched) chunk_slots[chunk].clear();
+    touched.clear();
     for (auto& c : by_class) {
       group_steps.push_back(static_cast<int>(steps.size()) / record);
       steps.insert(steps.end(), c.begin(), c.end());
@@ -181,32 +198,36 @@ std::vector<int> group_by_chunks(const Columns& per_out, int columns, int sub) {
   return order;
 }
 
-// The steps of the grouped kernel's tables for groups in `order`: per group, its chunks.
-std::int64_t grouped_steps(const Columns& per_out, const std::vector<int>& order, int columns, int sub) {
-  std::int64_t steps = 0;
+namespace {
+
+// The steps of each group of `columns` positions of `order`: the chunks holding a block of its columns.
+std::vector<std::int64_t> group_chunk_counts(const Columns& per_out, const std::vector<int>& order, int columns,
+                                             int sub) {
+  std::vector<int> seen(chunk_count(per_out, sub), -1);  // the last group that counted the chunk
+  std::vector<std::int64_t> counts;
   for (std::size_t g = 0; g < order.size(); g += columns) {
-    std::set<int> chunks;
+    std::int64_t& n = counts.emplace_back(0);
     for (std::size_t c = g; c < g + columns && c < order.size(); ++c)
       if (order[c] >= 0)
-        for (auto [in, w] : per_out[order[c]]) chunks.insert(in / sub);
-    steps += static_cast<std::int64_t>(chunks.size());
+        for (auto [in, w] : per_out[order[c]])
+          if (int& s = seen[in / sub]; s != static_cast<int>(g)) s = static_cast<int>(g), ++n;
   }
-  return steps;
+  return counts;
+}
+
+}  // namespace
+
+// The steps of the grouped kernel's tables for groups in `order`: per group, its chunks.
+std::int64_t grouped_steps(const Columns& per_out, const std::vector<int>& order, int columns, int sub) {
+  const auto counts = group_chunk_counts(per_out, order, columns, sub);
+  return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
 }
 
 // A grouped kernel's column order (groups of `columns` consecutive positions) with its groups in
 // balanced_order by their steps (chunks of sub input blocks holding a block of the group).
 std::vector<int> balanced_groups(const Columns& per_out, const std::vector<int>& order, int columns, int sub,
                                  std::int64_t ctas) {
-  const std::size_t groups = (order.size() + columns - 1) / columns;
-  std::vector<std::int64_t> steps(groups);
-  for (std::size_t gi = 0; gi < groups; ++gi) {
-    std::set<int> chunks;
-    for (std::size_t at = gi * columns; at < std::min(order.size(), (gi + 1) * static_cast<std::size_t>(columns)); ++at)
-      if (order[at] >= 0)
-        for (auto [in, w] : per_out[order[at]]) chunks.insert(in / sub);
-    steps[gi] = static_cast<std::int64_t>(chunks.size());
-  }
+  const std::vector<std::int64_t> steps = group_chunk_counts(per_out, order, columns, sub);
   std::vector<int> out;  // whole groups: a short last group's padding (-1) moves with it
   for (int gi : balanced_order(steps, ctas, false))
     for (std::size_t c = 0; c < static_cast<std::size_t>(columns); ++c) {

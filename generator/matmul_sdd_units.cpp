@@ -81,12 +81,13 @@ std::int64_t column_units(const Layout& layout, int m) {
 std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
   const auto& coords = layout.coords();  // row-major: a band's blocks are consecutive
   std::int64_t units = 0;
-  std::set<std::int64_t> columns;
+  std::vector<std::int64_t> seen(layout.cols(), -1);  // the last band that counted the column
   for (std::size_t i = 0; i < coords.size();) {
     const std::int64_t band = coords[i].first / per;
-    columns.clear();
-    for (; i < coords.size() && coords[i].first / per == band; ++i) columns.insert(coords[i].second);
-    units += (static_cast<std::int64_t>(columns.size()) + m - 1) / m;
+    std::int64_t columns = 0;
+    for (; i < coords.size() && coords[i].first / per == band; ++i)
+      if (std::int64_t& s = seen[coords[i].second]; s != band) s = band, ++columns;
+    units += (columns + m - 1) / m;
   }
   return units;
 }
@@ -94,9 +95,13 @@ std::int64_t band_units(const Layout& layout, std::int64_t per, int m) {
 // Fraction of the dW tiles' block slots (rows × cols blocks a tile) that hold a block of the layout:
 // the useful share of the tiled backward-weight kernel's tensor work.
 double tile_fill(const Layout& layout, std::int64_t rows, std::int64_t cols) {
-  std::set<std::pair<std::int64_t, std::int64_t>> tiles;
-  for (auto [r, c] : layout.coords()) tiles.insert({r / rows, c / cols});
-  return tiles.empty() ? 0.0 : static_cast<double>(layout.blocks()) / (static_cast<double>(tiles.size()) * rows * cols);
+  const std::int64_t tile_cols = (layout.cols() + cols - 1) / cols;
+  std::vector<std::int64_t> tiles;
+  tiles.reserve(layout.coords().size());
+  for (auto [r, c] : layout.coords()) tiles.push_back(r / rows * tile_cols + c / cols);
+  std::sort(tiles.begin(), tiles.end());
+  const auto count = static_cast<double>(std::unique(tiles.begin(), tiles.end()) - tiles.begin());
+  return count == 0 ? 0.0 : static_cast<double>(layout.blocks()) / (count * rows * cols);
 }
 
 // Backward-weight at b ≥ 64 on Hopper: one block per CTA (sdd_tma_kernel), row groups of 2 or 4
