@@ -550,6 +550,24 @@ void run_compile(std::vector<std::pair<std::string, double>>& figures) {
   groups.staged = false;
   bands.tiles = groups;
   for (auto* spec : {&hopper, &grouped, &tiled, &small, &rows, &bands}) spec->tiles = generator::choose_tiles(*spec);
+  // What a layout change costs the generator before any compile or load: each op's kernel chosen,
+  // its tables and source generated, for a 4096 × 4096 layer (Bernoulli, d = 0.25), a fresh layout
+  // each time.
+  for (int b : {32, 64})
+    for (Op op : {Op::forward, Op::backward_data, Op::backward_weight}) {
+      generator::MatMulSpec spec{op, b, DType::bf16, FeatureAxis::last};
+      spec.wgmma = spec.plain = true;
+      std::vector<double> ms;
+      std::string label;
+      for (int draw = 0; draw < 5; ++draw) {
+        const Layout L = bernoulli_layout(4096 / b, 4096 / b, 0.25, rng);
+        const auto t = Clock::now();
+        label = generator::generate_matmul(L, spec).label;
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      }
+      std::sort(ms.begin(), ms.end());
+      figures.emplace_back(fmt::format("generate a layout's tables and source, {} (median of 5), ms", label), ms[2]);
+    }
   const std::pair<generator::MatMulSpec, std::string> kernels[] = {
       {{Op::forward, 32, DType::bf16, FeatureAxis::last}, "sm_90"},
       {hopper, "sm_90a"},
