@@ -6,6 +6,7 @@
 #include <array>
 #include <climits>
 #include <map>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -209,6 +210,41 @@ std::pair<int, int> conv_tma_box(const ConvGeometry& geometry, int d) {
   const std::int64_t upper = (geometry.out()[d] - 1) * geometry.stride[d] + lower - (geometry.in[d] - 1);
   auto clamp = [](std::int64_t v) { return static_cast<int>(std::clamp<std::int64_t>(v, INT_MIN, INT_MAX)); };
   return {clamp(lower), clamp(upper)};
+}
+
+std::int64_t conv_tma_grid(const std::vector<std::int64_t>& column_steps, std::int64_t items, std::int64_t max_ctas) {
+  const auto columns = static_cast<std::int64_t>(column_steps.size());
+  if (columns == 0 || items <= max_ctas) return std::max<std::int64_t>(1, std::min(items, max_ctas));
+  std::int64_t best = max_ctas, best_work = -1;
+  std::vector<std::int64_t> at(columns), prefix(columns + 1);
+  for (std::int64_t ctas = max_ctas;
+       ctas >= std::max<std::int64_t>(1, max_ctas - std::min<std::int64_t>(columns, 64) + 1); --ctas) {
+    // A CTA's next item is P on, so its columns cycle by P mod columns through its class (columns
+    // ≡ p mod g): the classes' cycles laid end to end, each column's place in them, prefix sums of
+    // the steps (plus one a tile, the epilogue) along them.
+    const std::int64_t g = std::gcd(ctas, columns), period = columns / g;
+    for (std::int64_t c = 0, place = 0; c < g; ++c)
+      for (std::int64_t j = 0, col = c; j < period; ++j, ++place, col = (col + ctas) % columns) {
+        at[col] = place;
+        prefix[place + 1] = prefix[place] + column_steps[col] + 1;
+      }
+    // CTA p takes ⌈items / P⌉ items if p < items mod P, else ⌊items / P⌋: whole cycles of its
+    // class, then the columns from its own place on
+    std::int64_t busiest = 0;
+    for (std::int64_t p = 0; p < ctas; ++p) {
+      const std::int64_t rounds = items / ctas + (p < items % ctas ? 1 : 0), c = p % columns % g;
+      const std::int64_t first = c * period, last = first + period, from = at[p % columns];
+      const std::int64_t left = rounds % period, cycle = prefix[last] - prefix[first];
+      std::int64_t work = rounds / period * cycle;
+      if (from + left <= last)
+        work += prefix[from + left] - prefix[from];
+      else
+        work += prefix[last] - prefix[from] + prefix[first + (from + left - last)] - prefix[first];
+      busiest = std::max(busiest, work);
+    }
+    if (best_work < 0 || busiest < best_work) best = ctas, best_work = busiest;
+  }
+  return best;
 }
 
 int conv_tma_rank(const ConvGeometry& geometry) {

@@ -118,6 +118,15 @@ std::optional<ConvTmaTile> conv_tma_tile(int b);
 // box corners past [-128, 127] at rank 4 or [-16, 15] at rank 5, a tap's reach past the same
 // range, a stride past 8). conv_tma_box gives the corners.
 int conv_tma_rank(const ConvGeometry& geometry);
+// The CTAs of conv_tma_data_kernel's persistent grid: item i is output block column i % columns
+// (column_steps[column] its stages) of row tile i / columns, and CTA p of P takes items p, p + P,
+// ..., so it meets only the columns ≡ p (mod gcd(P, columns)). Where the columns' steps differ
+// (bprop of a layout whose input block columns hold different counts), the CTAs of the longest
+// class set the time; of P from max_ctas − min(columns, 64) + 1 to max_ctas (up to 64 columns, one
+// of them ≡ 1 mod columns: every CTA meets every column), the one whose busiest CTA has the least
+// work (each CTA's counted exactly, a tile its stages plus one), the largest of those; at most
+// 64 · (columns + max_ctas) steps of host work a launch.
+std::int64_t conv_tma_grid(const std::vector<std::int64_t>& column_steps, std::int64_t items, std::int64_t max_ctas);
 // bprop at stride 1 as a forward convolution over dO (conv_tma.cuh's kBackward): the geometry of
 // dI = conv(dO, F with its taps reversed and its k and c exchanged), dO's positions the input,
 // padding (filter − 1) · dilation − padding; nothing where a stride is not 1 or a padding exceeds

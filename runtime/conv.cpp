@@ -454,10 +454,23 @@ struct Conv::Impl {
     const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.threads),
                                      static_cast<std::uint32_t>(t.shared_bytes)};
     const std::int64_t items = tiles * (dims.k / b);
-    const auto grid = static_cast<unsigned>(std::min<std::int64_t>(items, runtime::resident_ctas(f, ctx, shape)));
+    const auto grid = static_cast<unsigned>(generator::conv_tma_grid(column_steps(backward, geometry.taps()), items,
+                                                                     runtime::resident_ctas(f, ctx, shape)));
     void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter, &map_out};
     BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, shape.threads, 1, 1, shape.shared_bytes, stream, args,
                                               nullptr));
+  }
+
+  // The stages of each output block column of conv_tma_data_kernel (bprop: of the transposed
+  // convolution, the input's block columns): its blocks × taps × b / 64, from the tables it walks.
+  std::vector<std::int64_t> column_steps(bool backward, std::int64_t taps) const {
+    const std::string name = backward ? "kIgemmBpropStart" : "kIgemmFpropStart";
+    std::vector<std::int64_t> steps;
+    for (const auto& table : igemm->tables)
+      if (table.name == name)
+        for (std::size_t c = 0; c + 1 < table.values.size(); ++c)
+          steps.push_back((table.values[c + 1] - table.values[c]) * taps * (igemm->block / 64));
+    return steps;
   }
 
   // The input's im2col map (the forward geometry) of n images at `in`: copies of `pixels` pixels × 64

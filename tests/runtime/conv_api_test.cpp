@@ -164,6 +164,45 @@ TEST(ConvApi, TmaRankFollowsTheIm2colLimits) {
   EXPECT_EQ(conv_tma_rank(ConvGeometry::same({1, 512, 512}, {1, 5, 1}, {1, 1, 1}, {1, 64, 1})), 0);    // reach 256
 }
 
+// conv_tma_grid: the persistent grid whose busiest CTA has the least work, each CTA's work counted
+// item by item here (CTA p: items p, p + P, ..., item i of column i % columns).
+TEST(ConvApi, TmaGridEvensTheColumnClasses) {
+  using generator::conv_tma_grid;
+  auto busiest = [](const std::vector<std::int64_t>& steps, std::int64_t items, std::int64_t ctas) {
+    std::vector<std::int64_t> work(ctas, 0);
+    for (std::int64_t i = 0; i < items; ++i) work[i % ctas] += steps[i % static_cast<std::int64_t>(steps.size())] + 1;
+    return *std::max_element(work.begin(), work.end());
+  };
+  // even columns: the whole wave
+  EXPECT_EQ(conv_tma_grid({18, 18, 18, 18}, 1568, 132), 132);
+  EXPECT_EQ(conv_tma_grid({18, 18, 18, 18}, 100, 132), 100);  // fewer items than CTAs: one each
+  EXPECT_EQ(conv_tma_grid({}, 100, 132), 100);
+  // bprop of 4 blocks in 4 block rows at random: input block columns of 2, 1, 1 and 0 blocks (9 taps).
+  // At 132 CTAs (gcd 4) a quarter of the CTAs take every item of the 2-block column.
+  const std::vector<std::int64_t> uneven{18, 9, 9, 0};
+  const std::int64_t items = 392 * 4, grid = conv_tma_grid(uneven, items, 132);
+  EXPECT_GT(132 - grid, 0);
+  EXPECT_LE(132 - grid, 3);
+  EXPECT_LT(busiest(uneven, items, grid), 0.6 * static_cast<double>(busiest(uneven, items, 132)));
+  // on other shapes: the least busiest CTA of every candidate grid
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::int64_t columns = 1 + static_cast<std::int64_t>(rng() % (trial % 3 == 0 ? 100 : 16)),
+                       max_ctas = 60 + rng() % 90, total = columns * (1 + static_cast<std::int64_t>(rng() % 400));
+    std::vector<std::int64_t> steps(columns);
+    for (auto& s : steps) s = static_cast<std::int64_t>(rng() % 40);
+    const std::int64_t chosen = conv_tma_grid(steps, total, max_ctas);
+    ASSERT_GE(chosen, 1);
+    ASSERT_LE(chosen, max_ctas);
+    std::int64_t best = busiest(steps, total, max_ctas);
+    for (std::int64_t p = std::max<std::int64_t>(1, max_ctas - std::min<std::int64_t>(columns, 64) + 1); p <= max_ctas;
+         ++p)
+      best = std::min(best, busiest(steps, total, p));
+    EXPECT_EQ(busiest(steps, total, chosen), best)
+        << columns << " columns, " << total << " items, " << max_ctas << " CTAs";
+  }
+}
+
 // bprop at stride 1 as a forward convolution of dO: dO's positions the input, the padding the
 // filter's reach less the padding; its output the input's positions; no geometry with a stride or a
 // padding past the reach.
