@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "attention_common.hpp"
@@ -454,11 +455,23 @@ struct Conv::Impl {
     const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(t.threads),
                                      static_cast<std::uint32_t>(t.shared_bytes)};
     const std::int64_t items = tiles * (dims.k / b);
-    const auto grid = static_cast<unsigned>(generator::conv_tma_grid(column_steps(backward, geometry.taps()), items,
-                                                                     runtime::resident_ctas(f, ctx, shape)));
+    const auto grid =
+        static_cast<unsigned>(tma_grid(backward, geometry.taps(), items, runtime::resident_ctas(f, ctx, shape)));
     void* args[] = {&out, &gate, &accumulate, &dims, &map_in, &map_filter, &map_out};
     BSJIT_CU(runtime::driver().cuLaunchKernel(f, grid, 1, 1, shape.threads, 1, 1, shape.shared_bytes, stream, args,
                                               nullptr));
+  }
+
+  // conv_tma_data_kernel's grid over `items` items on at most max_ctas CTAs (generator::conv_tma_grid,
+  // a search of up to 64 · (columns + max_ctas) steps): worked out on a launch shape's first use,
+  // then looked up, so that a call's host time does not grow with the layout's columns.
+  mutable std::mutex tma_grid_mutex;
+  mutable std::map<std::tuple<bool, std::int64_t, std::int64_t>, std::int64_t> tma_grids;
+  std::int64_t tma_grid(bool backward, std::int64_t taps, std::int64_t items, std::int64_t max_ctas) const {
+    std::lock_guard lock(tma_grid_mutex);
+    const auto [it, added] = tma_grids.try_emplace({backward, items, max_ctas}, 0);
+    if (added) it->second = generator::conv_tma_grid(column_steps(backward, taps), items, max_ctas);
+    return it->second;
   }
 
   // The stages of each output block column of conv_tma_data_kernel (bprop: of the transposed
