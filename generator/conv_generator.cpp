@@ -178,9 +178,11 @@ std::optional<ConvMatmulPlan> conv_matmul_plan(const ConvLayout& layout, const C
 std::optional<ConvWgmmaTile> conv_wgmma_tile(int b) {
   // Data kernels: two warpgroups of 64 rows: at b = 64 a 24 KiB stage, 4 stages, 2 CTAs an SM; at
   // b = 128 a 32 KiB stage, 3 stages, 2 CTAs an SM (a CTA barrier per stage, hidden by the other
-  // CTA). updat: 16 KiB stages at b = 64, 4 of them; 32 KiB at b = 128, 3 (2 CTAs an SM both).
-  if (b == 64) return ConvWgmmaTile{128, 4, 2, 4};
-  if (b == 128) return ConvWgmmaTile{128, 3, 2, 3};
+  // CTA). updat: at b = 64 a CTA takes 3 taps sharing each stage's dO (a 32 KiB stage: dO and 3
+  // input windows; the accumulators 96 registers a thread), 3 stages; at b = 128 a tap a CTA (3
+  // would take 192 accumulator registers a thread), 32 KiB stages, 3 (2 CTAs an SM both).
+  if (b == 64) return ConvWgmmaTile{128, 4, 2, 3, 3};
+  if (b == 128) return ConvWgmmaTile{128, 3, 2, 3, 1};
   return std::nullopt;
 }
 
@@ -323,7 +325,8 @@ std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, 
                                           h->shared_bytes(b),
                                           ConvWgmmaTile::updat_threads(b),
                                           ConvWgmmaTile::updat_rows(),
-                                          h->updat_shared_bytes(b)};
+                                          h->updat_shared_bytes(b),
+                                          h->updat_taps};
     hopper_config = fmt::format(
         "\n"
         "struct HopperCfg {{\n"
@@ -335,14 +338,15 @@ std::optional<GeneratedConvIgemm> generate_conv_igemm(const ConvLayout& layout, 
         "\n"
         "struct HopperUpdatCfg {{\n"
         "  using T = {type};\n"
-        "  static constexpr int kB = {b}, kBM = {b}, kStages = {updat_stages};\n"
+        "  static constexpr int kB = {b}, kBM = {b}, kStages = {updat_stages}, kTaps = {updat_taps};\n"
         "  static constexpr int kThreads = {updat_threads}, kSharedBytes = {updat_shared};\n"
         "  __device__ static bsjit::kernels::ConvIgemmTables tables() {{ return DataCfg::tables(); }}\n"
         "}};\n",
         fmt::arg("type", type_name(dtype)), fmt::arg("b", b), fmt::arg("bm", h->bm), fmt::arg("stages", h->stages),
         fmt::arg("warpgroups", h->warpgroups), fmt::arg("threads", h->threads()),
         fmt::arg("shared", h->shared_bytes(b)), fmt::arg("updat_stages", h->updat_stages),
-        fmt::arg("updat_threads", ConvWgmmaTile::updat_threads(b)), fmt::arg("updat_shared", h->updat_shared_bytes(b)));
+        fmt::arg("updat_taps", h->updat_taps), fmt::arg("updat_threads", ConvWgmmaTile::updat_threads(b)),
+        fmt::arg("updat_shared", h->updat_shared_bytes(b)));
   }
   g.label = fmt::format("conv-igemm-{}-b{}", to_string(dtype), b);
   g.source = fmt::format(

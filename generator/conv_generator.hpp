@@ -84,14 +84,15 @@ constexpr ConvIgemmTiles conv_igemm_tiles(int b) {
 // The kernels on Hopper's warpgroup tensor cores (templates/bsjit/conv_wgmma.cuh, sm_90a) at b = 64
 // and 128. Data kernels: bm rows over `warpgroups` warpgroups of 128 threads, 64 channels a stage,
 // `stages` stages in dynamic shared memory (shared_bytes(b), DsdWgmmaPlan's). updat: a warpgroup
-// per 64 rows of the block, 64 positions a stage, `updat_stages` stages.
+// per 64 rows of the block, `updat_taps` taps a CTA sharing each stage's dO, 64 positions a stage,
+// `updat_stages` stages.
 struct ConvWgmmaTile {
-  int bm, stages, warpgroups, updat_stages;
+  int bm, stages, warpgroups, updat_stages, updat_taps;
   constexpr int threads() const { return 128 * warpgroups; }
   constexpr int shared_bytes(int b) const { return stages * (bm * 128 + 64 * b * 2) + 1024; }
   static constexpr int updat_threads(int b) { return 128 * (b / 64); }
   static constexpr int updat_rows() { return 64; }
-  constexpr int updat_shared_bytes(int b) const { return updat_stages * 2 * 64 * b * 2 + 1024; }
+  constexpr int updat_shared_bytes(int b) const { return updat_stages * (1 + updat_taps) * 64 * b * 2 + 1024; }
 };
 std::optional<ConvWgmmaTile> conv_wgmma_tile(int b);
 
@@ -149,6 +150,7 @@ struct GeneratedConvIgemm {
     std::string fprop, bprop, updat;                                // name expressions
     int threads = 0, rows = 0, shared_bytes = 0;                    // the data kernels'
     int updat_threads = 0, updat_rows = 0, updat_shared_bytes = 0;  // updat's
+    int updat_taps = 1;  // taps a CTA of updat (its grid: blocks · ⌈taps / updat_taps⌉ CTAs a range)
   };
   std::optional<Hopper> hopper;
   // fprop fed by TMA in im2col mode (templates/bsjit/conv_tma.cuh, sm_90a), a source of its own

@@ -316,7 +316,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   });
 }
 
-// updat's CTA: its block and tap (blockIdx.x = block · taps + tap), its range of output positions
+// updat's CTA: its block and (first) tap (blockIdx.x = block · taps + tap, or with taps in groups
+// block · ⌈taps / group⌉ + tap / group), its range of output positions
 // [begin, begin + length) (from blockIdx.y · chunk), and the input position each reads through the
 // tap. A range's positions lie within 2^30 + positions per image < 2^31 of one another (the
 // runtime's bound), so that ConvFastDiv splits them into image and coordinates.
@@ -330,41 +331,60 @@ struct ConvUpdatRange {
   int reach[3];  // the tap's offset from o · stride
   ConvFastDiv per_image, per_line, per_plane;
 
-  __device__ __forceinline__ ConvUpdatRange(const ConvDims& dims, int chunk)
+  // group: the taps a CTA takes (x = block · ⌈taps / group⌉ + the group's index; tap its first)
+  __device__ __forceinline__ ConvUpdatRange(const ConvDims& dims, int chunk, int group = 1)
       : p(dims),
         positions(dims.out[0] * dims.out[1] * dims.out[2]),
         per_image(dims.out[0] * dims.out[1] * dims.out[2]),
         per_line(dims.out[2]),
         per_plane(dims.out[1]) {
     taps = p.filter[0] * p.filter[1] * p.filter[2];
-    block = blockIdx.x / taps, tap = blockIdx.x % taps;
-    int f[3];
-    conv_tap_split(p, tap, f);
+    const int groups = (taps + group - 1) / group;
+    block = blockIdx.x / groups, tap = blockIdx.x % groups * group;
     in_positions = static_cast<long long>(p.in[0]) * p.in[1] * p.in[2];
     const long long rows = static_cast<long long>(p.n) * positions;
     begin = static_cast<long long>(blockIdx.y) * chunk;
     length = begin < rows ? static_cast<int>((begin + chunk < rows ? begin + chunk : rows) - begin) : 0;
     image0 = begin / positions;
     first = static_cast<int>(begin % positions);
-#pragma unroll
-    for (int d = 0; d < 3; ++d) reach[d] = f[d] * p.dilation[d] - p.pad[d];
+    tap_reach(tap, reach);
   }
 
-  // The input position (index over images and positions) position begin + i reads, or −1 where
-  // the tap reaches padding or i is past the range.
-  __device__ __forceinline__ long long source(int i) const {
-    const int at = i + first, image = per_image(at), pos = at - image * positions;
-    const int line = per_line(pos), plane = per_plane(line);
-    const int o[3] = {plane, line - plane * p.out[1], pos - line * p.out[2]};
-    bool ok = i < length;
+  // Tap t's offset from o · stride (each dimension).
+  __device__ __forceinline__ void tap_reach(int t, int (&r)[3]) const {
+    int f[3];
+    conv_tap_split(p, t, f);
+#pragma unroll
+    for (int d = 0; d < 3; ++d) r[d] = f[d] * p.dilation[d] - p.pad[d];
+  }
+
+  // Position begin + i: its image (from image0) and output coordinates.
+  __device__ __forceinline__ void position(int i, int& image, int (&o)[3]) const {
+    const int at = i + first;
+    image = per_image(at);
+    const int pos = at - image * positions, line = per_line(pos), plane = per_plane(line);
+    o[0] = plane, o[1] = line - plane * p.out[1], o[2] = pos - line * p.out[2];
+  }
+
+  // The input position (index over images and positions) that output position (image, o) reads at
+  // a tap of offset r, or −1 where it reaches padding or !ok.
+  __device__ __forceinline__ long long source(int image, const int (&o)[3], const int (&r)[3], bool ok) const {
     int c[3];
 #pragma unroll
     for (int d = 0; d < 3; ++d) {
-      c[d] = o[d] * p.stride[d] + reach[d];
+      c[d] = o[d] * p.stride[d] + r[d];
       ok = ok && static_cast<unsigned>(c[d]) < static_cast<unsigned>(p.in[d]);
     }
     return ok ? (image0 + image) * in_positions + (static_cast<long long>(c[0]) * p.in[1] + c[1]) * p.in[2] + c[2]
               : -1;
+  }
+
+  // The input position that position begin + i reads at the CTA's (first) tap, or −1 where the tap
+  // reaches padding or i is past the range.
+  __device__ __forceinline__ long long source(int i) const {
+    int image, o[3];
+    position(i, image, o);
+    return source(image, o, reach, i < length);
   }
 };
 

@@ -78,10 +78,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)  // two CTAs an SM: 128 regi
 
 // updat on the warpgroup tensor cores: as conv_igemm_updat_kernel, CTA (x, y) adds to
 // workspace[block][tap][k][c] the product over its range of output positions (ConvUpdatRange, in
-// stages of 64 positions, the range a multiple of them) of dO[pos, k]ᵀ · I[in(pos, tap), c]. A stage
-// holds 64 rows of dO's block (k contiguous) and 64 gathered rows of I's (c contiguous), each in
-// 128-byte-swizzled groups of 64 channels (the layout of dsd_wgmma_load_w's MN-major W slice):
-// both operands MN-major. b / 64 warpgroups each own 64 rows (k) of the b × b block, all its c.
+// stages of 64 positions, the range a multiple of them) of dO[pos, k]ᵀ · I[in(pos, tap), c], for
+// Cfg::kTaps consecutive taps (the last group may hold fewer). A stage holds 64 rows of dO's block
+// (k contiguous) and, for each tap, 64 gathered rows of I's (c contiguous), each in 128-byte-swizzled
+// groups of 64 channels (the layout of dsd_wgmma_load_w's MN-major W slice): both operands
+// MN-major. b / 64 warpgroups each own 64 rows (k) of the b × b block, all its c, for every tap.
+// The taps share the stage's dO: a CTA reads (1 + kTaps) / (2 · kTaps) of the bytes a CTA per tap
+// reads, which bound updat (docs/PERFORMANCE.md, "What bounds updat").
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     conv_wgmma_updat_kernel(const typename Cfg::T* __restrict__ in, const typename Cfg::T* __restrict__ grad_out,
@@ -90,22 +93,28 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   using Stage = ConvWgmmaStage<Cfg, true>;  // W slices MN-major: the operands' layout
   using Plan = DsdWgmmaPlan<Stage>;
   constexpr int b = Cfg::kB, kSlice = Plan::kSlice, S = Cfg::kStages, kGroupBytes = kSlice * kSwizzleRowBytes;
+  constexpr int kTaps = Cfg::kTaps;
 #ifdef BSJIT_NO_WGMMA
   static_assert(sizeof(Cfg) == 0, "conv_wgmma_updat_kernel needs sm_90a");
 #endif
   static_assert(sizeof(T) == 2 && (b == 64 || b == 128) && kSlice == 64, "16-bit, b = 64 or 128");
   static_assert(Cfg::kThreads == 128 * (b / 64), "a warpgroup per 64 rows of the block");
   static_assert(S >= 3, "stages: one in the tensor cores, one landing, at least one in flight");
-  static_assert(2 * Plan::kBBytes * S + kSwizzleAtomBytes == Cfg::kSharedBytes, "host and device disagree");
+  static_assert(kTaps >= 1 && (1 + kTaps) * Plan::kBBytes * S + kSwizzleAtomBytes == Cfg::kSharedBytes,
+                "host and device disagree");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = swizzle_aligned(smem_raw);
   using Gather = ConvGatherRows<T, kSlice, b, Cfg::kThreads>;
-  auto stage_a = [&](int step) { return smem + (step % S) * 2 * Plan::kBBytes; };  // dO
-  auto stage_b = [&](int step) { return stage_a(step) + Plan::kBBytes; };            // I at the tap
+  auto stage_a = [&](int step) { return smem + (step % S) * (1 + kTaps) * Plan::kBBytes; };  // dO
+  auto stage_b = [&](int step) { return stage_a(step) + Plan::kBBytes; };  // I at each tap, kBBytes apart
 
   const ConvIgemmTables t = Cfg::tables();
-  const ConvUpdatRange range(p, chunk);
+  const ConvUpdatRange range(p, chunk, kTaps);
   if ((gate != nullptr && gate[range.block] == 0.0f) || range.length <= 0) return;
+  const int taps = range.taps - range.tap < kTaps ? range.taps - range.tap : kTaps;  // this CTA's
+  int reach[kTaps][3];
+#pragma unroll
+  for (int j = 0; j < kTaps; ++j) range.tap_reach(range.tap + (j < taps ? j : 0), reach[j]);
   const T* dy = grad_out + range.begin * p.k + static_cast<long long>(t.coords[2 * range.block]) * b;
   const T* x = in + static_cast<long long>(t.coords[2 * range.block + 1]) * b + Gather::column();
   const int warpgroup = threadIdx.x / 128;
@@ -120,28 +129,40 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int r = Gather::row(j), offset = (c / 8) * kGroupBytes + swizzled_offset(r, c % 8);
       const bool ok = i0 + r < range.length;
       cp_async_16(as + offset, dy + static_cast<long long>(ok ? i0 + r : 0) * p.k + Gather::column(), ok);
-      const long long s = range.source(i0 + r);
-      cp_async_16(bs + offset, x + (s < 0 ? 0 : s) * p.c, s >= 0);
+      int image, o[3];
+      range.position(i0 + r, image, o);
+#pragma unroll
+      for (int k = 0; k < kTaps; ++k) {  // a tap past the CTA's last: zeros
+        const long long s = range.source(image, o, reach[k], ok && k < taps);
+        cp_async_16(bs + k * Plan::kBBytes + offset, x + (s < 0 ? 0 : s) * p.c, s >= 0);
+      }
     }
   };
-  float d[1][b / 2];
-  dsd_wgmma_mainloop<Stage, 1>(
+  float d[kTaps][b / 2];
+  dsd_wgmma_mainloop<Stage, kTaps>(
       d, (range.length + kSlice - 1) / kSlice, load, [](int) { return 1.0f; },
       [&](int step) { return stage_a(step) + warpgroup * kGroupBytes; }, stage_b,
-      [](float (&acc)[1][b / 2], const unsigned char* as, const unsigned char* bs) {
+      [](float (&acc)[kTaps][b / 2], const unsigned char* as, const unsigned char* bs) {
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kSlice / 16; ++kk)  // 16 positions further on per k16
-          wgmma_m64k16<T, b, 1, 1>(acc[0], smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kGroupBytes, kSwizzleAtomBytes),
-                                   smem_descriptor(bs + kk * 16 * kSwizzleRowBytes, kGroupBytes, kSwizzleAtomBytes));
+        for (int k = 0; k < kTaps; ++k)
+#pragma unroll
+          for (int kk = 0; kk < kSlice / 16; ++kk)  // 16 positions further on per k16
+            wgmma_m64k16<T, b, 1, 1>(
+                acc[k], smem_descriptor(as + kk * 16 * kSwizzleRowBytes, kGroupBytes, kSwizzleAtomBytes),
+                smem_descriptor(bs + k * Plan::kBBytes + kk * 16 * kSwizzleRowBytes, kGroupBytes, kSwizzleAtomBytes));
         wgmma_commit();
       });
 
-  float* w = workspace + (static_cast<long long>(range.block) * range.taps + range.tap) * b * b;
-  wgmma_epilogue<b>(d[0], warpgroup * 64, [&](int r, int c, float v0, float v1) {
-    atomicAdd(w + r * b + c, v0);
-    atomicAdd(w + r * b + c + 1, v1);
-  });
+#pragma unroll
+  for (int k = 0; k < kTaps; ++k) {
+    if (k >= taps) break;
+    float* w = workspace + (static_cast<long long>(range.block) * range.taps + range.tap + k) * b * b;
+    wgmma_epilogue<b>(d[k], warpgroup * 64, [&](int r, int c, float v0, float v1) {
+      atomicAdd(w + r * b + c, v0);
+      atomicAdd(w + r * b + c + 1, v1);
+    });
+  }
 }
 
 }  // namespace kernels
