@@ -167,5 +167,50 @@ TEST(ConvTensorCoresOnTheCpu, EveryUniformCaseMatchesTheReferenceInFp16) {
   check_every_case<kernels::half_t>(DType::f16, rng);
 }
 
+// updat's CTAs with taps in groups (the warpgroup kernel's ConvWgmmaTile::updat_taps; x = block ·
+// ⌈taps / group⌉ + tap / group): every (block, tap) taken by exactly one CTA of a range, and each tap
+// of a group reading, for every position of the range, the input position that the CTA of that tap
+// alone (group 1, x = block · taps + tap) reads.
+TEST(ConvTensorCoresOnTheCpu, UpdatTapGroupsTakeEveryTapOnce) {
+  int checked = 0;
+  for (const auto& c : testing::tensor_core_conv_cases()) {
+    SCOPED_TRACE(c.name);
+    const kernels::ConvDims d = generator::conv_dims(c.layout, c.geometry, c.n);
+    const int taps = static_cast<int>(c.geometry.taps()), blocks = static_cast<int>(c.layout.blocks().size());
+    const int chunk = 128,
+              rows = static_cast<int>(c.n * c.geometry.out()[0] * c.geometry.out()[1] * c.geometry.out()[2]);
+    for (int group : {1, 2, 3, 4}) {
+      const int groups = (taps + group - 1) / group;
+      for (unsigned y = 0; y * chunk < static_cast<unsigned>(rows); ++y) {
+        std::vector<int> taken(static_cast<std::size_t>(blocks) * taps, 0);
+        for (unsigned x = 0; x < static_cast<unsigned>(blocks * groups); ++x) {
+          blockIdx = {x, y, 0};
+          const kernels::ConvUpdatRange range(d, chunk, group);
+          ASSERT_EQ(range.taps, taps);
+          ASSERT_EQ(range.tap % group, 0);
+          for (int j = 0; j < group && range.tap + j < taps; ++j) {
+            ++taken[static_cast<std::size_t>(range.block) * taps + range.tap + j];
+            int reach[3];
+            range.tap_reach(range.tap + j, reach);
+            blockIdx = {static_cast<unsigned>(range.block * taps + range.tap + j), y, 0};
+            const kernels::ConvUpdatRange alone(d, chunk);
+            ASSERT_EQ(alone.block, range.block);
+            ASSERT_EQ(alone.tap, range.tap + j);
+            ASSERT_EQ(alone.length, range.length);
+            for (int i = 0; i < chunk; ++i) {
+              int image, o[3];
+              range.position(i, image, o);
+              ASSERT_EQ(range.source(image, o, reach, i < range.length), alone.source(i)) << "position " << i;
+            }
+            ++checked;
+          }
+        }
+        for (std::size_t u = 0; u < taken.size(); ++u) ASSERT_EQ(taken[u], 1) << "block and tap " << u;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 }  // namespace
 }  // namespace bsjit
