@@ -383,9 +383,9 @@ struct Conv::Impl {
         const runtime::LaunchShape shape{1, 1, static_cast<std::uint32_t>(h ? h->updat_threads : i.updat_threads),
                                          static_cast<std::uint32_t>(h ? h->updat_shared_bytes : 0)};
         // a CTA per block and tap, or on the warpgroup kernel per block and group of updat_taps taps
-        const std::int64_t group = h ? h->updat_taps : 1;
         const std::int64_t rows = n * product(geometry.out()),
-                           units = static_cast<std::int64_t>(blocks) * ((taps + group - 1) / group);
+                           units = static_cast<std::int64_t>(blocks) *
+                                   kernels::conv_tap_groups(taps, h ? h->updat_taps : 1);
         const std::int64_t per =
             updat_range(rows, units, 2 * runtime::resident_ctas(f, ctx, shape), h ? h->updat_rows : i.updat_rows);
         int chunk = static_cast<int>(per);

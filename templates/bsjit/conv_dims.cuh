@@ -2,6 +2,14 @@
 // laid out alike by the host compiler (runtime/conv.cpp fills it) and by NVRTC, so plain ints only.
 #pragma once
 
+#ifndef BSJIT_HOST_DEVICE
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define BSJIT_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define BSJIT_HOST_DEVICE inline
+#endif
+#endif
+
 namespace bsjit {
 namespace kernels {
 
@@ -14,6 +22,10 @@ struct ConvDims {
   int dilation[3];  // per dimension
   int pad[3];       // padding before, per dimension (the output's size says the rest)
 };
+
+// updat's CTAs a block for each range of positions where a CTA takes `group` consecutive taps (the
+// last group may hold fewer): the kernels' x decoding (ConvUpdatRange) and the runtime's grid.
+BSJIT_HOST_DEVICE int conv_tap_groups(int taps, int group) { return (taps + group - 1) / group; }
 
 }  // namespace kernels
 }  // namespace bsjit

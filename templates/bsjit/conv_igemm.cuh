@@ -339,7 +339,7 @@ struct ConvUpdatRange {
         per_line(dims.out[2]),
         per_plane(dims.out[1]) {
     taps = p.filter[0] * p.filter[1] * p.filter[2];
-    const int groups = (taps + group - 1) / group;
+    const int groups = conv_tap_groups(taps, group);
     block = blockIdx.x / groups, tap = blockIdx.x % groups * group;
     in_positions = static_cast<long long>(p.in[0]) * p.in[1] * p.in[2];
     const long long rows = static_cast<long long>(p.n) * positions;
