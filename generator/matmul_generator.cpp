@@ -72,7 +72,9 @@ Columns output_columns(const Layout& layout, bool trans_w) {
 }
 
 // One op's output columns of a layout, built on first use: the layout's choice of tiles and the
-// kernel's tables both read them, and a layout of 65536 blocks takes milliseconds to sort.
+// kernel's tables both read them, and a layout of 65536 blocks takes milliseconds to sort. So does
+// their grouping for the grouped kernel (group_by_chunks), which the choice at b = 32 counts the
+// steps of and the tables then lay out: about half a b = 32 forward's generation.
 class LazyColumns {
  public:
   LazyColumns(const Layout& layout, bool trans_w) : layout_(layout), trans_w_(trans_w) {}
@@ -80,11 +82,19 @@ class LazyColumns {
     if (!columns_) columns_ = output_columns(layout_, trans_w_);
     return *columns_;
   }
+  // group_by_chunks(get(), columns, sub)
+  const std::vector<int>& grouped(int columns, int sub) {
+    if (!grouped_ || grouped_by_ != std::pair{columns, sub})
+      grouped_ = group_by_chunks(get(), columns, sub), grouped_by_ = {columns, sub};
+    return *grouped_;
+  }
 
  private:
   const Layout& layout_;
   bool trans_w_;
   std::optional<Columns> columns_;
+  std::optional<std::vector<int>> grouped_;
+  std::pair<int, int> grouped_by_;
 };
 
 // The heuristic's tile choice for this layout (an explicit spec.tiles is taken as it is).
@@ -146,7 +156,7 @@ MatMulSpec layout_choice(const Layout& layout, const MatMulSpec& spec, LazyColum
     }
     if (t.columns > 0 && spec.block == 32 && layout.blocks() > 0) {
       const Columns& per_out = columns.get();
-      const std::int64_t steps = grouped_steps(per_out, group_by_chunks(per_out, t.columns, 2), t.columns, 2);
+      const std::int64_t steps = grouped_steps(per_out, columns.grouped(t.columns, 2), t.columns, 2);
       if (static_cast<double>(steps) <= 0.7 * static_cast<double>(layout.blocks())) return spec;
       MatMulSpec chosen = spec;
       chosen.tiles = finish_tma(spec, tma_shape(256, 2, 4, true));
@@ -305,7 +315,7 @@ GeneratedSource generate_matmul(const Layout& layout, const MatMulSpec& requeste
     } else if (t.columns > 0) {
       const int sub = static_cast<int>(64 / b);
       tables = grouped_tables(per_out,
-                              balanced_groups(per_out, group_by_chunks(per_out, t.columns, sub), t.columns, sub,
+                              balanced_groups(per_out, columns.grouped(t.columns, sub), t.columns, sub,
                                               resident_ctas(t, spec.sms)),
                               t.columns, sub, t.warps_m, g.grid_x, sub_fill, g.tables);
     } else {
