@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "bsjit/error.hpp"
@@ -41,18 +42,27 @@ std::string label_tail(const AttentionOptions& o) {
 // Per mask and block row (transposed: per block column), the column (row) indices, ascending:
 // starts has masks · lines + 1 entries, line i of mask m is indices[starts[m · lines + i] ..
 // starts[m · lines + i + 1]).
+// tags: per mask a value per coords() entry, carried beside its index (Lists::tags).
 struct Lists {
-  std::vector<int> starts{0}, indices;
+  std::vector<int> starts{0}, indices, tags;
 };
-Lists block_lists(const std::vector<Layout>& masks, bool transposed) {
+Lists block_lists(const std::vector<Layout>& masks, bool transposed,
+                  const std::vector<std::vector<int>>* tags = nullptr) {
   Lists out;
-  for (const auto& m : masks) {
+  for (std::size_t i = 0; i < masks.size(); ++i) {
+    const Layout& m = masks[i];
     const std::int64_t lines = transposed ? m.cols() : m.rows();
-    std::vector<std::vector<int>> per(lines);
-    for (const auto& [r, c] : m.coords()) per[transposed ? c : r].push_back(static_cast<int>(transposed ? r : c));
+    std::vector<std::vector<std::pair<int, int>>> per(lines);  // (index, tag)
+    for (std::size_t e = 0; e < m.coords().size(); ++e) {
+      const auto [r, c] = m.coords()[e];
+      per[transposed ? c : r].push_back({static_cast<int>(transposed ? r : c), tags ? (*tags)[i][e] : 0});
+    }
     for (auto& line : per) {
       std::sort(line.begin(), line.end());
-      out.indices.insert(out.indices.end(), line.begin(), line.end());
+      for (const auto& [index, tag] : line) {
+        out.indices.push_back(index);
+        if (tags) out.tags.push_back(tag);
+      }
       out.starts.push_back(static_cast<int>(out.indices.size()));
     }
   }
@@ -141,9 +151,12 @@ constexpr const char* kDimsAccessors =
 // The fused forward's tables (by_column: the backward's): per block row (column) of each mask the
 // start of its list of key (query) blocks, the lists, the tiles of `tile` positions in launch
 // order; then the dims. The launch order's footprint into `footprint`.
+// With quadrants (CoarseMasks), each list entry's quadrant bits beside it: kKeyQuadrants
+// (kQueryQuadrants).
 std::string fused_tables(DeviceTables& tables, const std::vector<Layout>& masks, bool by_column, std::int64_t tiles,
-                         int tile, int block, TileFootprint& footprint) {
-  const Lists lists = block_lists(masks, by_column);
+                         int tile, int block, TileFootprint& footprint,
+                         const std::vector<std::vector<int>>* quadrants = nullptr) {
+  const Lists lists = block_lists(masks, by_column, quadrants);
   const std::int64_t lines = by_column ? masks[0].cols() : masks[0].rows();
   const std::int64_t other = by_column ? masks[0].rows() : masks[0].cols();
   constexpr TableStorage kPointer = TableStorage::pointer;
@@ -152,6 +165,7 @@ std::string fused_tables(DeviceTables& tables, const std::vector<Layout>& masks,
   std::string text = add_table(tables, by_column ? "kColStart" : "kRowStart", lists.starts, kPointer);
   text += add_table(tables, by_column ? "kQueryBlocks" : "kKeys", lists.indices, kPointer);
   text += add_table(tables, by_column ? "kKeyTileOrder" : "kTileOrder", std::move(order), kPointer);
+  if (quadrants) text += add_table(tables, by_column ? "kQueryQuadrants" : "kKeyQuadrants", lists.tags, kPointer);
   return text + add_dims(tables, masks);
 }
 
@@ -166,10 +180,42 @@ std::int64_t TileFootprint::of(std::int64_t t) const {
   return i < blocks.size() ? blocks[i] : lines;
 }
 
-GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& o,
-                                              const std::string& arch) {
-  check(masks, o);
+CoarseMasks coarse_masks(const std::vector<Layout>& masks) {
+  CoarseMasks out;
+  std::int64_t fine = 0, tiles = 0;
+  for (const Layout& m : masks) {
+    if (m.rows() % 2 != 0 || m.cols() % 2 != 0)
+      throw Error(fmt::format("bsjit: attention: a [{}, {}] block mask has no tiles of 2 × 2 blocks", m.rows(), m.cols()));
+    std::map<std::pair<std::int32_t, std::int32_t>, int> bits;  // ordered: the tiles row-major
+    for (const auto& [r, c] : m.coords()) bits[{r / 2, c / 2}] |= 1 << (2 * (r % 2) + c % 2);
+    std::vector<std::pair<std::int64_t, std::int64_t>> coords;
+    for (const auto& [at, b] : bits) coords.push_back(at);
+    out.masks.push_back(Layout::from_coords(m.rows() / 2, m.cols() / 2, coords));
+    std::vector<int>& q = out.quadrants.emplace_back();
+    for (const auto& [r, c] : out.masks.back().coords()) q.push_back(bits.at({r, c}));
+    fine += m.blocks(), tiles += out.masks.back().blocks();
+  }
+  out.live = tiles > 0 ? static_cast<double>(fine) / (4.0 * static_cast<double>(tiles)) : 0.0;
+  return out;
+}
+
+std::optional<CoarseMasks> coarse_attention(const std::vector<Layout>& masks, const AttentionOptions& o,
+                                            const std::string& arch, bool backward) {
+  if (arch != "sm_90a" || o.block != 64 || o.head_dim < 64) return std::nullopt;
+  for (const Layout& m : masks)
+    if (m.rows() % 2 != 0 || m.cols() % 2 != 0) return std::nullopt;
+  const double gain = backward ? (o.head_dim == 128 ? 1.35 : 1.08) : (o.head_dim == 128 ? 1.2 : 1.1);
+  CoarseMasks c = coarse_masks(masks);
+  if (c.live * gain <= 1.05) return std::nullopt;
+  return c;
+}
+
+namespace {
+
+GeneratedAttention forward_source(const std::vector<Layout>& masks, const AttentionOptions& o, const std::string& arch,
+                                  const std::vector<std::vector<int>>* quadrants) {
   GeneratedAttention g;
+  g.block = o.block;
   g.tma = arch == "sm_90a" && o.block >= 64 && o.head_dim >= 64;
   int qt, kt, consumers = 0, stages = 0;
   if (g.tma) {
@@ -196,10 +242,11 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
   if (g.query_tiles > 65535)
     throw Error(fmt::format("bsjit: attention: {} query tiles of {} rows; at most 65535 are supported", g.query_tiles,
                             qt));
-  g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, o.head_dim, label_tail(o),
-                        g.tma ? "-tma" : "");
+  g.label = fmt::format("attention_forward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, o.head_dim,
+                        label_tail(o), quadrants ? "-quadrants" : "", g.tma ? "-tma" : "");
 
-  const std::string tables = fused_tables(g.tables, masks, false, g.query_tiles, qt, o.block, g.footprint);
+  const std::string tables =
+      fused_tables(g.tables, masks, false, g.query_tiles, qt, o.block, g.footprint, quadrants);
   g.name_expression = g.tma ? "bsjit::kernels::attention_forward_tma_kernel<bsjit_generated::Config>"
                             : "bsjit::kernels::attention_forward_kernel<bsjit_generated::Config>";
   g.source = fmt::format(
@@ -223,6 +270,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       "  __device__ static const int* row_start() {{ return kRowStart; }}\n"
       "  __device__ static const int* keys() {{ return kKeys; }}\n"
       "  __device__ static const int* tile_order() {{ return kTileOrder; }}\n"
+      "{quadrants}"
       "}};\n"
       "\n"
       "}}  // namespace bsjit_generated\n",
@@ -232,15 +280,18 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
       fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
       fmt::arg("consumers", consumers), fmt::arg("stages", stages), fmt::arg("kv_group", o.kv_group),
-      fmt::arg("header", g.tma ? "attention_hopper.cuh" : "attention.cuh"));
+      fmt::arg("header", g.tma ? "attention_hopper.cuh" : "attention.cuh"),
+      fmt::arg("quadrants", quadrants ? "  enum : int { kQuadrants = 1 };  // kKeyQuadrants: each entry's live 64-blocks\n"
+                                        "  __device__ static const int* key_quadrants() { return kKeyQuadrants; }\n"
+                                      : ""));
   return g;
 }
 
-GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks, const AttentionOptions& o,
-                                                       const std::string& arch) {
-  check(masks, o);
+GeneratedAttentionBackward backward_source(const std::vector<Layout>& masks, const AttentionOptions& o,
+                                           const std::string& arch, const std::vector<std::vector<int>>* quadrants) {
   const int d = o.head_dim;
   GeneratedAttentionBackward g;
+  g.block = o.block;
   g.tma = arch == "sm_90a" && o.block >= 64 && d >= 64;
   int tile, stages = 0;
   if (g.tma) {
@@ -270,9 +321,9 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
   if (g.key_tiles > 65535 || g.query_rows16 > 65535)
     throw Error(fmt::format("bsjit: attention: sequences of {} and {} positions are too long for the backward",
                             masks[0].rows() * o.block, masks[0].cols() * o.block));
-  g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}", to_string(o.dtype), o.block, d, label_tail(o),
-                        g.tma ? "-tma" : "");
-  const std::string tables = fused_tables(g.tables, masks, true, g.key_tiles, tile, o.block, g.footprint);
+  g.label = fmt::format("attention_backward-{}-b{}-d{}-{}{}{}", to_string(o.dtype), o.block, d, label_tail(o),
+                        quadrants ? "-quadrants" : "", g.tma ? "-tma" : "");
+  const std::string tables = fused_tables(g.tables, masks, true, g.key_tiles, tile, o.block, g.footprint, quadrants);
   g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
   g.main = g.tma ? "bsjit::kernels::attention_backward_tma_kernel<bsjit_generated::Config>"
                  : "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";
@@ -305,6 +356,7 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       "  __device__ static bsjit::kernels::MaskTable col_start() {{ return {{kColStart}}; }}\n"
       "  __device__ static bsjit::kernels::MaskTable query_blocks() {{ return {{kQueryBlocks}}; }}\n"
       "  __device__ static bsjit::kernels::MaskTable key_tile_order() {{ return {{kKeyTileOrder}}; }}\n"
+      "{quadrants}"
       "}};\n"
       "\n"
       "}}  // namespace bsjit_generated\n",
@@ -313,8 +365,34 @@ GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>
       fmt::arg("tile", tile), fmt::arg("causal", o.causal ? "true" : "false"),
       fmt::arg("heads_first", o.order == QkvOrder::bhsd ? "true" : "false"), fmt::arg("smem", g.shared_bytes),
       fmt::arg("q_tile", q_tile), fmt::arg("stages", stages), fmt::arg("kv_group", o.kv_group),
-      fmt::arg("header", g.tma ? "attention_backward_hopper.cuh" : "attention_backward.cuh"));
+      fmt::arg("header", g.tma ? "attention_backward_hopper.cuh" : "attention_backward.cuh"),
+      fmt::arg("quadrants", quadrants ? "  enum : int { kQuadrants = 1 };  // kQueryQuadrants: each entry's live 64-blocks\n"
+                                        "  __device__ static const int* query_quadrants() { return kQueryQuadrants; }\n"
+                                      : ""));
   return g;
+}
+
+AttentionOptions coarse_options(AttentionOptions o) {
+  o.block = 128;
+  return o;
+}
+
+}  // namespace
+
+GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, const AttentionOptions& o,
+                                              const std::string& arch) {
+  check(masks, o);
+  if (const auto c = coarse_attention(masks, o, arch, false))
+    return forward_source(c->masks, coarse_options(o), arch, &c->quadrants);
+  return forward_source(masks, o, arch, nullptr);
+}
+
+GeneratedAttentionBackward generate_attention_backward(const std::vector<Layout>& masks, const AttentionOptions& o,
+                                                       const std::string& arch) {
+  check(masks, o);
+  if (const auto c = coarse_attention(masks, o, arch, true))
+    return backward_source(c->masks, coarse_options(o), arch, &c->quadrants);
+  return backward_source(masks, o, arch, nullptr);
 }
 
 GeneratedAttentionOps generate_attention_ops(const std::vector<Layout>& masks, const AttentionOptions& o) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,26 @@ struct TileFootprint {
   std::int64_t of(std::int64_t t) const;
 };
 
+// Block-64 masks on Hopper whose 128-tiles are mostly live run on the block-128 kernels: the mask of
+// 128-tiles (a tile where any of its four 64-blocks is), and per tile of each mask, in the order of
+// its coords(), its quadrants as 4 bits (bit 2i + j: the 64-block (2r + i, 2c + j)), the others
+// masked in the kernels. Per block of 64 the block-128 kernels run 1.2× (head dim 128) and 1.1×
+// (64) faster forward, 1.35× and 1.08× backward (suite A on an H100, 358ea85, docs/PERFORMANCE.md):
+// a pass coarsens where its live share of the tiles' quadrants times that gain is over 1.05.
+struct CoarseMasks {
+  std::vector<Layout> masks;
+  std::vector<std::vector<int>> quadrants;  // per mask, per coords() entry
+  double live = 0;                          // 64-blocks over 4 · tiles, all masks
+};
+// The 128-tile masks of block-64 masks (their rows and columns even), whatever they gain.
+CoarseMasks coarse_masks(const std::vector<Layout>& masks);
+// Whether a pass (backward or forward) of these options for arch runs coarse, and on what.
+std::optional<CoarseMasks> coarse_attention(const std::vector<Layout>& masks, const AttentionOptions& options,
+                                            const std::string& arch, bool backward);
+
 struct GeneratedAttention {
   std::string source, name_expression, label;
+  int block = 0;  // the kernel's: options.block, or 128 where it runs coarse (CoarseMasks)
   int threads = 0, shared_bytes = 0;
   std::int64_t query_tiles = 0;  // grid y (heaviest first); x = batch · heads
   std::int64_t seq_q = 0, seq_k = 0;
@@ -58,6 +77,7 @@ GeneratedAttention generate_attention_forward(const std::vector<Layout>& masks, 
 // threads).
 struct GeneratedAttentionBackward {
   std::string source, label, prep, main, dq, dkv;  // name expressions; dkv empty without a group
+  int block = 0;  // as GeneratedAttention::block
   int threads = 0, shared_bytes = 0;
   std::int64_t key_tiles = 0, query_rows16 = 0, key_rows16 = 0;
   bool tma = false;

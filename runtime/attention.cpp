@@ -68,7 +68,7 @@ struct Attention::Impl {
   // (kernels::BandedTile): the forward streams K and V (shared by a key/value group), the backward
   // Q and dO; the lines that a wave of kernel f's CTAs reads of them from the launch order's
   // footprint.
-  int band(const runtime::Context& ctx, std::int64_t pairs, std::int64_t tiles, bool backward,
+  int band(const runtime::Context& ctx, std::int64_t pairs, std::int64_t tiles, bool backward, int block,
            const generator::TileFootprint& footprint, CUfunction f, int threads, int shared_bytes) {
     if (pairs * tiles > INT_MAX)
       throw Error(fmt::format("bsjit: attention: batch · heads = {} with {} tiles a head is past the grid's {} CTAs",
@@ -81,7 +81,7 @@ struct Attention::Impl {
       l2 = it->second;
     }
     const std::int64_t row_bytes = 2 * options.head_dim * 2;  // K and V, or Q and dO: 16-bit
-    const std::int64_t line_bytes = row_bytes * options.block / (backward ? 1 : options.kv_group);
+    const std::int64_t line_bytes = row_bytes * block / (backward ? 1 : options.kv_group);  // the kernel's block
     const std::int64_t wave = runtime::resident_ctas(
         f, ctx, {1, 1, static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(shared_bytes)});
     return runtime::head_band(pairs, line_bytes, footprint, wave, l2, options.kv_group);
@@ -206,7 +206,7 @@ void Attention::forward(const void* q, const void* k, const void* v, void* out, 
   const unsigned char* padding = key_padding;
   // one-dimensional: batch · heads · query tiles CTAs in bands of heads (kernels::BandedTile)
   const auto grid = static_cast<unsigned>(batch * heads * g->query_tiles);
-  int band = impl_->band(ctx, batch * heads, g->query_tiles, false, g->footprint, f, g->threads, g->shared_bytes);
+  int band = impl_->band(ctx, batch * heads, g->query_tiles, false, g->block, g->footprint, f, g->threads, g->shared_bytes);
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
   if (!g->tma) {
     void* args[] = {&q, &k, &v, &out, &lse, &padding, &heads_arg, &band, &scale_log2};
@@ -261,7 +261,7 @@ void Attention::backward(const void* q, const void* k, const void* v, const void
   // the main kernel: batch · heads · key tiles CTAs in bands of heads (kernels::BandedTile)
   const auto main_grid = static_cast<unsigned>(batch * heads * g.key_tiles), threads = static_cast<unsigned>(g.threads),
              shared = static_cast<unsigned>(g.shared_bytes);
-  int band = impl_->band(ctx, batch * heads, g.key_tiles, true, g.footprint, bw.main(), g.threads, g.shared_bytes);
+  int band = impl_->band(ctx, batch * heads, g.key_tiles, true, g.block, g.footprint, bw.main(), g.threads, g.shared_bytes);
   if (g.tma) {
     CUtensorMap mq = impl_->tensor_map(q, batch, heads, seq_q(), g.q_rows),
                 mk = impl_->tensor_map(k, batch, kv_heads, seq_k(), g.kv_rows),

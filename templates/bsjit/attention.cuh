@@ -95,6 +95,21 @@ struct KvHead {
   __device__ KvHead(int h, int query_heads) : head(h / Cfg::kKvGroup), heads(query_heads / Cfg::kKvGroup) {}
 };
 
+// Whether Cfg runs a block-64 mask on tiles of 128 (the Hopper kernels; generator::CoarseMasks): each
+// entry of its lists then has a table entry of 4 bits beside it (Cfg::key_quadrants() forward,
+// query_quadrants() backward), bit 2i + j set where the tile's 64-block (query half i, key half j)
+// is in the mask; the kernels mask the others' scores as they mask keys after the query. (An
+// enumerator, not a static constexpr member, which NVRTC would emit as a device global, changing
+// the binary of every kernel.)
+template <class Cfg, class = void>
+struct Quadrants {
+  enum : bool { kOn = false };
+};
+template <class Cfg>
+struct Quadrants<Cfg, decltype(void(Cfg::kQuadrants))> {
+  enum : bool { kOn = Cfg::kQuadrants != 0 };
+};
+
 // Where a CTA of the fused kernels works. Their grid is one-dimensional, batch · heads · tiles CTAs,
 // in bands of `band` consecutive (batch, head) pairs (the last band narrower); within a band, the
 // tiles in the generator's launch order (most key blocks first), each rank for every pair of the

@@ -158,6 +158,9 @@ __global__ void __launch_bounds__(384, 1)
     // Pᵀ: rows are this thread's keys, columns 8j + 2·t4 (+1) the tile's queries
     const float* ls = lse_s + r * QT;
     const bool causal_here = Cfg::kCausal && k0 + row0 + 63 > q0;
+    bool quadrant = true;  // a block-64 mask on tiles of 128: this consumer's 64 keys and the 64 queries live
+    if constexpr (Quadrants<Cfg>::kOn)
+      quadrant = Cfg::query_quadrants()[begin + i / kSub] >> (2 * ((q0 / 64) & 1) + ((k0 + row0) / 64 & 1)) & 1;
 #pragma unroll
     for (int j = 0; j < QT / 8; ++j)
 #pragma unroll
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(384, 1)
         const int query = 8 * j + 2 * t4 + (e & 1);
         const float l = ls[query];
         const float lg = l == minus_infinity() ? -minus_infinity() : l * kLog2e;  // no key: P = 0
-        const bool keep = live[e >> 1] && !(causal_here && my_key[e >> 1] > q0 + query);
+        const bool keep = quadrant && live[e >> 1] && !(causal_here && my_key[e >> 1] > q0 + query);
         sc[4 * j + e] = keep ? fast_exp2(fmaf(sc[4 * j + e], scale_log2, -lg)) : 0.0f;
       }
     unsigned pa[QT / 16][4];

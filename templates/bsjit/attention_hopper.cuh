@@ -74,6 +74,8 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
   // the row's key blocks, the table's address read once: read in each step, it cost 2% at b = 128
   // (the constant-memory pointer is reloaded after every asm statement that clobbers memory)
   const int* const keys = Cfg::keys() + begin;
+  const int* quadrants = nullptr;  // the entries' live 64-blocks (a block-64 mask on tiles of 128)
+  if constexpr (Quadrants<Cfg>::kOn) quadrants = Cfg::key_quadrants() + begin;
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     for (int s = 0; s < S; ++s) mbarrier_init(&k_full[s], 1), mbarrier_init(&v_full[s], 1);
@@ -135,18 +137,22 @@ __global__ void __launch_bounds__((Cfg::kConsumers + 1) * 128, Cfg::kConsumers =
     wgmma_commit();
   };
   // Step i's scores (landed in sc) to probabilities in sc, in the log2 domain: masked keys (after
-  // the query, only where the key block reaches past the tile's first row; padded keys) set to
-  // -inf, the running max and sum updated, corr = the factor the output so far must take. The
-  // scale folds into one FFMA per score: max(scale · s) = scale · max(s) for scale > 0.
+  // the query, only where the key block reaches past the tile's first row; padded keys; the dead
+  // quadrants of a tile of 128) set to -inf, the running max and sum updated, corr = the factor the
+  // output so far must take. The scale folds into one FFMA per score: max(scale · s) = scale ·
+  // max(s) for scale > 0.
   auto softmax = [&](int i) {
     const int key0 = keys[i] * KT;
-    if ((Cfg::kCausal && key0 + KT - 1 > q0 + consumer * 64) || key_padding != nullptr) {  // this consumer's rows
+    int live = 3;  // this consumer's quadrants of the tile: key halves 0 and 1
+    if constexpr (Quadrants<Cfg>::kOn) live = quadrants[i] >> (2 * (((q0 + consumer * 64) / 64) & 1)) & 3;
+    if ((Cfg::kCausal && key0 + KT - 1 > q0 + consumer * 64) || key_padding != nullptr || live != 3) {
 #pragma unroll
       for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + 8 * j + 2 * t4 + (e & 1);
           bool keep = !(Cfg::kCausal && key > my_row[e >> 1]);
+          if constexpr (Quadrants<Cfg>::kOn) keep = keep && (live >> (8 * j >= 64)) & 1;
           if (key_padding != nullptr) keep = keep && key_padding[static_cast<long long>(b) * seq_k + key] != 0;
           if (!keep) sc[4 * j + e] = minus_infinity();
         }

@@ -164,13 +164,18 @@ TEST(AttentionGenerator, FootprintCountsTheBlocksARunOfTilesTouches) {
   const Layout global = layouts::unite(layouts::sliding_window(32, 3), layouts::global_tokens(32, 2));
   for (const Layout* mask : {&window, &causal, &global})
     for (const char* arch : {"sm_80", "sm_90a"}) {
+      // in the kernel's blocks: of 128 where the mask runs on tiles of 128 (CoarseMasks)
+      const Layout coarse = coarse_masks({*mask}).masks[0];
       const auto f = generate_attention_forward({*mask}, b64, arch);
-      EXPECT_EQ(f.footprint.blocks, footprint_by_definition(*mask, false, array_of(f, "kTileOrder"), 64, 64)) << arch;
-      const auto g = generate_attention_backward({*mask}, b64, arch);
-      const int tile = static_cast<int>(32 * 64 / g.key_tiles);  // 128 on sm_90a: two columns a tile
-      EXPECT_EQ(g.footprint.blocks, footprint_by_definition(*mask, true, array_of(g, "kKeyTileOrder"), tile, 64))
+      const Layout& fm = f.block == 128 ? coarse : *mask;
+      EXPECT_EQ(f.footprint.blocks, footprint_by_definition(fm, false, array_of(f, "kTileOrder"), f.block, f.block))
           << arch;
-      EXPECT_EQ(g.footprint.lines, 32);
+      const auto g = generate_attention_backward({*mask}, b64, arch);
+      const Layout& gm = g.block == 128 ? coarse : *mask;
+      const int tile = static_cast<int>(32 * 64 / g.key_tiles);  // 128 on sm_90a: two columns a tile
+      EXPECT_EQ(g.footprint.blocks, footprint_by_definition(gm, true, array_of(g, "kKeyTileOrder"), tile, g.block))
+          << arch;
+      EXPECT_EQ(g.footprint.lines, gm.rows());
     }
   // a bidirectional window of 7 blocks: a run of t query tiles reads about t + 6 key blocks
   const auto w = generate_attention_forward({window}, b64, "sm_80").footprint;
@@ -215,7 +220,7 @@ TEST(AttentionGenerator, MasksOfOneShapeShareTheSource) {
       EXPECT_NE(tables_digest(fo.tables), tables_digest(go.tables)) << fo.label;
     }
   // causal at 1024 blocks a side: 524800 blocks, none of them in the source
-  const auto long_causal = generate_attention_forward({layouts::causal(1024)}, {}, "sm_90a");
+  const auto long_causal = generate_attention_forward({layouts::causal(1024)}, {}, "sm_80");
   EXPECT_EQ(array_of(long_causal, "kKeys").size(), 524800u);
   EXPECT_LT(long_causal.source.size(), 4096u);
 }
@@ -223,6 +228,8 @@ TEST(AttentionGenerator, MasksOfOneShapeShareTheSource) {
 // The kernels' sources hold no sequence length: causal masks of 16 to 512 blocks a side (1024 to
 // 65536 positions at b = 64) give one forward, one backward and one decomposed-ops source per
 // configuration, their block counts in kDims.
+// (Block-64 masks on Hopper run on tiles of 128 where most of those are live, CoarseMasks: there one
+// source serves every length whose masks run coarse, another every length whose do not.)
 TEST(AttentionGenerator, OneSourceServesEverySequenceLength) {
   for (const std::string arch : {"sm_80", "sm_90a"})
     for (int block : {32, 64, 128}) {
@@ -230,16 +237,23 @@ TEST(AttentionGenerator, OneSourceServesEverySequenceLength) {
       const auto f = generate_attention_forward({layouts::causal(16)}, o, arch);
       const auto b = generate_attention_backward({layouts::causal(16)}, o, arch);
       const auto ops = generate_attention_ops({layouts::causal(16)}, o);
+      const bool coarse = block == 64 && arch == "sm_90a";  // at 100 and 180 blocks (0.99 live), not 16
+      ASSERT_EQ(f.block, block);
+      const auto f_coarse = generate_attention_forward({layouts::causal(64)}, o, arch);
+      const auto b_coarse = generate_attention_backward({layouts::causal(64)}, o, arch);
+      ASSERT_EQ(f_coarse.block, coarse ? 128 : block);
       for (std::int64_t n : {17, 100, 180}) {  // 180: the ops' most score tiles at b = 128
         const std::vector<Layout> masks = {layouts::causal(n), layouts::causal(n)};  // per head
         const std::vector<Layout> one = {masks[0]};
         const auto g = generate_attention_forward(one, o, arch);
-        EXPECT_EQ(g.source, f.source) << g.label << " at " << n << " blocks";
-        EXPECT_EQ(array_of(g, "kDims"), (std::vector<int>{static_cast<int>(n), static_cast<int>(n)}));
-        EXPECT_EQ(array_of(g, "kKeys").size(), static_cast<std::size_t>(n * (n + 1) / 2));
+        const bool here = coarse && n % 2 == 0;
+        const std::int64_t lines = here ? n / 2 : n;  // the kernel's blocks
+        EXPECT_EQ(g.source, (here ? f_coarse : f).source) << g.label << " at " << n << " blocks";
+        EXPECT_EQ(array_of(g, "kDims"), (std::vector<int>{static_cast<int>(lines), static_cast<int>(lines)}));
+        EXPECT_EQ(array_of(g, "kKeys").size(), static_cast<std::size_t>(lines * (lines + 1) / 2));
         const auto gb = generate_attention_backward(one, o, arch);
-        EXPECT_EQ(gb.source, b.source) << gb.label << " at " << n << " blocks";
-        EXPECT_EQ(array_of(gb, "kDims"), (std::vector<int>{static_cast<int>(n), static_cast<int>(n)}));
+        EXPECT_EQ(gb.source, (here ? b_coarse : b).source) << gb.label << " at " << n << " blocks";
+        EXPECT_EQ(array_of(gb, "kDims"), (std::vector<int>{static_cast<int>(lines), static_cast<int>(lines)}));
         const auto go = generate_attention_ops(one, o);
         EXPECT_EQ(go.source, ops.source) << go.label << " at " << n << " blocks";
         EXPECT_EQ(array_of(go, "kDims"),
@@ -351,6 +365,127 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
   EXPECT_EQ(std::count_if(all.begin(), all.end(),
                           [&](const AttentionOptions& o) { return generate_attention_forward(masks, o, o.arch).tma; }),
             10);
+}
+
+
+// A [blocks, blocks] mask of every block but `holes` of them, spread over the tiles of 2 × 2 blocks.
+Layout nearly_dense(std::int64_t blocks, std::int64_t holes) {
+  std::vector<std::uint8_t> dense(blocks * blocks, 1);
+  for (std::int64_t i = 0; i < holes; ++i) dense[(i * 37 + 5) % (blocks * blocks)] = 0;
+  return Layout::from_dense(blocks, blocks, dense);
+}
+
+TEST(AttentionGenerator, Block64MasksRunOnTilesOf128WhereMostlyLive) {
+  std::mt19937_64 rng(64);
+  std::vector<std::uint8_t> random(12 * 12);
+  for (auto& x : random) x = rng() % 4 == 0;
+  const std::vector<Layout> fine = {layouts::causal(12), layouts::sliding_window(12, 3),
+                                    Layout::from_dense(12, 12, random), nearly_dense(12, 7)};
+  // the tiles and their quadrants give back every mask's blocks, and nothing else
+  const CoarseMasks c = coarse_masks(fine);
+  ASSERT_EQ(c.masks.size(), fine.size());
+  std::int64_t blocks = 0, tiles = 0;
+  for (std::size_t m = 0; m < fine.size(); ++m) {
+    ASSERT_EQ(c.masks[m].rows(), 6);
+    ASSERT_EQ(c.quadrants[m].size(), c.masks[m].coords().size());
+    std::vector<std::pair<std::int32_t, std::int32_t>> back;
+    for (std::size_t e = 0; e < c.quadrants[m].size(); ++e) {
+      const auto [r, col] = c.masks[m].coords()[e];
+      EXPECT_GT(c.quadrants[m][e], 0) << "a tile with no block";
+      EXPECT_LT(c.quadrants[m][e], 16);
+      for (int bit = 0; bit < 4; ++bit)
+        if (c.quadrants[m][e] >> bit & 1) back.push_back({2 * r + bit / 2, 2 * col + bit % 2});
+    }
+    auto want = fine[m].coords();
+    std::sort(back.begin(), back.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(back, want) << "mask " << m;
+    blocks += fine[m].blocks(), tiles += c.masks[m].blocks();
+  }
+  EXPECT_DOUBLE_EQ(c.live, static_cast<double>(blocks) / (4.0 * static_cast<double>(tiles)));
+  EXPECT_THROW(coarse_masks({layouts::causal(5)}), Error);
+
+  // where a pass coarsens: block 64 on Hopper, even masks, live enough for the pass's gain
+  const AttentionOptions d128{64, 128, DType::bf16, QkvOrder::bshd, true, ""};
+  const std::vector<Layout> causal = {layouts::causal(16)};  // 136 blocks on 36 tiles: 0.94 live
+  for (bool backward : {false, true}) {
+    EXPECT_TRUE(coarse_attention(causal, d128, "sm_90a", backward)) << backward;
+    EXPECT_FALSE(coarse_attention(causal, d128, "sm_90", backward)) << "the mma.sync kernels";
+    EXPECT_FALSE(coarse_attention({layouts::causal(15)}, d128, "sm_90a", backward)) << "odd";
+    EXPECT_FALSE(coarse_attention({Layout::from_dense(12, 12, random)}, d128, "sm_90a", backward)) << "sparse tiles";
+    auto d64 = d128;
+    d64.head_dim = 64;  // gains 1.1 and 1.08: 0.94 live is not enough, 0.99 is
+    EXPECT_FALSE(coarse_attention(causal, d64, "sm_90a", backward));
+    EXPECT_TRUE(coarse_attention({nearly_dense(16, 2)}, d64, "sm_90a", backward));
+    auto b128 = d128;
+    b128.block = 128;
+    EXPECT_FALSE(coarse_attention(causal, b128, "sm_90a", backward));
+  }
+
+  // the kernels: block 128, each list entry's quadrants beside it
+  const auto f = generate_attention_forward(causal, d128, "sm_90a");
+  EXPECT_EQ(f.block, 128);
+  EXPECT_TRUE(f.tma);
+  EXPECT_EQ(f.q_rows, 128);
+  EXPECT_EQ(f.seq_q, 16 * 64);
+  EXPECT_EQ(f.query_tiles, 8);
+  EXPECT_NE(f.label.find("-quadrants"), std::string::npos) << f.label;
+  const auto keys = array_of(f, "kKeys"), quads = array_of(f, "kKeyQuadrants");
+  ASSERT_EQ(keys.size(), 36u);  // the 8 × 8 causal tiles
+  ASSERT_EQ(quads.size(), keys.size());
+  const auto starts = array_of(f, "kRowStart");
+  for (int r = 0; r < 8; ++r)
+    for (int e = starts[r]; e < starts[r + 1]; ++e)
+      EXPECT_EQ(quads[e], keys[e] == r ? 0b1101 : 0b1111) << r << " " << keys[e];  // the diagonal: (0, 1) dead
+  const auto b = generate_attention_backward(causal, d128, "sm_90a");
+  EXPECT_EQ(b.block, 128);
+  EXPECT_EQ(b.key_tiles, 8);
+  EXPECT_EQ(b.kv_rows, 128);
+  const auto queries = array_of(b, "kQueryBlocks"), by_column = array_of(b, "kQueryQuadrants");
+  const auto col_starts = array_of(b, "kColStart");
+  ASSERT_EQ(by_column.size(), queries.size());
+  for (int col = 0; col < 8; ++col)
+    for (int e = col_starts[col]; e < col_starts[col + 1]; ++e)
+      EXPECT_EQ(by_column[e], queries[e] == col ? 0b1101 : 0b1111) << col << " " << queries[e];
+  // a pass that does not coarsen keeps block 64
+  auto d64 = d128;
+  d64.head_dim = 64;
+  EXPECT_EQ(generate_attention_forward(causal, d64, "sm_90a").block, 64);
+  EXPECT_EQ(generate_attention_forward(causal, d64, "sm_90a").label.find("-quadrants"), std::string::npos);
+}
+
+// The quadrant-masked kernels compile for sm_90a at both head dims, dtypes and orders, causal or
+// not, with a key/value group, and hold their tables.
+TEST(AttentionGenerator, QuadrantKernelsCompile) {
+  const std::vector<Layout> two = {nearly_dense(8, 1), layouts::causal(8)};  // 0.95 live
+  const std::vector<Layout> one = {nearly_dense(8, 1)};                     // 0.98: enough at head dim 64
+  const std::vector<std::pair<std::vector<Layout>, AttentionOptions>> all = {
+      {two, {64, 128, DType::bf16, QkvOrder::bshd, true, "sm_90a"}},
+      {two, {64, 128, DType::f16, QkvOrder::bhsd, false, "sm_90a"}},
+      {two, {64, 128, DType::bf16, QkvOrder::bhsd, true, "sm_90a", 2}},
+      {one, {64, 64, DType::bf16, QkvOrder::bhsd, true, "sm_90a"}},
+      {one, {64, 64, DType::f16, QkvOrder::bshd, false, "sm_90a"}}};
+  std::vector<std::string> failures(all.size());
+  runtime::parallel_for(all.size(), 2, [&](std::size_t i) {
+    const auto& [masks, o] = all[i];
+    const auto f = generate_attention_forward(masks, o, o.arch);
+    const auto b = generate_attention_backward(masks, o, o.arch);
+    if (f.block != 128 || b.block != 128) {
+      failures[i] = f.label + ": not on tiles of 128";
+      return;
+    }
+    auto check = [&](const auto& g, const std::string& name) {
+      const auto k = runtime::compile(g.source, name, g.label, o.arch);
+      const std::string bytes(k.cubin.begin(), k.cubin.end());
+      for (const auto& t : g.tables)
+        if (bytes.find(t.name + '\0') == std::string::npos) failures[i] += g.label + ": no symbol " + t.name + "; ";
+    };
+    check(f, f.name_expression);
+    for (const auto& name : {b.prep, b.main, b.dq, b.dkv})
+      if (!name.empty()) check(b, name);
+  });
+  for (const auto& f : failures)
+    if (!f.empty()) ADD_FAILURE() << f;
 }
 
 }  // namespace

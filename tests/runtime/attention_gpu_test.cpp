@@ -13,6 +13,7 @@
 #include "attention_reference.hpp"
 #include "bsjit/bsjit.hpp"
 #include "device_buffer.hpp"
+#include "generator/attention_generator.hpp"
 #include "reference.hpp"
 #include "runtime/module.hpp"
 
@@ -299,6 +300,38 @@ TEST_F(AttentionBackwardGpu, GroupsOfEightAndSixteenQueryHeads) {
         std::mt19937_64 rng(1300 + block + d + group);
         expect_gradients(attn, c, masks, rng, 1, 16, true);
       }
+}
+
+// Block-64 masks whose tiles of 128 are mostly live run on the block-128 Hopper kernels with the
+// dead 64-blocks of each tile masked (generator::CoarseMasks): per-head masks with dead quadrants
+// scattered, an empty block row and a causal one, both head dims, forward and backward against the
+// reference (the masks chosen so that both passes coarsen, which the test asserts).
+TEST_F(AttentionBackwardGpu, Block64MasksOnTilesOf128MatchReference) {
+  const runtime::Context ctx = runtime::current_context();
+  if (runtime::default_kernel_arch(runtime::context_arch(ctx)) != "sm_90a") GTEST_SKIP() << "the Hopper kernels only";
+  constexpr std::int64_t blocks = 16;
+  auto holes = [](std::int64_t count, std::int64_t empty_row) {
+    std::vector<std::uint8_t> dense(blocks * blocks, 1);
+    for (std::int64_t i = 0; i < count; ++i) dense[(i * 37 + 5) % (blocks * blocks)] = 0;
+    if (empty_row >= 0)
+      for (std::int64_t j = 0; j < blocks; ++j) dense[empty_row * blocks + j] = 0;
+    return Layout::from_dense(blocks, blocks, dense);
+  };
+  const std::vector<Layout> d128_masks{holes(9, 3), layouts::causal(blocks), holes(4, -1)};
+  const std::vector<Layout> d64_masks{holes(5, -1)};
+  const Case cases[] = {{64, 128, DType::bf16, QkvOrder::bhsd, true},
+                        {64, 128, DType::f16, QkvOrder::bshd, false},
+                        {64, 64, DType::bf16, QkvOrder::bshd, true},
+                        {64, 64, DType::f16, QkvOrder::bhsd, false}};
+  for (const Case& c : cases) {
+    const auto& masks = c.head_dim == 128 ? d128_masks : d64_masks;
+    const AttentionOptions o{c.block, c.head_dim, c.dtype, c.order, c.causal, ""};
+    ASSERT_EQ(generator::generate_attention_forward(masks, o, "sm_90a").block, 128) << case_name(c);
+    ASSERT_EQ(generator::generate_attention_backward(masks, o, "sm_90a").block, 128) << case_name(c);
+    const Attention attn(masks, o);
+    std::mt19937_64 rng(1500 + c.head_dim + c.causal);
+    expect_gradients(attn, c, masks, rng, 2, static_cast<std::int64_t>(masks.size()), true);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AttentionBackwardGpu, ::testing::ValuesIn(testing::all_attention_cases()),
