@@ -33,9 +33,11 @@ struct TileFootprint {
 // Block-64 masks on Hopper whose 128-tiles are mostly live run on the block-128 kernels: the mask of
 // 128-tiles (a tile where any of its four 64-blocks is), and per tile of each mask, in the order of
 // its coords(), its quadrants as 4 bits (bit 2i + j: the 64-block (2r + i, 2c + j)), the others
-// masked in the kernels. Per block of 64 the block-128 kernels run 1.2× (head dim 128) and 1.1×
-// (64) faster forward, 1.35× and 1.08× backward (suite A on an H100, 358ea85, docs/PERFORMANCE.md):
-// a pass coarsens where its live share of the tiles' quadrants times that gain is over 1.05.
+// masked in the kernels. Per live block of 64 the coarse kernels run 1.2× (head dim 128) and 1.1×
+// (64) faster forward, 1.35× and 1.01× backward than the block-64 kernels (suite A's causal and
+// window masks on an H100, 2026-12-07, docs/PERFORMANCE.md "Block-64 masks on tiles of 128"): a
+// pass coarsens where its live share of the tiles' quadrants times that gain is over 1.05, so the
+// head-dim-64 backward stays on blocks of 64.
 struct CoarseMasks {
   std::vector<Layout> masks;
   std::vector<std::vector<int>> quadrants;  // per mask, per coords() entry

@@ -251,9 +251,10 @@ TEST(AttentionGenerator, OneSourceServesEverySequenceLength) {
         EXPECT_EQ(g.source, (here ? f_coarse : f).source) << g.label << " at " << n << " blocks";
         EXPECT_EQ(array_of(g, "kDims"), (std::vector<int>{static_cast<int>(lines), static_cast<int>(lines)}));
         EXPECT_EQ(array_of(g, "kKeys").size(), static_cast<std::size_t>(lines * (lines + 1) / 2));
-        const auto gb = generate_attention_backward(one, o, arch);
-        EXPECT_EQ(gb.source, (here ? b_coarse : b).source) << gb.label << " at " << n << " blocks";
-        EXPECT_EQ(array_of(gb, "kDims"), (std::vector<int>{static_cast<int>(lines), static_cast<int>(lines)}));
+        const auto gb = generate_attention_backward(one, o, arch);  // head dim 64: never coarse
+        EXPECT_EQ(b_coarse.block, block);
+        EXPECT_EQ(gb.source, b.source) << gb.label << " at " << n << " blocks";
+        EXPECT_EQ(array_of(gb, "kDims"), (std::vector<int>{static_cast<int>(n), static_cast<int>(n)}));
         const auto go = generate_attention_ops(one, o);
         EXPECT_EQ(go.source, ops.source) << go.label << " at " << n << " blocks";
         EXPECT_EQ(array_of(go, "kDims"),
@@ -414,9 +415,9 @@ TEST(AttentionGenerator, Block64MasksRunOnTilesOf128WhereMostlyLive) {
     EXPECT_FALSE(coarse_attention({layouts::causal(15)}, d128, "sm_90a", backward)) << "odd";
     EXPECT_FALSE(coarse_attention({Layout::from_dense(12, 12, random)}, d128, "sm_90a", backward)) << "sparse tiles";
     auto d64 = d128;
-    d64.head_dim = 64;  // gains 1.1 and 1.08: 0.94 live is not enough, 0.99 is
+    d64.head_dim = 64;  // forward gain 1.1: 0.94 live is not enough, 0.99 is; backward 1.01: never
     EXPECT_FALSE(coarse_attention(causal, d64, "sm_90a", backward));
-    EXPECT_TRUE(coarse_attention({nearly_dense(16, 2)}, d64, "sm_90a", backward));
+    EXPECT_EQ(coarse_attention({nearly_dense(16, 2)}, d64, "sm_90a", backward).has_value(), !backward);
     auto b128 = d128;
     b128.block = 128;
     EXPECT_FALSE(coarse_attention(causal, b128, "sm_90a", backward));
@@ -470,7 +471,8 @@ TEST(AttentionGenerator, QuadrantKernelsCompile) {
     const auto& [masks, o] = all[i];
     const auto f = generate_attention_forward(masks, o, o.arch);
     const auto b = generate_attention_backward(masks, o, o.arch);
-    if (f.block != 128 || b.block != 128) {
+    const bool coarse_backward = o.head_dim == 128;  // (the head-dim-64 backward gains too little)
+    if (f.block != 128 || b.block != (coarse_backward ? 128 : 64)) {
       failures[i] = f.label + ": not on tiles of 128";
       return;
     }
@@ -481,8 +483,9 @@ TEST(AttentionGenerator, QuadrantKernelsCompile) {
         if (bytes.find(t.name + '\0') == std::string::npos) failures[i] += g.label + ": no symbol " + t.name + "; ";
     };
     check(f, f.name_expression);
-    for (const auto& name : {b.prep, b.main, b.dq, b.dkv})
-      if (!name.empty()) check(b, name);
+    if (coarse_backward)
+      for (const auto& name : {b.prep, b.main, b.dq, b.dkv})
+        if (!name.empty()) check(b, name);
   });
   for (const auto& f : failures)
     if (!f.empty()) ADD_FAILURE() << f;
