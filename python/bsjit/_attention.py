@@ -153,5 +153,7 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, masks: int, block: int, caus
                    key_padding: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """bsjit::attention, run directly in eager mode on CUDA tensors (bsjit._direct) and as the op otherwise."""
     if _direct.eager(q, k, v, key_padding):
+        if not _direct.records(q, k, v):
+            return _attention(q, k, v, masks, block, causal, order, scale, key_padding)
         return _AttentionFunction.apply(q, k, v, masks, block, causal, order, scale, key_padding)
     return attention(q, k, v, masks, block, causal, order, scale, key_padding)

@@ -235,6 +235,8 @@ def conv_call(x: Tensor, f: Tensor, layout: int, C: int, K: int, blocks: int, fi
               geometry: list[int], channels_last: bool, deconv: bool, gate: Optional[Tensor]) -> Tensor:
     """bsjit::conv, run directly in eager mode on CUDA tensors (bsjit._direct) and as the op otherwise."""
     if _direct.eager(x, f, gate):
+        if not _direct.records(x, f, gate):
+            return _conv(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
         return _ConvFunction.apply(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
     return conv(x, f, layout, C, K, blocks, filter_elements, geometry, channels_last, deconv, gate)
 

@@ -243,5 +243,7 @@ def matmul_call(x: Tensor, w: Tensor, layout: int, in_features: int, out_feature
                 gate: Optional[Tensor]) -> Tensor:
     """bsjit::matmul, run directly in eager mode on CUDA tensors (bsjit._direct) and as the op otherwise."""
     if _direct.eager(x, w, gate):
+        if not _direct.records(x, w, gate):
+            return _matmul(x, w, layout, in_features, out_features, feature_axis, gate)
         return _MatMulFunction.apply(x, w, layout, in_features, out_features, feature_axis, gate)
     return matmul(x, w, layout, in_features, out_features, feature_axis, gate)

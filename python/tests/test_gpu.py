@@ -450,6 +450,18 @@ def test_direct_eager_calls_match_the_registered_ops():
         q.grad = k.grad = v.grad = None
     for direct, op in zip(*results):
         assert torch.equal(direct, op)
+    # where autograd records nothing (no grad mode, or nothing requiring grad) the implementations
+    # run alone: the same outputs, no graph
+    expected = _ops.matmul(x, w, layout.handle, 4 * 64, 6 * 64, 0, gate).detach()
+    with torch.no_grad():
+        y = _ops.matmul_call(x, w, layout.handle, 4 * 64, 6 * 64, 0, gate)
+    assert y.grad_fn is None and torch.equal(y, expected)
+    y = _ops.matmul_call(x.detach(), w.detach(), layout.handle, 4 * 64, 6 * 64, 0, gate.detach())
+    assert y.grad_fn is None and torch.equal(y, expected)
+    expected = _attention.attention(q, k, v, masks, 64, True, 0, 0.0, None)[0].detach()
+    with torch.no_grad():
+        out, _ = _attention.attention_call(q, k, v, masks, 64, True, 0, 0.0, None)
+    assert out.grad_fn is None and torch.equal(out, expected)
 
 
 # --- convolution ---------------------------------------------------------------------------------

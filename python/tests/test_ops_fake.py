@@ -101,6 +101,20 @@ def test_autotune_needs_a_gpu_and_checks_its_inputs_first():
                               layout)
 
 
+def test_calls_that_autograd_would_not_record_skip_the_function():
+    """bsjit._direct.records: an eager call runs its implementation alone where grad mode is off or
+    no tensor given requires grad (None skipped), and through the autograd.Function otherwise."""
+    from bsjit import _direct
+
+    plain, tracked = torch.empty(4), torch.empty(4, requires_grad=True)
+    assert not _direct.records(plain, None, plain)
+    assert _direct.records(plain, None, tracked)
+    with torch.no_grad():
+        assert not _direct.records(plain, tracked)
+    with torch.inference_mode():
+        assert not _direct.records(tracked)
+
+
 def test_eager_calls_take_the_op_wherever_something_needs_it():
     """The public calls skip torch's op dispatch only for plain CUDA tensors in eager mode
     (bsjit._direct); meta and fake tensors, dispatch modes and torch.compile see the registered op."""

@@ -10,7 +10,8 @@
 - attention: suite A's causal and window cells (B = 4, H = 16, S = 8192, bf16, [b, h, s, d]) through
   bsjit.functional.attention against flex_attention (compiled) and dense SDPA, forward and
   forward + backward.
-- host: microseconds of host time per call on a tiny problem, bsjit's linear against torch.mm
+- host: microseconds of host time per call on a tiny problem: bsjit's matmul op against torch.mm,
+  and BlockSparseLinear against nn.Linear with their weights requiring grad
   (tools/bench/dispatch_overhead.py has the full comparison).
 
 Needs a GPU and the bsjit package:  python3 tools/bench/suite_t.py [--parts mlp attention host]
@@ -166,13 +167,21 @@ def attention_part(reps):
 
 
 def host_part(calls=400):
-    """Host microseconds per call, back to back on a tiny problem (the GPU waits on the host)."""
+    """Host microseconds per call, back to back on a tiny problem (the GPU waits on the host): the op
+    (bsjit.functional.matmul, nothing requiring grad) against torch.mm, as BENCH.md's target reads,
+    and the layer with its weight requiring grad (autograd records the call) against nn.Linear."""
     x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
     layer = bsjit.nn.BlockSparseLinear(balanced_mask(16, 16, 0.25, 3), 64, bias=False, device="cuda",
                                        dtype=torch.bfloat16)
+    blocks = layer.weight.detach().clone()
+    dense = torch.nn.Linear(1024, 1024, bias=False, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     bsjit.warmup(layer)
-    for name, fn in (("bsjit linear", lambda: layer(x)), ("torch.mm", lambda: torch.mm(x, w))):
+    handle = layer._handle
+    for name, fn in (("bsjit matmul", lambda: bsjit.functional.matmul(x, blocks, handle)),
+                     ("torch.mm", lambda: torch.mm(x, w)),
+                     ("BlockSparseLinear, weight requiring grad", lambda: layer(x)),
+                     ("nn.Linear, weight requiring grad", lambda: dense(x))):
         for _ in range(10):
             fn()
         torch.cuda.synchronize()
