@@ -3,6 +3,10 @@
 //   fwd: the grouped forward (dsd_grouped_kernel, b ≤ 32): CTA p takes tiles p, p + P, ... (column
 //        group fastest), a step reading one X tile (BM rows × 64 features) and its W blocks; a
 //        round is a tile.
+//   tma: the TMA forward (dsd_tma_kernel, b ≥ 64): tile t the output column at position
+//        t % units of row tile t / units, or with column groups of G positions (group g's tiles
+//        together, column fastest within a row tile), a step reading one X slice (BM rows × 64
+//        features) and 64 rows of the W block; a round is a tile.
 //   bw:  backward-weight (sdd_rows_kernel, sdd_cols_kernel): CTA p takes units p, p + P, ..., each
 //        over all of N, a step reading 64 rows of X at the unit's block rows and of dY at its block
 //        columns; a round is 8 steps of a unit (the leftover units taken whole, unpaced).
@@ -12,7 +16,8 @@
 // rate and the time in steps. docs/PERFORMANCE.md, "The long-N cells profiled".
 //   g++ -O2 -std=c++20 -Igenerator -Iinclude -Itools -I. tools/probes/wave_l2_model.cpp
 //       tools/suite_layouts.cpp -Lbuild -lbsjit -Wl,-rpath,$PWD/build -lfmt -o wave_l2_model
-//   ./wave_l2_model fwd|bw C N b d [l2_MiB=50] [cv=0.3] [spread=0.03] [lead=0]
+//   ./wave_l2_model fwd|tma|bw C N b d [l2_MiB=50] [cv=0.3] [spread=0.03] [lead=0] [layout=balanced]
+//       [G=0: no column groups]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -140,8 +145,13 @@ int main(int argc, char** argv) {
   const double d = std::atof(argv[5]), l2_mib = argc > 6 ? std::atof(argv[6]) : 50.0;
   const double cv = argc > 7 ? std::atof(argv[7]) : 0.3, spread = argc > 8 ? std::atof(argv[8]) : 0.03;
   const long lead = argc > 9 ? std::atol(argv[9]) : 0;
+  const std::string kind = argc > 10 ? argv[10] : "balanced";
+  const long group = argc > 11 ? std::atol(argv[11]) : 0;
   std::mt19937_64 rng(1);
-  const Layout layout = bench::balanced_layout(features / b, features / b, d, rng);
+  const std::int64_t blocks = features / b;
+  const Layout layout = kind == "powerlaw"    ? bench::power_law_layout(blocks, blocks, d, rng)
+                        : kind == "bernoulli" ? bench::bernoulli_layout(blocks, blocks, d, rng)
+                                              : bench::balanced_layout(blocks, blocks, d, rng);
   MatMulSpec spec;
   spec.op = mode == "bw" ? Op::backward_weight : Op::forward, spec.block = b, spec.dtype = DType::bf16;
   spec.wgmma = true;
@@ -159,7 +169,40 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int>> x_blocks, dy_blocks;                 // bw: per unit
   long units = 0;
   const long row_steps = (n + 63) / 64;
-  if (mode == "fwd") {
+  if (mode == "tma") {
+    if (!t.tma || t.columns > 0 || t.paired) {
+      std::fprintf(stderr, "%s: not the TMA kernel\n", g.label.c_str());
+      return 1;
+    }
+    static std::vector<int> order, offsets, lut;
+    order = table("kOutColumns"), offsets = table("kLutOffsets"), lut = table("kLut");
+    const long positions = static_cast<long>(order.size()), row_tiles = (n + t.bm - 1) / t.bm;
+    const long slices = std::max(1, b / 64), width = group > 0 ? group : positions, band = group < 0 ? -group : 0;
+    units = positions * row_tiles;
+    // tile → (position, row tile): groups of `width` positions, each over every row tile; or (G < 0)
+    // bands of -G row tiles, each over every position, a position's row tiles together
+    const auto place = [positions, row_tiles, width, band](long tile) {
+      if (band > 0) {
+        const long span = band * positions, bi = tile / span, r = tile - bi * span;
+        const long h = std::min(band, row_tiles - bi * band);
+        return std::pair<long, long>{r / h, bi * band + r % h};
+      }
+      const long span = width * row_tiles, gi = tile / span, r = tile - gi * span;
+      const long w = std::min(width, positions - gi * width);
+      return std::pair<long, long>{gi * width + r % w, r / w};
+    };
+    w.steps = [place, slices](long tile) {
+      const long pos = place(tile).first;
+      return static_cast<long>(offsets[pos + 1] - offsets[pos]) * slices;
+    };
+    const std::int64_t x_bytes = static_cast<std::int64_t>(t.bm) * 128, w_bytes = 128LL * b;
+    w.reads = [place, slices, x_bytes, w_bytes](long tile, long k, Reads& r) {
+      const auto [pos, row] = place(tile);
+      const int entry = offsets[pos] + static_cast<int>(k / slices), slice = static_cast<int>(k % slices);
+      r.push_back({key(1, row, lut[2 * entry] * 4 + slice), x_bytes});
+      r.push_back({key(2, lut[2 * entry + 1], slice), w_bytes});
+    };
+  } else if (mode == "fwd") {
     if (t.columns <= 0) {
       std::fprintf(stderr, "%s: not the grouped kernel\n", g.label.c_str());
       return 1;
