@@ -564,29 +564,27 @@ void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   directory_bytes_ = left;
 }
 
-std::string KernelCache::find_tuning(const std::string& key) {
+std::string KernelCache::find_tuning(const std::string& key, const std::string& stem) {
   std::vector<fs::path> layers;
   {
     std::lock_guard lock(mutex_);
     if (auto it = tunings_.find(key); it != tunings_.end()) return it->second;
     layers = readable_;
   }
-  const std::string suffix = fmt::format("-{}{}", key.substr(0, 16), kTuneExt);
+  const std::string name = fmt::format("{}-{}{}", stem, key.substr(0, 16), kTuneExt);  // as store_tuning names it
   for (const auto& dir : layers) {
+    const fs::path path = dir / name;
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      bool ok = false;
-      std::string text = read_all(e.path(), &ok);
-      auto j = nlohmann::json::parse(text, nullptr, false);
-      if (!ok || j.is_discarded() || !j.is_object() || j.value("key", "") != key || !insecure_reason(e.path()).empty()) {
-        spdlog::warn("bsjit: tuning record '{}' is unusable; ignored", e.path().string());
-        continue;
-      }
-      std::lock_guard lock(mutex_);
-      return tunings_[key] = text;
+    if (!fs::is_regular_file(path, ec)) continue;
+    bool ok = false;
+    std::string text = read_all(path, &ok);
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!ok || j.is_discarded() || !j.is_object() || j.value("key", "") != key || !insecure_reason(path).empty()) {
+      spdlog::warn("bsjit: tuning record '{}' is unusable; ignored", path.string());
+      continue;
     }
+    std::lock_guard lock(mutex_);
+    return tunings_[key] = text;
   }
   return "";
 }

@@ -160,7 +160,8 @@ struct Conv::Impl {
     const auto at = std::pair{arch, direction};
     if (const auto it = chosen.find(at); it != chosen.end()) return it->second;
     std::string e = default_engine(arch, k);
-    if (const std::string record = cache::KernelCache::global().find_tuning(tuning_key(arch, direction));
+    if (const std::string record =
+            cache::KernelCache::global().find_tuning(tuning_key(arch, direction), tuning_stem(arch, direction));
         !record.empty()) {
       try {
         const auto kernel = nlohmann::json::parse(record).at("kernel").get<std::string>();

@@ -154,7 +154,8 @@ generator::MatMulSpec resolve_spec(const std::string& layout_hash, generator::Ma
                                    int variant) {
   spec.wgmma = generator::has_wgmma(arch) && !spec.tf32;  // TF32 runs the mma.sync kernels
   if (!spec.wgmma) spec.sms = generator::kDefaultSms;     // only the Hopper schedules read it
-  const std::string record = cache::KernelCache::global().find_tuning(tuning_key(layout_hash, spec, arch, variant));
+  const std::string record = cache::KernelCache::global().find_tuning(tuning_key(layout_hash, spec, arch, variant),
+                                                                      tuning_stem(spec, arch, variant));
   if (record.empty()) return spec;
   try {
     auto j = nlohmann::json::parse(record).at("tiles");

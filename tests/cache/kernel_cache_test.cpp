@@ -669,11 +669,14 @@ TEST(KernelCache, TuningRecordsPersistAcrossProcessesAndLayers) {
   CacheConfig c = config_for(local.path);
   c.read_only = {shipped.path};
   KernelCache layered(c);  // a later process with the shipped directory as a read-only layer
-  EXPECT_NE(layered.find_tuning(key).find("\"x\": 1"), std::string::npos);
-  EXPECT_EQ(layered.find_tuning("ffffffffffffffff0123456789abcdef"), "");
+  const std::string stem = "forward-bf16-b32-last-sm_90-any-n";
+  EXPECT_NE(layered.find_tuning(key, stem).find("\"x\": 1"), std::string::npos);
+  EXPECT_EQ(layered.find_tuning("ffffffffffffffff0123456789abcdef", stem), "");
+  // found by its name: the same key under another stem is another record
+  EXPECT_EQ(KernelCache(c).find_tuning(key, "forward-bf16-b64-last-sm_90-any-n"), "");
   // a record whose key does not match its name is ignored
   std::ofstream(local.path / "x-sm_90-aaaaaaaaaaaaaaaa.tune") << R"({"key": "something else"})";
-  EXPECT_EQ(KernelCache(config_for(local.path)).find_tuning("aaaaaaaaaaaaaaaa0000000000000000"), "");
+  EXPECT_EQ(KernelCache(config_for(local.path)).find_tuning("aaaaaaaaaaaaaaaa0000000000000000", "x-sm_90"), "");
   EXPECT_GE(clear_cache(shipped.path).removed, 1);
   EXPECT_FALSE(fs::exists(shipped.path / "forward-bf16-b32-last-sm_90-any-n-0123456789abcdef.tune"));
 }
