@@ -170,10 +170,13 @@ class KernelCache {
   // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).
   Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
   Compiled load_from_layers(const Request& request, bool quiet);
-  void store(const Request& request, const runtime::CompiledKernel& kernel);
-  // Writes bytes to path through a unique temporary file, fsync and rename; false on failure
-  // (after one warning, writes to the directory stop).
-  bool write_atomically(const std::filesystem::path& path, const std::string& bytes);
+  // durable: fsync the entry before it takes its name (see write_atomically).
+  void store(const Request& request, const runtime::CompiledKernel& kernel, bool durable);
+  // Whether code_key's code is in memory: a miss of it then builds in milliseconds, without NVRTC.
+  bool code_in_memory(const std::string& code_key);
+  // Writes bytes to path through a unique temporary file and rename, with an fsync before the
+  // rename where durable; false on failure (after one warning, writes to the directory stop).
+  bool write_atomically(const std::filesystem::path& path, const std::string& bytes, bool durable = true);
 
   mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;

@@ -1,6 +1,6 @@
 // Helper process for the cache stress tests.
 //   cache_worker precompile DIR SEED   4 threads precompile 6 overlapping ops (12 kernels) into DIR in a
-//                                      seed-dependent order; prints "compiles N"
+//                                      seed-dependent order; prints "built N compiled M"
 //   cache_worker churn DIR SEED        writes large entries with fake cubins derived from their key,
 //                                      forever (the test kills it with SIGKILL mid-write)
 #include <cstdio>
@@ -44,8 +44,10 @@ int main(int argc, char** argv) {
         for (int k : order) kernels[k / 2].precompile(k % 2 ? Op::forward : Op::backward_weight, "sm_90", Calls::plain);
       });
     for (auto& t : threads) t.join();
-    // entries built: compiled, or from the code of another layout of the shape compiled here
-    std::printf("built %lld\n", static_cast<long long>(cache_stats().compiles + cache_stats().shared_compiles));
+    // entries built: compiled, or from the code of another layout of the shape; and those compiled
+    std::printf("built %lld compiled %lld\n",
+                static_cast<long long>(cache_stats().compiles + cache_stats().shared_compiles),
+                static_cast<long long>(cache_stats().compiles));
     return 0;
   }
   if (mode == "churn") {
