@@ -454,7 +454,7 @@ KernelCache::Compiled KernelCache::code_from_layers(const Request& r) {
   return nullptr;
 }
 
-bool KernelCache::write_atomically(const fs::path& path, const std::string& bytes, bool durable) {
+bool KernelCache::write_atomically(const fs::path& path, const std::string& bytes) {
   std::random_device rd;
   fs::path tmp = path;
   tmp += fmt::format(".tmp.{}.{:08x}", ::getpid(), rd());
@@ -466,7 +466,7 @@ bool KernelCache::write_atomically(const fs::path& path, const std::string& byte
     if (n <= 0) ok = false;
     else done += static_cast<std::size_t>(n);
   }
-  if (ok && durable) ok = ::fsync(fd) == 0;
+  if (ok) ok = ::fsync(fd) == 0;
   if (fd >= 0) ok = (::close(fd) == 0) && ok;
   const bool written = ok;  // the temporary file is whole: what fails after this is the entry's own
   if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;  // atomic; losing a race to an equal file is fine
@@ -536,10 +536,10 @@ void KernelCache::record_writes(bool on) {
   if (recordings_ == 0) disk_writes_.written.clear();
 }
 
-void KernelCache::store(const Request& r, const runtime::CompiledKernel& k, bool durable) {
+void KernelCache::store(const Request& r, const runtime::CompiledKernel& k) {
   fs::path path = entry_path(r);
   const std::string bytes = path.empty() ? std::string() : serialize(r, k);
-  if (path.empty() || !write_atomically(path, bytes, durable)) {
+  if (path.empty() || !write_atomically(path, bytes)) {
     std::lock_guard lock(mutex_);
     ++disk_writes_.not_written;
     return;
@@ -663,18 +663,10 @@ KernelCache::Compiled KernelCache::get(const Request& r, OnMiss on_miss, bool* c
     if (auto k = load_from_layers(r, true))  // quiet: a bad entry was reported above already
       return slot->kernel = loaded(r, k);
   }
-  auto k = build(r);
+  bool shared = false;
+  auto k = build(r, &shared);
   if (compiled_now) *compiled_now = true;
-  // An entry built from code in memory is not fsync'ed (unless a precompile records the writes):
-  // after a crash that left it incomplete its checksum refuses it, and it is rebuilt as cheaply. A
-  // new layout's three ops (six entries) took 4 ms more with the disk cache than without on the
-  // 2-core machine, most of it creating and syncing files.
-  bool durable = !from_memory;
-  if (!durable) {
-    std::lock_guard l(mutex_);
-    durable = recordings_ > 0;
-  }
-  store(r, *k, durable);
+  if (!shared || on_miss != OnMiss::compile_at_run) store(r, *k);  // (OnMiss: why not at run time)
   return slot->kernel = k;
 }
 
@@ -719,12 +711,16 @@ std::shared_ptr<runtime::CompiledKernel> KernelCache::with_code_of(const runtime
   return k;
 }
 
-std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r) {
+std::shared_ptr<runtime::CompiledKernel> KernelCache::build(const Request& r, bool* shared) {
+  *shared = false;
   if (r.code_key.empty()) return compile_now(r);
   auto slot = slot_in(code_slots_, r.code_key);
   std::lock_guard code_lock(slot->mutex);  // taken after the entry's slot lock, never before
   if (!slot->kernel) slot->kernel = code_from_layers(r);
-  if (const auto& code = slot->kernel) return with_code_of(*code, r);
+  if (const auto& code = slot->kernel) {
+    *shared = true;
+    return with_code_of(*code, r);
+  }
   auto k = compile_now(r);
   slot->kernel = k;
   return k;
@@ -756,7 +752,7 @@ KernelCache::Compiled KernelCache::rebuild(const Request& r, const Compiled& ref
   }
   std::unique_ptr<FileLock> lock;
   if (!path.empty()) lock = std::make_unique<FileLock>(fs::path(path).replace_extension(kLockExt));
-  store(r, *k, true);
+  store(r, *k);
   return slot->kernel = k;
 }
 

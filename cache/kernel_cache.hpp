@@ -67,7 +67,16 @@ struct Request {
   std::string miss_hint;
 };
 
-enum class OnMiss { compile, fail };
+// What a get does with a kernel in no cache.
+//   compile: build it (NVRTC, or the code of another layout of its shape with its own tables) and
+//     store it in the writable directory: precompile, warm-up's tuning, tests.
+//   compile_at_run: the same, except that an entry built from code already built stays in memory.
+//     An op's calls (run_time_on_miss): a training job whose layout changes, or a service that
+//     meets a new mask per request, would otherwise write a file of a cubin's size (60-100 KB at
+//     b = 32) for each new layout of a shape, which another process builds again in about the time
+//     it takes to read it, and an unbounded directory would grow with every change.
+//   fail: an Error (strict mode).
+enum class OnMiss { compile, compile_at_run, fail };
 
 // Why directory (or an entry file in it) must not be trusted, or "" when it may.
 std::string insecure_reason(const std::filesystem::path& path);
@@ -84,7 +93,9 @@ class KernelCache {
   // per key and look again before compiling. With OnMiss::fail (or strict mode) a kernel in no
   // cache is an Error. A miss whose code key this process has compiled or loaded already, or
   // a cache directory holds (for another layout of the shape), takes that code with the
-  // request's tables instead of compiling. *compiled_now tells whether this call made a new entry.
+  // request's tables instead of compiling (without a lock where the code is in memory; with
+  // OnMiss::compile_at_run, kept in memory only). *compiled_now tells whether this call made a new
+  // entry.
   Compiled get(const Request& request, OnMiss on_miss = OnMiss::compile, bool* compiled_now = nullptr);
 
   // The request's kernel compiled again with NVRTC, in place of `refused`: a kernel of this
@@ -108,8 +119,8 @@ class KernelCache {
 
   void configure(CacheConfig config);
   CacheConfig config() const;
-  // What an op does with a kernel in no cache: OnMiss::fail in strict mode, else compile.
-  OnMiss run_time_on_miss() const { return config().strict ? OnMiss::fail : OnMiss::compile; }
+  // What an op does with a kernel in no cache: OnMiss::fail in strict mode, else compile_at_run.
+  OnMiss run_time_on_miss() const { return config().strict ? OnMiss::fail : OnMiss::compile_at_run; }
   // Where an entry for request is (or would be) written; empty when there is no usable
   // writable directory.
   std::filesystem::path entry_path(const Request& request);
@@ -161,8 +172,9 @@ class KernelCache {
   // An entry of request's code key (another layout) in a cache directory, read whole and verified;
   // nullptr when there is none.
   Compiled code_from_layers(const Request& request);
-  // The request's code with its tables: from an entry of the same code key, else compiled.
-  std::shared_ptr<runtime::CompiledKernel> build(const Request& request);
+  // The request's code with its tables: from an entry of the same code key (*shared set), else
+  // compiled.
+  std::shared_ptr<runtime::CompiledKernel> build(const Request& request, bool* shared);
   // NVRTC on the request's source (counted), with the request's tables.
   std::shared_ptr<runtime::CompiledKernel> compile_now(const Request& request);
   // code's binary with the request's tables (counted as a shared compile).
@@ -170,13 +182,12 @@ class KernelCache {
   // quiet: a bad entry is neither counted nor logged (a second look after taking the lock).
   Compiled load_from(const std::filesystem::path& path, const std::string& key, bool writable_layer, bool quiet);
   Compiled load_from_layers(const Request& request, bool quiet);
-  // durable: fsync the entry before it takes its name (see write_atomically).
-  void store(const Request& request, const runtime::CompiledKernel& kernel, bool durable);
+  void store(const Request& request, const runtime::CompiledKernel& kernel);
   // Whether code_key's code is in memory: a miss of it then builds in milliseconds, without NVRTC.
   bool code_in_memory(const std::string& code_key);
-  // Writes bytes to path through a unique temporary file and rename, with an fsync before the
-  // rename where durable; false on failure (after one warning, writes to the directory stop).
-  bool write_atomically(const std::filesystem::path& path, const std::string& bytes, bool durable = true);
+  // Writes bytes to path through a unique temporary file, fsync and rename; false on failure
+  // (after one warning, writes to the directory stop).
+  bool write_atomically(const std::filesystem::path& path, const std::string& bytes);
 
   mutable std::mutex mutex_;  // guards slots_, config_ and the layer state below
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;

@@ -502,6 +502,40 @@ TEST(KernelCache, LayoutsOfOneShapeShareOneCompile) {
   EXPECT_EQ(third.stats().disk_hits, 0);
 }
 
+// An op's calls (OnMiss::compile_at_run) keep an entry built from code already built in memory:
+// a new layout of a known shape writes no file, and a new process builds it from the code on disk
+// again without NVRTC. What NVRTC compiles is stored, as is everything a precompile builds.
+TEST(KernelCache, RunTimeBuildsFromSharedCodeStayInMemory) {
+  TempDir dir;
+  std::atomic<int> compiles{0};
+  auto entry_of = [&](KernelCache& cache, int layout) { return cache.entry_path(layout_request(layout, &compiles)); };
+  {
+    KernelCache cache(config_for(dir.path));
+    cache.get(layout_request(1, &compiles), OnMiss::compile_at_run);
+    EXPECT_TRUE(fs::exists(entry_of(cache, 1))) << "compiled with NVRTC: stored";
+    bool now = false;
+    auto b = cache.get(layout_request(2, &compiles), OnMiss::compile_at_run, &now);
+    EXPECT_TRUE(now);
+    EXPECT_EQ(b->tables[0].values, (std::vector<int>{2, 3}));
+    EXPECT_FALSE(fs::exists(entry_of(cache, 2))) << "built from the code in memory at run time: not stored";
+    cache.get(layout_request(3, &compiles), OnMiss::compile);
+    EXPECT_TRUE(fs::exists(entry_of(cache, 3))) << "built from shared code by a precompile: stored";
+    EXPECT_EQ(compiles, 1);
+    EXPECT_EQ(cache.stats().shared_compiles, 2);
+    EXPECT_EQ(cache.get(layout_request(2, &compiles), OnMiss::compile_at_run), b) << "kept in memory";
+  }
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) files += e.path().extension() == ".bsjit";
+  EXPECT_EQ(files, 2u);
+  KernelCache fresh(config_for(dir.path));
+  EXPECT_EQ(fresh.get(layout_request(2, &compiles), OnMiss::compile_at_run)->tables[0].values,
+            (std::vector<int>{2, 3}));
+  EXPECT_EQ(compiles, 1) << "the code came from an entry of the shape on disk";
+  EXPECT_EQ(fresh.stats().shared_compiles, 1);
+  EXPECT_FALSE(fs::exists(entry_of(fresh, 2)));
+  EXPECT_EQ(KernelCache(config_for(dir.path)).run_time_on_miss(), OnMiss::compile_at_run);
+}
+
 // Warm-up of a directory inserts what it read, with the code key its header names.
 TEST(KernelCache, InsertedEntriesOfferTheirCode) {
   KernelCache cache(config_for({}));
