@@ -9,7 +9,10 @@
 
 namespace bsjit::generator {
 
-std::size_t capacity(const DeviceTable& table) { return std::bit_ceil(std::max<std::size_t>(table.values.size(), 64)); }
+std::size_t capacity(const DeviceTable& table) {
+  const std::size_t n = table.values.size();
+  return std::bit_ceil(std::max<std::size_t>(n + 3 * n / 4, 64));
+}
 
 std::string declare(const DeviceTable& table) {
   // C linkage: the loader finds the symbol by its plain name (cuModuleGetGlobal); a definition in

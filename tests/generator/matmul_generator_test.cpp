@@ -1679,9 +1679,10 @@ TEST(Generator, SourceNamesWhatItIs) {
   EXPECT_NE(g.source, wide.source);
 }
 
-TEST(DeviceTables, CapacityIsAPowerOfTwoOfAtLeast64) {
-  const std::pair<std::size_t, std::size_t> cases[] = {{0, 64},      {1, 64},      {64, 64},    {65, 128},
-                                                       {3950, 4096}, {4096, 4096}, {4097, 8192}};
+TEST(DeviceTables, CapacityIsAPowerOfTwoOfAtLeast64AndSevenQuartersOfTheLength) {
+  const std::pair<std::size_t, std::size_t> cases[] = {
+      {0, 64},      {1, 64},      {37, 64},     {38, 128},    {2341, 4096},  {2342, 8192},  {3072, 8192},
+      {4000, 8192}, {4096, 8192}, {4200, 8192}, {4681, 8192}, {4682, 16384}, {6144, 16384}, {11008, 32768}};
   for (auto [n, want] : cases) {
     const DeviceTable t{"kLut", std::vector<int>(n, 1)};
     EXPECT_EQ(capacity(t), want) << n;
