@@ -9,9 +9,10 @@
 # kernel cache of its own: the whole suite in about 450 s instead of about 900 (N = 3; the programs
 # compile and compute their double references on the CPU cores while others run; on an H100 with
 # 16 cores at 358ea85 attention_gpu_test alone did not end within 430 s, its 8 shards in 164); BSJIT_BENCH_ARGS: the benchmark's arguments ("none": no benchmark);
-# BSJIT_GPU_DEADLINE=S: stop the tests S seconds after the start (exit 124 in the summary), so that
-# a call's own time limit never cuts off the summary (give S under that limit, with room for the
-# rest). A line is printed as each program (or shard) ends; the shards' logs are merged into one
+# BSJIT_GPU_DEADLINE=S: stop the tests S seconds after the start (exit 124 in the summary, with the
+# tests a program had started and not ended: where it hung), so that a call's own time limit never
+# cuts off the summary (give S under that limit, with room for the rest). The logs are line-buffered
+# and keep gtest's RUN and OK lines. A line is printed as each program (or shard) ends; the shards' logs are merged into one
 # file at the end (the device tool brings back only a few files).
 set -uo pipefail
 build=${1:-build}
@@ -30,8 +31,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 status=()
 tests=${BSJIT_GPU_TESTS:-matmul_gpu_test conv_gpu_test attention_gpu_test attention_ops_gpu_test deploy_gpu_test context_gpu_test}
 rcs=$(mktemp -d)  # exit codes, out of $out (the device tool brings back only a few files)
-result() {  # test log → "exit code, gtest's summary lines"
-  echo "exit $(cat "$rcs/$(basename "$1")"), $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' ')"
+result() {  # test log → "exit code, gtest's summary lines" and, past the deadline, the test it was in
+  local rc
+  rc=$(cat "$rcs/$(basename "$1")")
+  echo "exit $rc, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' ')$([ "$rc" = 124 ] && unfinished "$1")"
+}
+unfinished() {  # the tests a log started and never ended (a program stopped at the deadline)
+  local t names=""
+  for t in $(sed -n 's/^\[ RUN      \] \([^ ]*\).*/\1/p' "$1"); do
+    grep -qE "^\[ +(OK|FAILED|SKIPPED) +\] $t( |,|$)" "$1" || names="$names $t"
+  done
+  [ -n "$names" ] && echo "stopped in:$names"
 }
 if [ -n "${BSJIT_GPU_PARALLEL:-}" ]; then
   start=$(date +%s)
@@ -43,7 +53,7 @@ if [ -n "${BSJIT_GPU_PARALLEL:-}" ]; then
       log="$out/$t.$s.log"
       runs+=("$log")
       (GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s BSJIT_CACHE_DIR=$(mktemp -d) \
-        timeout "$(left)" "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1
+        timeout "$(left)" stdbuf -oL -eL "$build/tests/$t" --gtest_filter="$filter" > "$log" 2>&1
         echo $? > "$rcs/$(basename "$log")"
         echo "ended: $(basename "$log" .log): $(result "$log") $(($(date +%s) - start)) s") &
     done
@@ -59,7 +69,7 @@ if [ -n "${BSJIT_GPU_PARALLEL:-}" ]; then
 else
   for t in $tests; do
     start=$(date +%s)
-    stdbuf -oL -eL timeout "$(left)" "$build/tests/$t" --gtest_filter="$filter" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -40
+    timeout "$(left)" stdbuf -oL -eL "$build/tests/$t" --gtest_filter="$filter" 2>&1 | tee "$out/$t.log" | grep -v '^\[ \(RUN\|      OK\) ' | tail -40
     echo "${PIPESTATUS[0]}" > "$rcs/$t.log"
     status+=("$t: $(result "$out/$t.log") $(($(date +%s) - start)) s")
   done
