@@ -12,8 +12,8 @@
 # BSJIT_GPU_DEADLINE=S: stop the tests S seconds after the start (exit 124 in the summary, with the
 # tests a program had started and not ended: where it hung), so that a call's own time limit never
 # cuts off the summary (give S under that limit, with room for the rest). The logs are line-buffered
-# and keep gtest's RUN and OK lines. A line is printed as each program (or shard) ends; the shards' logs are merged into one
-# file at the end (the device tool brings back only a few files).
+# and keep gtest's RUN and OK lines. A line is printed as each program (or shard) ends; the shards'
+# logs are merged into one file at the end (the device tool brings back only a few files).
 set -uo pipefail
 build=${1:-build}
 filter=${2:-*}
@@ -37,11 +37,9 @@ result() {  # test log → "exit code, gtest's summary lines" and, past the dead
   echo "exit $rc, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' ')$([ "$rc" = 124 ] && unfinished "$1")"
 }
 unfinished() {  # the tests a log started and never ended (a program stopped at the deadline)
-  local t names=""
-  for t in $(sed -n 's/^\[ RUN      \] \([^ ]*\).*/\1/p' "$1"); do
-    grep -qE "^\[ +(OK|FAILED|SKIPPED) +\] $t( |,|$)" "$1" || names="$names $t"
-  done
-  [ -n "$names" ] && echo "stopped in:$names"
+  awk '/^\[ RUN      \] / { started[$4] = NR; next }
+       /^\[ +(OK|FAILED|SKIPPED) +\] / { name = $0; sub(/^\[[^]]*\] /, "", name); sub(/[ ,].*/, "", name); delete started[name] }
+       END { for (t in started) names = names " " t; if (names != "") print "stopped in:" names }' "$1"
 }
 if [ -n "${BSJIT_GPU_PARALLEL:-}" ]; then
   start=$(date +%s)
