@@ -117,9 +117,9 @@ __global__ void __launch_bounds__(384, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {  // producers: lane 0 of warp st for stream st; warp 1 adds dQ (one stream)
-    // 24 registers a thread; 32 with the dQ warp (24 spill its loop), which leaves the consumers
-    // their 240 exactly (128 · 32 + 256 · 240 = 65536)
-    warpgroup_release_registers<Plan::kBulkDq ? 32 : 24>();
+    // 24 registers a thread, the consumers 240: 128 · 24 + 256 · 240 is the CTA's 384 · 168 at launch
+    // (the dQ warp spills 56 bytes in its loop at 24; the consumers spill at 232)
+    warpgroup_release_registers<24>();
     const int st = threadIdx.x / 32;
     if constexpr (Plan::kBulkDq) {
       if (st == 1) {
