@@ -298,11 +298,14 @@ GeneratedAttentionBackward backward_source(const std::vector<Layout>& masks, con
     // 128 keys per CTA, two consumer warpgroups of 64, query tiles of 64 rows through rings of
     // stages (Q, dO, lse, Delta), one CTA per SM. Block 128: one key block, one ring, dSᵀ shared
     // by the consumers with head dim 128 (double-buffered). Block 64: two key blocks (a pair of
-    // block columns), a ring and a producer thread each, a consumer each.
+    // block columns), a ring and a producer thread each, a consumer each. With one ring each
+    // consumer's 64 × 64 dQ product goes through shared memory to a bulk reduction.
     tile = 128;
     const int streams = o.block == 64 ? 2 : 1, q = 64 * d * 2, rows = 64 * 4;
-    const int ds = 128 * 64 * 2 * (o.block == 128 && d == 128 ? 2 : 1);
-    auto bytes = [&](int s) { return 2 * 128 * d * 2 + streams * s * (2 * q + 2 * rows) + ds + streams * (1 + 2 * s) * 8 + 1024; };
+    const int ds = 128 * 64 * 2 * (o.block == 128 && d == 128 ? 2 : 1), dq = streams == 1 ? 2 * 64 * 64 * 4 : 0;
+    auto bytes = [&](int s) {
+      return 2 * 128 * d * 2 + streams * s * (2 * q + 2 * rows) + ds + dq + streams * (1 + 2 * s) * 8 + 1024;
+    };
     stages = 2;
     while (stages < 3 && bytes(stages + 1) <= 227 * 1024) ++stages;
     g.threads = 3 * 128;
@@ -327,7 +330,9 @@ GeneratedAttentionBackward backward_source(const std::vector<Layout>& masks, con
   g.prep = "bsjit::kernels::attention_backward_prep_kernel<bsjit_generated::Config>";
   g.main = g.tma ? "bsjit::kernels::attention_backward_tma_kernel<bsjit_generated::Config>"
                  : "bsjit::kernels::attention_backward_kernel<bsjit_generated::Config>";
-  g.dq = "bsjit::kernels::attention_backward_dq_kernel<bsjit_generated::Config>";
+  // the accumulator's layout: tiles in the fragments' order where the bulk reduction adds them
+  g.dq = g.tma && o.block == 128 ? "bsjit::kernels::attention_backward_dq_tiles_kernel<bsjit_generated::Config>"
+                                 : "bsjit::kernels::attention_backward_dq_kernel<bsjit_generated::Config>";
   if (o.kv_group > 1) g.dkv = "bsjit::kernels::attention_backward_dkv_kernel<bsjit_generated::Config>";
   g.key_rows16 = masks[0].cols() * o.block / 16;
   if (g.key_rows16 > 65535)

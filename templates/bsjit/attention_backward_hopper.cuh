@@ -12,11 +12,15 @@
 //   Pᵀ = exp2(scale_log2 · Sᵀ − lse · log2 e) in registers (masked pairs 0), dV += Pᵀ·dO (P from
 //   registers, dO MN-major);
 //   dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ·Q, and dSᵀ to shared memory;
-//   dQ = dS·K from shared memory (dSᵀ MN-major as A, K MN-major), added to the fp32 accumulator
-//   with 8-byte reductions. A block of 128 with head dim 128: both consumers' dSᵀ feed one product
-//   over the block's keys, each consumer taking 64 of dQ's columns (dSᵀ double-buffered, a named
-//   barrier between them); otherwise each consumer multiplies its own 64 keys, 64 columns of dQ at
-//   a time.
+//   dQ = dS·K from shared memory (dSᵀ MN-major as A, K MN-major). A block of 128 with head dim
+//   128: both consumers' dSᵀ feed one product over the block's keys, each consumer taking 64 of
+//   dQ's columns (dSᵀ double-buffered, a named barrier between them); otherwise each consumer
+//   multiplies its own 64 keys, 64 columns of dQ at a time.
+// dQ's products go to the fp32 accumulator. With one stream (block 128) the consumers store them
+// to shared memory in their fragments' order and go on, and warp 1 of the producers adds the tile
+// to the accumulator with one bulk reduction (the accumulator's tiles of 64 rows are in that order:
+// attention_backward_dq_tiles_kernel reads them); the pair's two streams (block 64) meet different
+// query tiles, and each consumer adds its own with 8-byte reductions.
 #pragma once
 
 #include "bsjit/attention_backward.cuh"
@@ -34,12 +38,27 @@ struct AttentionBackwardTmaPlan {
   static constexpr int kQBytes = Cfg::kQTile * Cfg::kHeadDim * 2;   // Q or dO of one stage
   static constexpr int kDsBytes = Cfg::kKTile * Cfg::kQTile * 2;    // dSᵀ, one buffer
   static constexpr int kDsBuffers = kSharedDq ? 2 : 1;
+  static constexpr bool kBulkDq = !kPaired;
+  static constexpr int kDqBytes = kBulkDq ? 2 * 64 * 64 * 4 : 0;  // a 64 × 64 fp32 product per consumer
   static constexpr int kRowBytes = Cfg::kQTile * 4;                    // lse or Delta of one stage
   static constexpr int kRing = kStreams * Cfg::kStages;                // stages of all streams
   static constexpr int kBarriers = kStreams * (1 + 2 * Cfg::kStages);  // per stream: K and V; full, empty
   static constexpr int kSharedBytes =
-      2 * kKVBytes + kRing * (2 * kQBytes + 2 * kRowBytes) + kDsBuffers * kDsBytes + kBarriers * 8 + kSwizzleAtomBytes;
+      2 * kKVBytes + kRing * (2 * kQBytes + 2 * kRowBytes) + kDsBuffers * kDsBytes + kDqBytes + kBarriers * 8 +
+      kSwizzleAtomBytes;
+  // named barriers (0 is __syncthreads): dSᵀ written (1, or 1 + consumer), dQ's shared tile
+  // written by the consumers (kDqFull) and read by the bulk reduction (kDqEmpty), both counting
+  // the consumers and the producers' warp 1
+  static constexpr int kDqFull = 3, kDqEmpty = 4, kDqThreads = 256 + 32;
 };
+
+// Where element pair (j, e) of thread `thread`'s m64n64 accumulator (rows 16·warp + g + 8e,
+// columns 8j + 2·t4 and the next) lies in a 64 × 64 dQ product of column chunk `chunk`, in floats
+// from its 64-row tile: the consumers' 8-byte stores are consecutive within a warp, and a tile is
+// one contiguous run for the bulk reduction.
+__device__ __forceinline__ int dq_fragment_offset(int chunk, int j, int e, int thread) {
+  return chunk * 64 * 64 + ((2 * j + e) * 128 + thread) * 2;
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(384, 1)
@@ -66,7 +85,8 @@ __global__ void __launch_bounds__(384, 1)
   auto qs = [&](int r) { return vs + Plan::kKVBytes + r * Plan::kQBytes; };
   auto dos = [&](int r) { return vs + Plan::kKVBytes + (Plan::kRing + r) * Plan::kQBytes; };
   unsigned char* dss = vs + Plan::kKVBytes + 2 * Plan::kRing * Plan::kQBytes;
-  float* lse_s = reinterpret_cast<float*>(dss + Plan::kDsBuffers * Plan::kDsBytes);  // [ring][QT]
+  float* dq_s = reinterpret_cast<float*>(dss + Plan::kDsBuffers * Plan::kDsBytes);  // [consumer][64 · 64]
+  float* lse_s = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(dq_s) + Plan::kDqBytes);  // [ring][QT]
   float* delta_s = lse_s + Plan::kRing * QT;
   unsigned long long* kv_full = reinterpret_cast<unsigned long long*>(delta_s + Plan::kRing * QT);  // [streams]
   unsigned long long* full = kv_full + Plan::kStreams;                                              // [ring]
@@ -96,9 +116,35 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {  // producers: lane 0 of warp st for stream st
+  if (warpgroup == 0) {  // producers: lane 0 of warp st for stream st; warp 1 adds dQ (one stream)
+    // 24 registers a thread, the consumers 240: 128 · 24 + 256 · 240 is the CTA's 384 · 168 at launch
+    // (the dQ warp spills 56 bytes in its loop at 24; the consumers spill at 232)
     warpgroup_release_registers<24>();
     const int st = threadIdx.x / 32;
+    if constexpr (Plan::kBulkDq) {
+      if (st == 1) {
+        const int begin = begin_of(0), total = total_of(0);
+        for (int i = 0; i < total; ++i) {
+          named_barrier_sync(Plan::kDqFull, Plan::kDqThreads);
+          if (threadIdx.x % 32 == 0) {
+            // both column chunks (head dim 128) or both consumers' partial products (64)
+            float* tile = dq_acc + (bh * seq_q + query0(begin, i)) * D;
+            if constexpr (Plan::kSharedDq) {
+              bulk_reduce_add(tile, dq_s, Plan::kDqBytes);
+            } else {
+              bulk_reduce_add(tile, dq_s, Plan::kDqBytes / 2);
+              bulk_reduce_add(tile, dq_s + 64 * 64, Plan::kDqBytes / 2);
+            }
+            bulk_commit_group();
+            bulk_wait_group_read<0>();
+          }
+          __syncwarp();
+          if (i + 1 < total) named_barrier_arrive(Plan::kDqEmpty, Plan::kDqThreads);
+        }
+        if (threadIdx.x % 32 == 0) bulk_wait_group<0>();
+        return;
+      }
+    }
     if (threadIdx.x % 32 != 0 || st >= Plan::kStreams) return;
     const int begin = begin_of(st), total = total_of(st);
     if (total == 0) return;
@@ -205,6 +251,7 @@ __global__ void __launch_bounds__(384, 1)
     else
       named_barrier_sync(1 + consumer, 128);
     float* acc = dq_acc + (bh * seq_q + q0) * D;
+    static_assert(!Plan::kBulkDq || kDqParts == 1, "one 64 x 64 product per consumer and step");
 #pragma unroll
     for (int part = 0; part < kDqParts; ++part) {
       const int col0 = Plan::kSharedDq ? consumer * 64 : part * 64;  // dQ columns = K's panel
@@ -221,12 +268,25 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_registers(dq);
+      if constexpr (Plan::kBulkDq) {
+        float* tile = dq_s + consumer * 64 * 64;
+        if (i > 0) named_barrier_sync(Plan::kDqEmpty, Plan::kDqThreads);  // the last step's tile was read
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          red_add_pair(acc + (warp * 16 + g + 8 * e) * D + col0 + 8 * j + 2 * t4, dq[4 * j + 2 * e],
-                       dq[4 * j + 2 * e + 1]);
+          for (int e = 0; e < 2; ++e)
+            *reinterpret_cast<float2*>(tile + dq_fragment_offset(0, j, e, threadIdx.x % 128)) =
+                make_float2(dq[4 * j + 2 * e], dq[4 * j + 2 * e + 1]);
+        fence_proxy_async();
+        named_barrier_arrive(Plan::kDqFull, Plan::kDqThreads);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            red_add_pair(acc + (warp * 16 + g + 8 * e) * D + col0 + 8 * j + 2 * t4, dq[4 * j + 2 * e],
+                         dq[4 * j + 2 * e + 1]);
+      }
     }
     wgmma_fence_registers(dk_acc);
     wgmma_fence_registers(dv_acc);
@@ -256,6 +316,28 @@ __global__ void __launch_bounds__(384, 1)
         red_add_pair(at, dk_acc[4 * j + 2 * e] * scale, dk_acc[4 * j + 2 * e + 1] * scale);
         red_add_pair(at + acc.dv, dv_acc[4 * j + 2 * e], dv_acc[4 * j + 2 * e + 1]);
       }
+  }
+}
+
+// grid (batch · heads, seq_q / 16), 128 threads: dQ = scale · accumulator, whose tiles of 64 rows
+// hold the products in their fragments' order (dq_fragment_offset). Block y takes the rows of
+// fragment warp y % 4 of tile y / 4, 16 rows; each thread reads whole warps' runs of pairs.
+template <class Cfg>
+__global__ void __launch_bounds__(128)
+    attention_backward_dq_tiles_kernel(const float* __restrict__ dq_acc, typename Cfg::T* __restrict__ dq, int heads,
+                                       float scale) {
+  constexpr int D = Cfg::kHeadDim, kPairs = D / 64 * 16;  // (chunk, j, e) per thread of a fragment warp
+  const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const int warp = blockIdx.y % 4, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const long long row0 = static_cast<long long>(blockIdx.y / 4) * 64;
+  const QkvIndex<Cfg> ix(b, h, heads, seq_q);
+  const float* tile = dq_acc + (static_cast<long long>(blockIdx.x) * seq_q + row0) * D;
+#pragma unroll
+  for (int p = threadIdx.x / 32; p < kPairs; p += 4) {
+    const int chunk = p / 16, j = p % 16 / 2, e = p % 2;
+    const float2 v = *reinterpret_cast<const float2*>(tile + dq_fragment_offset(chunk, j, e, warp * 32 + lane));
+    store_pair(dq + ix.at(row0 + warp * 16 + g + 8 * e) + chunk * 64 + 8 * j + 2 * t4, v.x * scale, v.y * scale, 0);
   }
 }
 

@@ -397,6 +397,15 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
                "l"(src), "r"(bytes), "r"(smem_address(bar))
                : "memory");
 }
+// Adds `bytes` of fp32 (a multiple of 16, both addresses 16-byte aligned) from shared memory into
+// global memory, element by element in L2; tracked by the issuing thread's bulk groups. The writes
+// to src must be made visible to the async proxy first (fence_proxy_async, then a barrier of the
+// writers).
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const void* src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_address(src)), "r"(bytes)
+               : "memory");
+}
 // *p += a, p[1] += b in one 8-byte reduction in L2 (p 8-byte aligned; sm_90).
 __device__ __forceinline__ void red_add_pair(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
