@@ -1,19 +1,20 @@
 """tools/bench/sol_picture.py on a benchmark result written here: a cell per (layout, block, density,
-op), shaded by SOL, from the CSV and the JSON forms alike."""
+op), shaded by SOL, from the CSV and the JSON forms alike; tools/bench/compare.py on two CSV runs."""
 
 import json
 import pathlib
 import runpy
 import sys
 
-TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "bench" / "sol_picture.py"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "tools" / "bench"
+TOOL = BENCH / "sol_picture.py"
 
 
-def run(args):
+def run(args, tool=TOOL):
     old = sys.argv
-    sys.argv = [str(TOOL), *args]
+    sys.argv = [str(tool), *args]
     try:
-        runpy.run_path(str(TOOL), run_name="__main__")
+        runpy.run_path(str(tool), run_name="__main__")
     except SystemExit as e:
         return e.code
     finally:
@@ -41,3 +42,15 @@ def test_cells_from_csv_and_json(tmp_path):
         assert "0.31  (100 TF/s)" in svg
     (tmp_path / "empty.csv").write_text("suite,layout,block,density,op,ms,tflops,sol\n")
     assert run([str(tmp_path / "empty.csv"), "-o", str(tmp_path / "e.svg")]) == 1
+
+
+def test_compare_reads_quoted_layouts(tmp_path, capsys):
+    # suite A's masks hold commas ("causal, 2 kv heads"): bsjit-bench quotes them (RFC 4180)
+    head = "suite,layout,block,density,op,ms,tflops,sol,vs_cublas,vs_cusparse,error,vs_dense_equivalent\n"
+    for name, tflops in (("a", (300, 400)), ("b", (330, 500))):
+        (tmp_path / f"{name}.csv").write_text(head + f'A,"causal, 2 kv heads",128,128,attention_bwd,1,{tflops[0]},0,0,0,0,0\n'
+                                              + f"A,causal,128,128,attention_bwd,1,{tflops[1]},0,0,0,0,0\n")
+    assert run([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], BENCH / "compare.py") == 0
+    out = capsys.readouterr().out
+    assert "causal, 2 kv heads" in out and "x1.100" in out and "x1.250" in out
+    assert "geomean attention_bwd   b128: x1.1726 (2 of 2 up, 1.100-1.250)" in out

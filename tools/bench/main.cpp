@@ -871,6 +871,14 @@ void print_layers(const std::vector<Row>& rows) {
   }
 }
 
+// A CSV field (RFC 4180): quoted where it holds a comma, a quote or a line break ("causal, 2 kv heads")
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (const char ch : text) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return out + "\"";
+}
+
 }  // namespace
 }  // namespace bsjit::bench
 
@@ -1093,8 +1101,8 @@ int main(int argc, char** argv) {
       for (auto* set : {&rows, &small_rows, &tf32_rows, &layer_rows})
         for (const auto& r : *set)
           csv << fmt::format("{},{},{},{},{},{:.5f},{:.2f},{:.3f},{:.3f},{:.3f},{:.2e},{:.3f}\n",
-                             set == &rows ? "W" : set_name(set), r.layout, r.b, r.d, r.op, r.ms, r.tflops, r.sol,
-                             r.vs_cublas, r.vs_cusparse, r.error, r.vs_dense_eq);
+                             set == &rows ? "W" : set_name(set), csv_field(r.layout), r.b, r.d, r.op, r.ms, r.tflops,
+                             r.sol, r.vs_cublas, r.vs_cusparse, r.error, r.vs_dense_eq);
       // suite A: the head dim in the density column; TFLOP/s of the attended pairs (4 · D FLOPs
       // each forward, 10 · D backward), so that compare.py (and ab.sh) compare these cells too
       for (const auto& r : attention_rows) {
@@ -1103,8 +1111,8 @@ int main(int argc, char** argv) {
                                                       {"attention_bwd", r.backward_ms},
                                                       {"attention_decomposed", r.decomposed_ms}};
         for (const auto& [op, ms] : ops)
-          csv << fmt::format("A,{},{},{},{},{:.5f},{:.2f},0,0,0,{:.2e},0\n", r.mask, r.block, r.head_dim, op, ms,
-                             forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms,
+          csv << fmt::format("A,{},{},{},{},{:.5f},{:.2f},0,0,0,{:.2e},0\n", csv_field(r.mask), r.block, r.head_dim, op,
+                             ms, forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms,
                              op == ops[1].first ? r.backward_error : r.error);
       }
     }
