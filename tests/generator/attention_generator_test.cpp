@@ -326,11 +326,15 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
   // blocks 32 and 64, Hopper at 64 and 128
   for (const auto& [block, arch] : {std::pair{32, "sm_80"}, {64, "sm_80"}, {64, "sm_90a"}, {128, "sm_90a"}})
     all.push_back({block, 128, DType::bf16, block == 64 ? QkvOrder::bshd : QkvOrder::bhsd, block == 128, arch, 2});
-  // A kernel's cubin: not empty, and holding every table of its source as a symbol (the loader
-  // looks each up by name, also in kernels that read none of them).
+  // A kernel's cubin: not empty, its wgmmas not serialized by ptxas (a product's accumulators read
+  // or spilled while it runs: the kernel still works, at a fraction of its speed), and holding every
+  // table of its source as a symbol (the loader looks each up by name, also in kernels that read
+  // none of them).
   auto check = [](const auto& g, const std::string& name, const std::string& arch) -> std::string {
     const auto k = runtime::compile(g.source, name, g.label, arch);
     if (k.cubin.size() <= 64) return g.label + ": cubin too small; ";
+    if (const std::string losses = runtime::performance_losses(k.log); !losses.empty())
+      return g.label + " " + name + ": " + losses + "; ";
     const std::string bytes(k.cubin.begin(), k.cubin.end());
     for (const auto& t : g.tables)
       if (bytes.find(t.name + '\0') == std::string::npos) return g.label + " " + name + ": no symbol " + t.name + "; ";
@@ -478,6 +482,8 @@ TEST(AttentionGenerator, QuadrantKernelsCompile) {
     }
     auto check = [&](const auto& g, const std::string& name) {
       const auto k = runtime::compile(g.source, name, g.label, o.arch);
+      if (const std::string losses = runtime::performance_losses(k.log); !losses.empty())
+        failures[i] += g.label + ": " + losses + "; ";
       const std::string bytes(k.cubin.begin(), k.cubin.end());
       for (const auto& t : g.tables)
         if (bytes.find(t.name + '\0') == std::string::npos) failures[i] += g.label + ": no symbol " + t.name + "; ";
