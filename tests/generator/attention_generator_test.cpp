@@ -16,6 +16,22 @@
 namespace bsjit::generator {
 namespace {
 
+// What is wrong with kernel `name` of g compiled for arch ("" if nothing): its cubin not empty, its
+// wgmmas not serialized by ptxas (a product's accumulators read or spilled while it runs: the
+// kernel still works, at a fraction of its speed), and every table of its source a symbol in it
+// (the loader looks each up by name, also in kernels that read none of them).
+template <typename Generated>
+std::string compile_failures(const Generated& g, const std::string& name, const std::string& arch) {
+  const auto k = runtime::compile(g.source, name, g.label, arch);
+  if (k.cubin.size() <= 64) return g.label + ": cubin too small; ";
+  if (const std::string losses = runtime::performance_losses(k.log); !losses.empty())
+    return g.label + " " + name + ": " + losses + "; ";
+  const std::string bytes(k.cubin.begin(), k.cubin.end());
+  for (const auto& t : g.tables)
+    if (bytes.find(t.name + '\0') == std::string::npos) return g.label + " " + name + ": no symbol " + t.name + "; ";
+  return "";
+}
+
 // The values of table `name`, which g's source must declare (and not initialize).
 template <typename Generated>
 std::vector<int> array_of(const Generated& g, const std::string& name) {
@@ -326,36 +342,22 @@ TEST(AttentionGenerator, EveryVariantCompiles) {
   // blocks 32 and 64, Hopper at 64 and 128
   for (const auto& [block, arch] : {std::pair{32, "sm_80"}, {64, "sm_80"}, {64, "sm_90a"}, {128, "sm_90a"}})
     all.push_back({block, 128, DType::bf16, block == 64 ? QkvOrder::bshd : QkvOrder::bhsd, block == 128, arch, 2});
-  // A kernel's cubin: not empty, its wgmmas not serialized by ptxas (a product's accumulators read
-  // or spilled while it runs: the kernel still works, at a fraction of its speed), and holding every
-  // table of its source as a symbol (the loader looks each up by name, also in kernels that read
-  // none of them).
-  auto check = [](const auto& g, const std::string& name, const std::string& arch) -> std::string {
-    const auto k = runtime::compile(g.source, name, g.label, arch);
-    if (k.cubin.size() <= 64) return g.label + ": cubin too small; ";
-    if (const std::string losses = runtime::performance_losses(k.log); !losses.empty())
-      return g.label + " " + name + ": " + losses + "; ";
-    const std::string bytes(k.cubin.begin(), k.cubin.end());
-    for (const auto& t : g.tables)
-      if (bytes.find(t.name + '\0') == std::string::npos) return g.label + " " + name + ": no symbol " + t.name + "; ";
-    return "";
-  };
   auto run = [&](AttentionOptions o) -> std::string {
     try {
       std::string failure;
       const auto g = generate_attention_forward(masks, o, o.arch);
-      failure += check(g, g.name_expression, o.arch);
+      failure += compile_failures(g, g.name_expression, o.arch);
       // the backward's three kernels from one source, four with a key/value group
       const auto bw = generate_attention_backward(masks, o, o.arch);
       if (bw.tma != g.tma) return bw.label + ": the backward's Hopper choice differs from the forward's";
       if (bw.dkv.empty() != (o.kv_group == 1)) return bw.label + ": a dkv kernel without a group, or none with one";
       for (const auto& name : {bw.prep, bw.main, bw.dq, bw.dkv})
-        if (!name.empty()) failure += check(bw, name, o.arch);
+        if (!name.empty()) failure += compile_failures(bw, name, o.arch);
       // the decomposed ops' five kernels, for every block size and head dim (bf16)
       if (o.dtype == DType::bf16) {
         const auto ops = generate_attention_ops(masks, o);
         for (const auto& name : {ops.scores, ops.softmax, ops.softmax_grad, ops.probs_v, ops.probs_t})
-          failure += check(ops, name, o.arch);
+          failure += compile_failures(ops, name, o.arch);
       }
       return failure;
     } catch (const std::exception& e) {
@@ -480,18 +482,10 @@ TEST(AttentionGenerator, QuadrantKernelsCompile) {
       failures[i] = f.label + ": not on tiles of 128";
       return;
     }
-    auto check = [&](const auto& g, const std::string& name) {
-      const auto k = runtime::compile(g.source, name, g.label, o.arch);
-      if (const std::string losses = runtime::performance_losses(k.log); !losses.empty())
-        failures[i] += g.label + ": " + losses + "; ";
-      const std::string bytes(k.cubin.begin(), k.cubin.end());
-      for (const auto& t : g.tables)
-        if (bytes.find(t.name + '\0') == std::string::npos) failures[i] += g.label + ": no symbol " + t.name + "; ";
-    };
-    check(f, f.name_expression);
+    failures[i] += compile_failures(f, f.name_expression, o.arch);
     if (coarse_backward)
       for (const auto& name : {b.prep, b.main, b.dq, b.dkv})
-        if (!name.empty()) check(b, name);
+        if (!name.empty()) failures[i] += compile_failures(b, name, o.arch);
   });
   for (const auto& f : failures)
     if (!f.empty()) ADD_FAILURE() << f;
