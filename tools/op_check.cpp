@@ -26,12 +26,13 @@ std::vector<float> random_gates(std::size_t blocks, std::mt19937_64& rng) {
   return gate;
 }
 
-// Uploads the op's inputs, poisons its output (or fills it with `before`), runs `call` and compares
-// what the output holds then with want.
+// Uploads the op's inputs, poisons its output (or fills it with `before`), runs `call` with the
+// call options of o (accumulate, workspace, the gates uploaded) and compares what the output holds
+// then with want.
 template <class Call>
 CheckResult check_on_gpu(DType dt, const std::vector<const std::vector<double>*>& inputs, std::size_t outputs,
                          const std::vector<double>* before, const std::vector<float>& gate,
-                         const std::vector<double>& want, Call call) {
+                         const std::vector<double>& want, const CheckOptions& o, Call call) {
   std::vector<std::unique_ptr<DeviceBuffer>> in;
   for (const auto* v : inputs) {
     in.push_back(std::make_unique<DeviceBuffer>(v->size() * dtype_size(dt)));
@@ -43,7 +44,12 @@ CheckResult check_on_gpu(DType dt, const std::vector<const std::vector<double>*>
   else
     BSJIT_CU(runtime::driver().cuMemsetD8(dout.ptr, 0xff, dout.bytes));  // NaN in f32, f16 and bf16
   dgate.upload(gate);
-  call(in, dout, gate.empty() ? nullptr : static_cast<const float*>(dgate.get()));
+  OpOptions oo;
+  oo.accumulate = o.accumulate;
+  oo.workspace = o.workspace;
+  oo.workspace_bytes = o.workspace_bytes;
+  oo.gate = gate.empty() ? nullptr : static_cast<const float*>(dgate.get());
+  call(in, dout, oo);
   BSJIT_CU(runtime::driver().cuCtxSynchronize());
   auto got = reference::decode(dt, dout.download());
   CheckResult r;
@@ -66,13 +72,8 @@ CheckResult run_and_check(const MatMul& mm, Op op, const CheckOptions& o) {
   if (o.accumulate) before = reference::random_values(dt, s.out, rng);
   const std::vector<float> gate = o.gated ? random_gates(mm.layout().blocks(), rng) : std::vector<float>{};
   auto want = reference::matmul(p, op, a, b, o.accumulate ? &before : nullptr, gate);
-  return check_on_gpu(dt, {&a, &b}, s.out, o.accumulate ? &before : nullptr, gate, want,
-                      [&](auto& in, DeviceBuffer& out, const float* g) {
-                        OpOptions oo;
-                        oo.accumulate = o.accumulate;
-                        oo.workspace = o.workspace;
-                        oo.workspace_bytes = o.workspace_bytes;
-                        oo.gate = g;
+  return check_on_gpu(dt, {&a, &b}, s.out, o.accumulate ? &before : nullptr, gate, want, o,
+                      [&](auto& in, DeviceBuffer& out, const OpOptions& oo) {
                         switch (op) {
                           case Op::forward:
                             mm.forward(in[0]->get(), in[1]->get(), out.get(), o.n, nullptr, oo);
@@ -124,13 +125,8 @@ CheckResult run_and_check(const Conv& conv, ConvOp op, const CheckOptions& o) {
   }
   const std::vector<double>& input = op == ConvOp::updat ? (deconv ? y : x) : (x_to_y ? x : y);
   const std::vector<double>& second = op == ConvOp::updat ? (deconv ? x : y) : f;
-  return check_on_gpu(dt, {&input, &second}, want.size(), o.accumulate ? &before : nullptr, gate, want,
-                      [&](auto& in, DeviceBuffer& out, const float* g) {
-                        OpOptions oo;
-                        oo.accumulate = o.accumulate;
-                        oo.workspace = o.workspace;
-                        oo.workspace_bytes = o.workspace_bytes;
-                        oo.gate = g;
+  return check_on_gpu(dt, {&input, &second}, want.size(), o.accumulate ? &before : nullptr, gate, want, o,
+                      [&](auto& in, DeviceBuffer& out, const OpOptions& oo) {
                         switch (op) {
                           case ConvOp::fprop:
                             conv.fprop(in[0]->get(), in[1]->get(), out.get(), o.n, nullptr, oo);
