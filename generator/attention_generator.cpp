@@ -204,7 +204,7 @@ std::optional<CoarseMasks> coarse_attention(const std::vector<Layout>& masks, co
   if (arch != "sm_90a" || o.block != 64 || o.head_dim < 64) return std::nullopt;
   for (const Layout& m : masks)
     if (m.rows() % 2 != 0 || m.cols() % 2 != 0) return std::nullopt;
-  const double gain = backward ? (o.head_dim == 128 ? 1.35 : 1.01) : (o.head_dim == 128 ? 1.2 : 1.1);
+  const double gain = backward ? (o.head_dim == 128 ? 1.6 : 1.29) : (o.head_dim == 128 ? 1.2 : 1.1);
   CoarseMasks c = coarse_masks(masks);
   if (c.live * gain <= 1.05) return std::nullopt;
   return c;

@@ -34,10 +34,11 @@ struct TileFootprint {
 // 128-tiles (a tile where any of its four 64-blocks is), and per tile of each mask, in the order of
 // its coords(), its quadrants as 4 bits (bit 2i + j: the 64-block (2r + i, 2c + j)), the others
 // masked in the kernels. Per live block of 64 the coarse kernels run 1.2× (head dim 128) and 1.1×
-// (64) faster forward, 1.35× and 1.01× backward than the block-64 kernels (suite A's causal and
-// window masks on an H100, 2026-12-07, docs/PERFORMANCE.md "Block-64 masks on tiles of 128"): a
-// pass coarsens where its live share of the tiles' quadrants times that gain is over 1.05, so the
-// head-dim-64 backward stays on blocks of 64.
+// (64) faster forward than the block-64 kernels (suite A's causal and window masks on an H100,
+// 2026-12-07, docs/PERFORMANCE.md "Block-64 masks on tiles of 128"), and backward 1.6× and 1.29×:
+// 1.35× and 1.01× measured there, times the ×1.19 and ×1.28 that dQ's bulk reduction gave the
+// block-128 backward and not the block-64 one (section "dQ by bulk reduction"). A pass coarsens
+// where its live share of the tiles' quadrants times that gain is over 1.05.
 struct CoarseMasks {
   std::vector<Layout> masks;
   std::vector<std::vector<int>> quadrants;  // per mask, per coords() entry
