@@ -43,29 +43,47 @@ struct AttentionBackwardPlan {
   static constexpr int kSharedBytes = (2 * Cfg::kKTile + 2 * 2 * Cfg::kQTile) * kS * 2 + Cfg::kKTile * kSd * 2;
 };
 
-// grid (batch · heads, seq_q / 16), 128 threads: 8 threads per query row.
+// grid (batch · heads, seq_q / 16), 128 threads: 16 query rows a CTA. Every access is 16 bytes
+// and a warp's are consecutive: D / 8 threads read a row of O and of dO, 8 values each, and sum
+// their products over the row by shuffles; the rows' 16 · D accumulator floats (contiguous, whatever
+// order the main kernel adds in) are zeroed as 16-byte stores. Scalar 2-byte loads and 4-byte
+// stores a row apart ran at 0.76 TB/s at d = 128 (0.71 ms of the causal b = 128 backward's 6.7 on an
+// H100, 2026-12-07, docs/PERFORMANCE.md "The backward's memory-bound kernels").
 template <class Cfg>
 __global__ void __launch_bounds__(128)
     attention_backward_prep_kernel(const typename Cfg::T* __restrict__ out, const typename Cfg::T* __restrict__ dout,
                                    float* __restrict__ delta, float* __restrict__ dq_acc, int heads) {
-  constexpr int D = Cfg::kHeadDim, kPer = D / 8;
+  using T = typename Cfg::T;
+  constexpr int D = Cfg::kHeadDim, kLanes = D / 8, kRows = 128 / kLanes;  // threads a row, rows a pass
+  static_assert(sizeof(T) == 2 && D % 8 == 0 && kLanes <= 32, "16-bit rows of 16-byte chunks, a row within a warp");
   const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const long long row = static_cast<long long>(blockIdx.y) * 16 + threadIdx.x / 8;
-  const int part = threadIdx.x % 8;
   const QkvIndex<Cfg> ix(b, h, heads, seq_q);
-  const auto* o = out + ix.at(row) + part * kPer;
-  const auto* d = dout + ix.at(row) + part * kPer;
-  float sum = 0.0f;
+  const long long first = static_cast<long long>(blockIdx.x) * seq_q + static_cast<long long>(blockIdx.y) * 16;
+  const int lane = threadIdx.x % kLanes;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) sum += to_float(o[i]) * to_float(d[i]);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-  const long long r = static_cast<long long>(blockIdx.x) * seq_q + row;
-  if (part == 0) delta[r] = sum;
+  for (int r0 = 0; r0 < 16; r0 += kRows) {
+    const int local = r0 + threadIdx.x / kLanes;
+    if (kRows > 16 && local >= 16) break;  // head dim 32: whole warps past the CTA's rows
+    const long long row = static_cast<long long>(blockIdx.y) * 16 + local;
+    const uint4 o = *reinterpret_cast<const uint4*>(out + ix.at(row) + lane * 8);
+    const uint4 d = *reinterpret_cast<const uint4*>(dout + ix.at(row) + lane * 8);
+    const unsigned ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+    float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) dq_acc[r * D + part * kPer + i] = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+      float o0, o1, d0, d1;
+      unpack_pair<T>(ow[i], o0, o1);
+      unpack_pair<T>(dw[i], d0, d1);
+      sum = fmaf(o0, d0, fmaf(o1, d1, sum));
+    }
+#pragma unroll
+    for (int m = 1; m < kLanes; m *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (lane == 0) delta[first + local] = sum;
+  }
+  float4* acc = reinterpret_cast<float4*>(dq_acc + first * D);
+#pragma unroll
+  for (int i = threadIdx.x; i < 16 * D / 4; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // grid (batch · heads, seq_q / 16), 128 threads: dQ = scale · accumulator.

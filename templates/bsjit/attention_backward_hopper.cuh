@@ -320,24 +320,34 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // grid (batch · heads, seq_q / 16), 128 threads: dQ = scale · accumulator, whose tiles of 64 rows
-// hold the products in their fragments' order (dq_fragment_offset). Block y takes the rows of
-// fragment warp y % 4 of tile y / 4, 16 rows; each thread reads whole warps' runs of pairs.
+// hold the products in their fragments' order (dq_fragment_offset). Block y takes the 16 rows of
+// fragment warp y % 4 of tile y / 4. A thread takes 8 consecutive columns of a row, which 4
+// consecutive lanes of the fragment warp hold: 32 contiguous bytes read, 16 written; a warp reads
+// four runs of 256 bytes and writes 64 bytes to each of 8 rows. (A pair a thread, 4-byte stores a
+// row apart, ran at 1.1 TB/s at d = 128: 0.36 ms; docs/PERFORMANCE.md "The backward's memory-bound
+// kernels".)
 template <class Cfg>
 __global__ void __launch_bounds__(128)
     attention_backward_dq_tiles_kernel(const float* __restrict__ dq_acc, typename Cfg::T* __restrict__ dq, int heads,
                                        float scale) {
-  constexpr int D = Cfg::kHeadDim, kPairs = D / 64 * 16;  // (chunk, j, e) per thread of a fragment warp
+  using T = typename Cfg::T;
+  constexpr int D = Cfg::kHeadDim;
+  static_assert(sizeof(T) == 2 && D % 64 == 0, "16-bit; column chunks of 64");
   const long long seq_q = static_cast<long long>(Cfg::q_blocks()) * Cfg::kBlock;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int warp = blockIdx.y % 4, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int warp = blockIdx.y % 4;
   const long long row0 = static_cast<long long>(blockIdx.y / 4) * 64;
   const QkvIndex<Cfg> ix(b, h, heads, seq_q);
   const float* tile = dq_acc + (static_cast<long long>(blockIdx.x) * seq_q + row0) * D;
 #pragma unroll
-  for (int p = threadIdx.x / 32; p < kPairs; p += 4) {
-    const int chunk = p / 16, j = p % 16 / 2, e = p % 2;
-    const float2 v = *reinterpret_cast<const float2*>(tile + dq_fragment_offset(chunk, j, e, warp * 32 + lane));
-    store_pair(dq + ix.at(row0 + warp * 16 + g + 8 * e) + chunk * 64 + 8 * j + 2 * t4, v.x * scale, v.y * scale, 0);
+  for (int u = threadIdx.x; u < D / 64 * 128; u += 128) {  // (chunk, e, j, g), g fastest
+    const int g = u % 8, j = u / 8 % 8, e = u / 64 % 2, chunk = u / 128;
+    const float4* src = reinterpret_cast<const float4*>(tile + dq_fragment_offset(chunk, j, e, warp * 32 + 4 * g));
+    const float4 a = src[0], c = src[1];  // columns 8j .. 8j + 7: lanes 4g .. 4g + 3, a pair each
+    T* to = dq + ix.at(row0 + warp * 16 + g + 8 * e) + chunk * 64 + 8 * j;
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(to), "r"(pack_pair<T>(a.x * scale, a.y * scale)),
+                 "r"(pack_pair<T>(a.z * scale, a.w * scale)), "r"(pack_pair<T>(c.x * scale, c.y * scale)),
+                 "r"(pack_pair<T>(c.z * scale, c.w * scale)));
   }
 }
 
