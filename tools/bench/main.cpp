@@ -905,6 +905,9 @@ int main(int argc, char** argv) {
                                       "block sizes of suite W, suite small, suite C and the sweeps (small, "
                                       "sweep-small, C: 32, 64 unless given; C also takes 128)")
                            ->delimiter(',');
+  std::int64_t conv_batch = 32;
+  app.add_option("--conv-batch", conv_batch, "suite C: the images (32, as BENCH.md defines it, unless given)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}));
   std::string conv_arch;
   app.add_option("--conv-arch", conv_arch,
                  "suite C: build the kernels for this target instead of the GPU's (sm_90 on an H100 or H200: the "
@@ -986,7 +989,7 @@ int main(int argc, char** argv) {
       else if (s == "C")
         conv_rows =
             run_suite_c(env.stream, env.reps, env.copy_bw, block_option->count() > 0 ? blocks : std::vector<int>{},
-                        density_option->count() > 0 ? densities : std::vector<double>{}, conv_arch);
+                        density_option->count() > 0 ? densities : std::vector<double>{}, conv_arch, conv_batch);
       else if (s == "compile") run_compile(jit), run_attention_compile(jit);
       else if (s == "sweep" || s == "sweep-small") {
         nlohmann::json sweep;

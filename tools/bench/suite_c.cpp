@@ -27,8 +27,6 @@ namespace {
 
 using tools::DeviceBuffer;
 
-constexpr std::int64_t kN = 32;
-
 // The cuDNN functions the baseline calls, from libcudnn.so.9 opened at run time.
 #define BSJIT_CUDNN_FUNCTIONS(X)                    \
   X(cudnnCreate)                                    \
@@ -98,9 +96,10 @@ const Shape kShapes[] = {{"56x56 3x3 C=K=256", 56, 256, 256, 3, 1},
                          {"56x56 3x3 stride 2 C=K=256", 56, 256, 256, 3, 2},
                          {"14x14 1x1 C=1024 K=256", 14, 1024, 256, 1, 1}};
 
-// cuDNN's fastest algorithm for each op of a shape (groups: a grouped convolution), timed as bsjit's
+// cuDNN's fastest algorithm for each op of a shape at n images (groups: a grouped convolution), timed as bsjit's
 // calls are: {fprop, bprop, updat} in ms, bf16 NHWC with fp32 accumulation on the tensor cores.
-std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, int groups, CUstream stream, int reps) {
+std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, std::int64_t n, int groups, CUstream stream,
+                               int reps) {
   cudnnHandle_t h;
   dnn.check(dnn.cudnnCreate(&h), "create");
   dnn.check(dnn.cudnnSetStream(h, reinterpret_cast<cudaStream_t>(stream)), "set stream");
@@ -112,8 +111,12 @@ std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, int groups, CUs
   dnn.check(dnn.cudnnCreateTensorDescriptor(&y), "tensor");
   dnn.check(dnn.cudnnCreateFilterDescriptor(&w), "filter");
   dnn.check(dnn.cudnnCreateConvolutionDescriptor(&conv), "convolution");
-  dnn.check(dnn.cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, kN, s.c, s.hw, s.hw), "x");
-  dnn.check(dnn.cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, kN, s.k, out, out), "y");
+  dnn.check(
+      dnn.cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, static_cast<int>(n), s.c, s.hw, s.hw),
+      "x");
+  dnn.check(
+      dnn.cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, static_cast<int>(n), s.k, out, out),
+      "y");
   dnn.check(dnn.cudnnSetFilter4dDescriptor(w, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, s.k, s.c / groups, s.r, s.r),
             "w");
   dnn.check(dnn.cudnnSetConvolution2dDescriptor(conv, s.r / 2, s.r / 2, s.stride, s.stride, 1, 1,
@@ -121,7 +124,7 @@ std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, int groups, CUs
             "descriptor");
   dnn.check(dnn.cudnnSetConvolutionGroupCount(conv, groups), "groups");
   dnn.check(dnn.cudnnSetConvolutionMathType(conv, CUDNN_TENSOR_OP_MATH), "math");
-  DeviceBuffer dx(kN * s.c * s.hw * s.hw * 2), dy(kN * s.k * out * out * 2),
+  DeviceBuffer dx(n * s.c * s.hw * s.hw * 2), dy(n * s.k * out * out * 2),
       dw(static_cast<std::size_t>(s.k) * (s.c / groups) * s.r * s.r * 2);
   random_bf16(dx, 4), random_bf16(dy, 5), random_bf16(dw, 6);  // random inputs, as BENCH.md asks of baselines
   const float one = 1, zero = 0;
@@ -178,7 +181,7 @@ Layout block_diagonal(std::int64_t rows, std::int64_t cols, int groups) {
 }  // namespace
 
 std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks,
-                                 const std::vector<double>& densities, const std::string& arch) {
+                                 const std::vector<double>& densities, const std::string& arch, std::int64_t n) {
   // the cells asked for (an empty list asks for all); every mask is still drawn, so that a cell's
   // layout is the same whichever others run
   const auto chosen = [](const auto& list, auto v) {
@@ -187,6 +190,7 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
   std::string why;
   const auto dnn = Cudnn::open(&why);
   if (!dnn) fmt::print("suite C: cuDNN not loaded ({}): bsjit's times alone\n", why);
+  if (n != 32) fmt::print("suite C at N = {} (BENCH.md's is 32)\n", n);
   std::vector<ConvRow> rows;
   std::mt19937_64 rng(5600);
   // b = 128 is BENCH.md's suite C's extension, run only when asked for: its masks come from their own
@@ -194,7 +198,7 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
   std::mt19937_64 rng128(5628);
   const bool b128 = std::count(blocks.begin(), blocks.end(), 128) > 0;
   for (const Shape& s : kShapes) {
-    const std::array<double, 3> dense = dnn ? cudnn_ms(*dnn, s, 1, stream, reps) : std::array<double, 3>{};
+    const std::array<double, 3> dense = dnn ? cudnn_ms(*dnn, s, n, 1, stream, reps) : std::array<double, 3>{};
     const ConvGeometry geometry = ConvGeometry::same({1, s.hw, s.hw}, {1, s.r, s.r}, {1, s.stride, s.stride});
     const std::int64_t out = geometry.out()[2];
     for (int b : {32, 64, 128}) {
@@ -218,22 +222,21 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
         const Conv conv(layout, geometry, {DType::bf16, ActivationOrder::ndhwc, false, arch});
         conv.load();
         const std::int64_t filter = conv.filter_elements();
-        DeviceBuffer x(kN * s.c * s.hw * s.hw * 2), y(kN * s.k * out * out * 2), f(filter * 2), gx(x.bytes),
-            gf(f.bytes);
+        DeviceBuffer x(n * s.c * s.hw * s.hw * 2), y(n * s.k * out * out * 2), f(filter * 2), gx(x.bytes), gf(f.bytes);
         random_bf16(x, 1), random_bf16(y, 2), random_bf16(f, 3);
         const std::array<double, 3> grouped =
-            dnn && m.groups ? cudnn_ms(*dnn, s, m.groups, stream, reps) : std::array<double, 3>{};
+            dnn && m.groups ? cudnn_ms(*dnn, s, n, m.groups, stream, reps) : std::array<double, 3>{};
         const double density = static_cast<double>(filter) / (static_cast<double>(s.c) * s.k * s.r * s.r);
-        const double flops = 2.0 * kN * out * out * static_cast<double>(filter);
+        const double flops = 2.0 * static_cast<double>(n) * out * out * static_cast<double>(filter);
         const double bytes = static_cast<double>(x.bytes + y.bytes + f.bytes);
         // the op's correctness on a small image of the same layout (double-precision reference)
         const Conv small(layout, ConvGeometry::same({1, 7, 9}, {1, s.r, s.r}, {1, s.stride, s.stride}),
                          {DType::bf16, ActivationOrder::ndhwc, false, arch});
         const auto s_ = reinterpret_cast<Stream>(stream);
         const std::pair<const char*, std::function<void()>> ops[] = {
-            {"fprop", [&] { conv.fprop(x.get(), f.get(), y.get(), kN, s_); }},
-            {"bprop", [&] { conv.bprop(y.get(), f.get(), gx.get(), kN, s_); }},
-            {"updat", [&] { conv.updat(x.get(), y.get(), gf.get(), kN, s_); }}};
+            {"fprop", [&] { conv.fprop(x.get(), f.get(), y.get(), n, s_); }},
+            {"bprop", [&] { conv.bprop(y.get(), f.get(), gx.get(), n, s_); }},
+            {"updat", [&] { conv.updat(x.get(), y.get(), gf.get(), n, s_); }}};
         const check::ConvOp check_ops[] = {check::ConvOp::fprop, check::ConvOp::bprop, check::ConvOp::updat};
         // the ops with the kernels Conv chooses, then each op with the kernel fed by TMA where it has
         // one ("fprop tma", ...; conv_tma.cuh), in the same process

@@ -7,6 +7,7 @@
 // it): without it the suite reports bsjit's times alone.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,10 @@ struct ConvRow {
 };
 
 // blocks, densities: the cells to run (b, and d of the balanced masks; empty: all of suite C);
-// arch: the kernels' target ("": the GPU's; "sm_90" on an H100 or H200 runs the mma.sync kernels)
+// arch: the kernels' target ("": the GPU's; "sm_90" on an H100 or H200 runs the mma.sync kernels);
+// n: the images (suite C's 32; others check a schedule on other sizes)
 std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks = {},
-                                 const std::vector<double>& densities = {}, const std::string& arch = "");
+                                 const std::vector<double>& densities = {}, const std::string& arch = "",
+                                 std::int64_t n = 32);
 
 }  // namespace bsjit::bench
