@@ -1118,12 +1118,17 @@ int main(int argc, char** argv) {
                              ms, forward_flop_ms * (op == ops[1].first ? 2.5 : 1.0) / ms,
                              op == ops[1].first ? r.backward_error : r.error);
       }
+      // suite C: the layer and mask in the layout column, the mask's density
+      for (const auto& r : conv_rows)
+        csv << fmt::format("C,{},{},{},{},{:.5f},{:.2f},{:.3f},0,0,{:.2e},0\n", csv_field(r.shape + " " + r.mask), r.b,
+                           r.d, r.op, r.ms, r.tflops, r.sol, r.error);
     }
     bool wrong = false;
     for (auto* set : {&rows, &small_rows, &layer_rows})
       for (const auto& r : *set) wrong |= !(r.error <= 1e-2);
     for (const auto& r : tf32_rows) wrong |= !(r.error <= (r.layout == "tf32" ? 1e-2 : 1e-5));
     for (const auto& r : attention_rows) wrong |= !(r.error <= 1e-2) || !(r.backward_error <= 1e-2);
+    for (const auto& r : conv_rows) wrong |= !(r.error <= 1e-2);
     return wrong ? 1 : 0;
   } catch (const Error& e) {
     fmt::print(stderr, "bsjit-bench: {}\n", e.what());

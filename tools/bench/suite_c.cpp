@@ -261,9 +261,10 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
           rows.push_back(r);
           fmt::print(
               "{:28} b{:<3} {:16} {}: {:9.3f} ms {:7.1f} TFLOP/s  SOL {:.2f}  cuDNN dense {:.3f} ms{}  error "
-              "{:.1e}\n",
+              "{:.1e}{}\n",
               r.shape, b, r.mask, r.op, r.ms, r.tflops, r.sol, r.dense_ms,
-              r.grouped_ms > 0 ? fmt::format(", grouped {:.3f} ms", r.grouped_ms) : std::string(), r.error);
+              r.grouped_ms > 0 ? fmt::format(", grouped {:.3f} ms", r.grouped_ms) : std::string(), r.error,
+              r.error <= 1e-2 ? "" : "  WRONG");
         }
       }
     }
