@@ -905,8 +905,8 @@ int main(int argc, char** argv) {
                                       "block sizes of suite W, suite small, suite C and the sweeps (small, "
                                       "sweep-small, C: 32, 64 unless given; C also takes 128)")
                            ->delimiter(',');
-  std::int64_t conv_batch = 32;
-  app.add_option("--conv-batch", conv_batch, "suite C: the images (32, as BENCH.md defines it, unless given)")
+  std::int64_t conv_batch = kSuiteCImages;
+  app.add_option("--conv-batch", conv_batch, "suite C: the images (BENCH.md's 32 unless given)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}));
   std::string conv_arch;
   app.add_option("--conv-arch", conv_arch,

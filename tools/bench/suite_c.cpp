@@ -96,8 +96,9 @@ const Shape kShapes[] = {{"56x56 3x3 C=K=256", 56, 256, 256, 3, 1},
                          {"56x56 3x3 stride 2 C=K=256", 56, 256, 256, 3, 2},
                          {"14x14 1x1 C=1024 K=256", 14, 1024, 256, 1, 1}};
 
-// cuDNN's fastest algorithm for each op of a shape at n images (groups: a grouped convolution), timed as bsjit's
-// calls are: {fprop, bprop, updat} in ms, bf16 NHWC with fp32 accumulation on the tensor cores.
+// cuDNN's fastest algorithm for each op of a shape at n images (groups: a grouped convolution),
+// timed as bsjit's calls are: {fprop, bprop, updat} in ms, bf16 NHWC with fp32 accumulation on the
+// tensor cores.
 std::array<double, 3> cudnn_ms(const Cudnn& dnn, const Shape& s, std::int64_t n, int groups, CUstream stream,
                                int reps) {
   cudnnHandle_t h;
@@ -190,7 +191,7 @@ std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidt
   std::string why;
   const auto dnn = Cudnn::open(&why);
   if (!dnn) fmt::print("suite C: cuDNN not loaded ({}): bsjit's times alone\n", why);
-  if (n != 32) fmt::print("suite C at N = {} (BENCH.md's is 32)\n", n);
+  if (n != kSuiteCImages) fmt::print("suite C at N = {} (BENCH.md's is {})\n", n, kSuiteCImages);
   std::vector<ConvRow> rows;
   std::mt19937_64 rng(5600);
   // b = 128 is BENCH.md's suite C's extension, run only when asked for: its masks come from their own

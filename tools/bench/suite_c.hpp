@@ -28,9 +28,10 @@ struct ConvRow {
 
 // blocks, densities: the cells to run (b, and d of the balanced masks; empty: all of suite C);
 // arch: the kernels' target ("": the GPU's; "sm_90" on an H100 or H200 runs the mma.sync kernels);
-// n: the images (suite C's 32; others check a schedule on other sizes)
+// n: the images (suite C's kSuiteCImages; others check a schedule on other sizes)
+inline constexpr std::int64_t kSuiteCImages = 32;
 std::vector<ConvRow> run_suite_c(CUstream stream, int reps, double copy_bandwidth, const std::vector<int>& blocks = {},
                                  const std::vector<double>& densities = {}, const std::string& arch = "",
-                                 std::int64_t n = 32);
+                                 std::int64_t n = kSuiteCImages);
 
 }  // namespace bsjit::bench
