@@ -249,6 +249,25 @@ std::int64_t conv_tma_grid(const std::vector<std::int64_t>& column_steps, std::i
   return best;
 }
 
+std::int64_t conv_updat_range(std::int64_t rows, std::int64_t units, std::int64_t resident, std::int64_t stage_rows) {
+  rows = std::max<std::int64_t>(rows, 1), units = std::max<std::int64_t>(units, 1);
+  resident = std::max<std::int64_t>(resident, 1);
+  const std::int64_t stages = (rows + stage_rows - 1) / stage_rows;
+  const std::int64_t lowest = std::max<std::int64_t>((rows + (std::int64_t{1} << 30) - 1) >> 30, 1);
+  const std::int64_t most = std::max<std::int64_t>(std::min<std::int64_t>(stages, 65535), lowest);
+  std::int64_t ranges = std::clamp<std::int64_t>((2 * resident + units - 1) / units, lowest, most);
+  // a range count's positions a range (whole stages), and its CTAs' rounds × (stages + epilogue)
+  auto per = [&](std::int64_t r) { return (stages + r - 1) / r * stage_rows; };
+  auto cost = [&](std::int64_t r) {
+    const std::int64_t p = per(r), ctas = units * ((rows + p - 1) / p);
+    return (ctas + resident - 1) / resident * (p / stage_rows + kUpdatEpilogueSteps);
+  };
+  std::int64_t best = ranges, best_cost = cost(ranges);
+  for (std::int64_t r = ranges + 1; r <= std::min(most, ranges + 4096); ++r)
+    if (const std::int64_t c = cost(r); c < best_cost) best = r, best_cost = c;
+  return per(best);
+}
+
 int conv_tma_rank(const ConvGeometry& geometry) {
   const auto out = geometry.out();
   const bool flat = geometry.in[0] == 1 && geometry.filter[0] == 1 && out[0] == 1 && geometry.pad_before[0] == 0;

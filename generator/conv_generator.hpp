@@ -128,6 +128,18 @@ int conv_tma_rank(const ConvGeometry& geometry);
 // work (each CTA's counted exactly, a tile its stages plus one), the largest of those; at most
 // 64 · (columns + max_ctas) steps of host work a launch.
 std::int64_t conv_tma_grid(const std::vector<std::int64_t>& column_steps, std::int64_t items, std::int64_t max_ctas);
+// The updat kernels' positions per CTA (a multiple of stage_rows) over `rows` output positions,
+// their grid units × ⌈rows / range⌉ CTAs with `resident` of them at a time: at least two waves'
+// worth of ranges (units · ranges ≥ 2 · resident), more where that shortens the last wave: of the
+// range counts from there up, the one whose CTAs' rounds × (a range's stages +
+// kUpdatEpilogueSteps) is least, the fewest of those; at most 65535 ranges and 2^30 positions a
+// range. 14 × 14 layers at b = 64, d = 0.25 (192 units, 98 stages each, 264 resident CTAs) took 3
+// ranges: 576 CTAs, 3 rounds where the work is 2.2 (their updat ran 1.3× the time of the 56 × 56
+// and 28 × 28 layers of as many FLOPs, H100, 2026-12-07, docs/PERFORMANCE.md "Convolution").
+std::int64_t conv_updat_range(std::int64_t rows, std::int64_t units, std::int64_t resident, std::int64_t stage_rows);
+// A CTA's fp32 atomic adds of its filter-gradient tile at the end of a range (b × b × taps values),
+// in stages of the updat kernels (64 positions of dO and the input: b × 64 × 2 × 2 bytes and up).
+inline constexpr std::int64_t kUpdatEpilogueSteps = 2;
 // bprop at stride 1 as a forward convolution over dO (conv_tma.cuh's kBackward): the geometry of
 // dI = conv(dO, F with its taps reversed and its k and c exchanged), dO's positions the input,
 // padding (filter − 1) · dilation − padding; nothing where a stride is not 1 or a padding exceeds

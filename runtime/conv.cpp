@@ -387,8 +387,8 @@ struct Conv::Impl {
         const std::int64_t rows = n * product(geometry.out()),
                            units = static_cast<std::int64_t>(blocks) *
                                    kernels::conv_tap_groups(taps, h ? h->updat_taps : 1);
-        const std::int64_t per =
-            updat_range(rows, units, 2 * runtime::resident_ctas(f, ctx, shape), h ? h->updat_rows : i.updat_rows);
+        const std::int64_t per = generator::conv_updat_range(rows, units, runtime::resident_ctas(f, ctx, shape),
+                                                             h ? h->updat_rows : i.updat_rows);
         int chunk = static_cast<int>(per);
         void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
         BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
@@ -515,18 +515,8 @@ struct Conv::Impl {
     return runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64, pixels);
   }
 
-  // The updat kernels' positions per CTA over `rows` output positions (a multiple of stage_rows):
-  // ranges enough for `ctas` CTAs over the `units` (block, tap) pairs, at most 65535 ranges and 2^30
-  // positions a range.
-  static std::int64_t updat_range(std::int64_t rows, std::int64_t units, std::int64_t ctas, std::int64_t stage_rows) {
-    std::int64_t ranges = std::clamp<std::int64_t>((ctas + units - 1) / units, 1, (rows + stage_rows - 1) / stage_rows);
-    ranges = std::min<std::int64_t>(std::max<std::int64_t>(ranges, (rows + (1 << 30) - 1) >> 30), 65535);
-    const std::int64_t per = (rows + ranges - 1) / ranges;
-    return (per + stage_rows - 1) / stage_rows * stage_rows;
-  }
-
   // updat on conv_tma_updat_kernel into the fp32 sums (zeroed): the grid of conv_wgmma_updat_kernel
-  // (blocks · taps, ranges of whole 64-position stages for two waves), in launches of fewer than
+  // (blocks · taps, ranges of whole 64-position stages, generator::conv_updat_range), in launches of fewer than
   // 2^31 output rows (TMA's coordinates are 32-bit), each adding to the sums.
   void launch_tma_updat(const runtime::Context& ctx, const void* in, const void* grad_out, float* sums, std::int64_t n,
                         CUstream stream, const float* gate) {
@@ -537,7 +527,7 @@ struct Conv::Impl {
                                      static_cast<std::uint32_t>(t.updat_shared_bytes)};
     const std::int64_t positions = product(geometry.out()),
                        units = static_cast<std::int64_t>(layout.blocks().size()) * geometry.taps();
-    const std::int64_t waves = 2 * runtime::resident_ctas(f, ctx, shape);
+    const std::int64_t resident = runtime::resident_ctas(f, ctx, shape);
     in_image_runs(n, positions, [&](std::int64_t i0, std::int64_t m) {
       const std::int64_t rows = m * positions;
       kernels::ConvDims dims = generator::conv_dims(layout, geometry, m);
@@ -547,7 +537,7 @@ struct Conv::Impl {
           im2col_map(geometry, tma_rank, static_cast<std::uint64_t>(layout.C()), x, m, t.updat_copy_rows);
       CUtensorMap map_dy = runtime::tensor_map_2d(options.dtype, dy, static_cast<std::uint64_t>(layout.K()),
                                                   static_cast<std::uint64_t>(rows), 64, 64);
-      const std::int64_t per = updat_range(rows, units, waves, t.updat_copy_rows);
+      const std::int64_t per = generator::conv_updat_range(rows, units, resident, t.updat_copy_rows);
       int chunk = static_cast<int>(per);
       void* args[] = {&sums, &gate, &chunk, &dims, &map_in, &map_dy};
       BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(units),

@@ -324,8 +324,7 @@ __global__ void __launch_bounds__(128 * (1 + Cfg::kB / 64), 1)
   wgmma_fence_registers(d);
   float* w = workspace + (static_cast<long long>(range.block) * range.taps + range.tap) * b * b;
   wgmma_epilogue<b>(d, consumer * 64, [&](int r, int c, float v0, float v1) {
-    atomicAdd(w + r * b + c, v0);
-    atomicAdd(w + r * b + c + 1, v1);
+    red_add_pair(w + r * b + c, v0, v1);  // c even: 8-byte aligned
   });
 }
 

@@ -159,8 +159,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (k >= taps) break;
     float* w = workspace + (static_cast<long long>(range.block) * range.taps + range.tap + k) * b * b;
     wgmma_epilogue<b>(d[k], warpgroup * 64, [&](int r, int c, float v0, float v1) {
-      atomicAdd(w + r * b + c, v0);
-      atomicAdd(w + r * b + c + 1, v1);
+      red_add_pair(w + r * b + c, v0, v1);  // c even: 8-byte aligned
     });
   }
 }

@@ -203,6 +203,38 @@ TEST(ConvApi, TmaGridEvensTheColumnClasses) {
   }
 }
 
+// conv_updat_range: two waves' worth of ranges, more where that shortens the last round: 14 × 14
+// layers at b = 64, d = 0.25 (192 units of 98 stages, 264 CTAs resident) go from 3 ranges (576
+// CTAs, 3 rounds of 33 stages) to 4 (768, 3 rounds of 25); 56 × 56 d = 0.5 (24 units of 1568)
+// keeps its two full waves. Elsewhere: never more rounds × (stages + epilogue) than two waves'
+// ranges, whole stages, at most 65535 ranges.
+TEST(ConvApi, UpdatRangesShortenTheLastRound) {
+  using generator::conv_updat_range;
+  auto rounds_work = [](std::int64_t rows, std::int64_t units, std::int64_t resident, std::int64_t per,
+                        std::int64_t stage) {
+    const std::int64_t ctas = units * ((rows + per - 1) / per);
+    return (ctas + resident - 1) / resident * (per / stage + generator::kUpdatEpilogueSteps);
+  };
+  EXPECT_EQ(conv_updat_range(6272, 192, 264, 64), 25 * 64);
+  EXPECT_EQ(conv_updat_range(100352, 24, 264, 64), 72 * 64);
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 500; ++trial) {
+    const std::int64_t stage = trial % 2 ? 64 : 32, rows = 1 + static_cast<std::int64_t>(rng() % 300000),
+                       units = 1 + static_cast<std::int64_t>(rng() % 2000), resident = 1 + rng() % 300;
+    const std::int64_t per = conv_updat_range(rows, units, resident, stage);
+    ASSERT_GT(per, 0);
+    ASSERT_EQ(per % stage, 0);
+    ASSERT_LE((rows + per - 1) / per, 65535);
+    // two waves' worth (the rule before): ranges ⌈2 · resident / units⌉, within 1 .. stages
+    const std::int64_t stages = (rows + stage - 1) / stage;
+    const std::int64_t two = std::clamp<std::int64_t>((2 * resident + units - 1) / units, 1, stages);
+    const std::int64_t before = (stages + two - 1) / two * stage;
+    EXPECT_LE(rounds_work(rows, units, resident, per, stage), rounds_work(rows, units, resident, before, stage))
+        << rows << " rows, " << units << " units, " << resident << " resident";
+    EXPECT_LE(per, before);
+  }
+}
+
 // bprop at stride 1 as a forward convolution of dO: dO's positions the input, the padding the
 // filter's reach less the padding; its output the input's positions; no geometry with a stride or a
 // padding past the reach.
