@@ -134,17 +134,20 @@ struct Conv::Impl {
   // The engines tensor-core kernel k (kIgemmFprop, kIgemmBprop, kIgemmUpdat) has on arch, in the
   // order of preference without a tuning record (default_engine: the first): on sm_90a at b = 64 and
   // 128 the kernels fed by TMA (conv_tma.cuh) where the geometry suits them and the warpgroup kernels
-  // (conv_wgmma.cuh); the mma.sync ones everywhere. updat prefers the warpgroup kernel to the one fed
-  // by TMA. Suite C on an H100 (docs/PERFORMANCE.md, "Fed by TMA, swapped"), TMA over warpgroup:
-  // fprop and bprop 1.3-2.4× at b = 64 and 128; updat 0.53-0.72× at b = 64, 0.97-1.05× at b = 128.
+  // (conv_wgmma.cuh); the mma.sync ones everywhere. updat prefers the warpgroup kernel at b = 64 and
+  // the one fed by TMA at b = 128. Suite C on an H100, TMA over warpgroup (docs/PERFORMANCE.md, "Fed
+  // by TMA, swapped" and "updat's ranges"): fprop and bprop 1.3-2.4× at b = 64 and 128; updat
+  // 0.53-0.72× at b = 64, and at b = 128 0.97-1.05× (358ea85), 1.07-1.22× on every d = 0.25 layer
+  // since generator::conv_updat_range (2026-12-08).
   std::vector<std::string> engines(const std::string& arch, Kernel k) const {
     std::vector<std::string> e;
     if (igemm && igemm->hopper && arch == "sm_90a" && (k == kIgemmFprop || k == kIgemmBprop || k == kIgemmUpdat)) {
       const bool tma =
           igemm->tma && (((k == kIgemmFprop || k == kIgemmUpdat) && tma_rank) || (k == kIgemmBprop && tma_rank_bprop));
-      if (tma && k != kIgemmUpdat) e.push_back("tma");
+      const bool tma_first = tma && (k != kIgemmUpdat || igemm->block == 128);
+      if (tma_first) e.push_back("tma");
       e.push_back("wgmma");
-      if (tma && k == kIgemmUpdat) e.push_back("tma");
+      if (tma && !tma_first) e.push_back("tma");
     }
     e.push_back("mma.sync");
     return e;
