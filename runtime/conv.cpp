@@ -390,8 +390,8 @@ struct Conv::Impl {
         const std::int64_t rows = n * product(geometry.out()),
                            units = static_cast<std::int64_t>(blocks) *
                                    kernels::conv_tap_groups(taps, h ? h->updat_taps : 1);
-        const std::int64_t per = generator::conv_updat_range(rows, units, runtime::resident_ctas(f, ctx, shape),
-                                                             h ? h->updat_rows : i.updat_rows);
+        const std::int64_t per =
+            updat_range(rows, units, runtime::resident_ctas(f, ctx, shape), h ? h->updat_rows : i.updat_rows);
         int chunk = static_cast<int>(per);
         void* args[] = {&a, &b, &sums, &gate, &chunk, &dims};
         BSJIT_CU(d.cuLaunchKernel(f, static_cast<unsigned>(units), static_cast<unsigned>((rows + per - 1) / per), 1,
@@ -518,9 +518,22 @@ struct Conv::Impl {
     return runtime::im2col_tensor_map(options.dtype, in, sizes, strides, lower, upper, steps, 64, pixels);
   }
 
+  // The updat kernels' positions per CTA (generator::conv_updat_range, a search of up to 4096 steps of
+  // its model: 9 µs of host time at 56 × 56 × 32 positions, 24 at a million): worked out on a launch
+  // shape's first use, then looked up, as tma_grid is.
+  mutable std::mutex updat_range_mutex;
+  mutable std::map<std::array<std::int64_t, 4>, std::int64_t> updat_ranges;
+  std::int64_t updat_range(std::int64_t rows, std::int64_t units, std::int64_t resident,
+                           std::int64_t stage_rows) const {
+    std::lock_guard lock(updat_range_mutex);
+    const auto [it, added] = updat_ranges.try_emplace({rows, units, resident, stage_rows}, 0);
+    if (added) it->second = generator::conv_updat_range(rows, units, resident, stage_rows);
+    return it->second;
+  }
+
   // updat on conv_tma_updat_kernel into the fp32 sums (zeroed): the grid of conv_wgmma_updat_kernel
-  // (blocks · taps, ranges of whole 64-position stages, generator::conv_updat_range), in launches of fewer than
-  // 2^31 output rows (TMA's coordinates are 32-bit), each adding to the sums.
+  // (blocks · taps, ranges of whole 64-position stages, updat_range), in launches of fewer than 2^31
+  // output rows (TMA's coordinates are 32-bit), each adding to the sums.
   void launch_tma_updat(const runtime::Context& ctx, const void* in, const void* grad_out, float* sums, std::int64_t n,
                         CUstream stream, const float* gate) {
     const auto& t = *igemm->tma;
@@ -540,7 +553,7 @@ struct Conv::Impl {
           im2col_map(geometry, tma_rank, static_cast<std::uint64_t>(layout.C()), x, m, t.updat_copy_rows);
       CUtensorMap map_dy = runtime::tensor_map_2d(options.dtype, dy, static_cast<std::uint64_t>(layout.K()),
                                                   static_cast<std::uint64_t>(rows), 64, 64);
-      const std::int64_t per = generator::conv_updat_range(rows, units, resident, t.updat_copy_rows);
+      const std::int64_t per = updat_range(rows, units, resident, t.updat_copy_rows);
       int chunk = static_cast<int>(per);
       void* args[] = {&sums, &gate, &chunk, &dims, &map_in, &map_dy};
       BSJIT_CU(runtime::driver().cuLaunchKernel(f, static_cast<unsigned>(units),
